@@ -1,0 +1,1 @@
+//! Tessel's benchmarks live in `benches/`; run them with `cargo bench -p tessel-benches`.
