@@ -2,7 +2,7 @@
 //!
 //! The kernel IR, constant folding and the reference interpreter all speak these enums, and
 //! [`Scalar`](crate::Scalar) defines what each one computes. A backend's emitter must produce
-//! code whose results equal [`Scalar`]'s for every dtype the op supports; where C, CUDA,
+//! code whose results equal [`Scalar`](crate::Scalar)'s for every dtype the op supports; where C, CUDA,
 //! OpenCL or WGSL differ from it natively (integer division by zero, NaN in `max`, shifts
 //! past the bit width), the emitter guards the operation.
 

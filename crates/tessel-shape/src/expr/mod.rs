@@ -488,7 +488,11 @@ impl Expr {
     /// Ceiling division, `(self + rhs - 1) / rhs` for a positive `rhs`.
     pub fn ceil_div(self, rhs: impl Into<Expr>) -> Expr {
         let rhs = rhs.into();
-        -((-self) / rhs)
+        match rhs.as_const() {
+            // The form that reads best and lowers cheapest.
+            Some(c) if c > 0 => (self + (c - 1)) / rhs,
+            _ => -((-self) / rhs),
+        }
     }
 
     /// The smaller of two expressions.

@@ -3,8 +3,10 @@
 //! [`Scalar`] is the reference semantics of Tessel: constant folding calls
 //! [`Scalar::unary`], [`Scalar::binary`], [`Scalar::ternary`] and [`Scalar::cast`] directly,
 //! the reference interpreter calls them per element, and every backend's generated code must
-//! agree with them bit for bit (NaN payloads aside). The op table ([`UnaryOp::supports`],
-//! [`BinaryOp::result_dtype`], ...) lives in [`eval`] next to the semantics it describes.
+//! agree with them bit for bit (NaN payloads aside). The op table
+//! ([`UnaryOp::supports`](crate::UnaryOp::supports),
+//! [`BinaryOp::result_dtype`](crate::BinaryOp::result_dtype), ...) lives in `eval`, next to
+//! the semantics it describes.
 
 mod erf;
 mod eval;
@@ -60,7 +62,7 @@ pub enum ScalarError {
     /// The op is not defined for the dtype (`sqrt` on `i32`, `shl` on `f32`).
     #[error("{op} is not defined for {dtype}; {}", eval::unsupported_hint(.op))]
     Unsupported {
-        /// The op's name, as [`UnaryOp::name`] and friends give it.
+        /// The op's name, as [`UnaryOp::name`](crate::UnaryOp::name) and friends give it.
         op: String,
         /// The operand's dtype.
         dtype: DType,
