@@ -1,0 +1,237 @@
+//! Compiling generated C into shared libraries, with an on-disk cache.
+//!
+//! A library's cache key hashes everything its bytes depend on: the source, the compiler's
+//! path and its `--version` output, the flags, and this crate's version (which pins the
+//! emitter). So a new compiler, new flags or a new Tessel never load a stale library, and a
+//! second process finds every kernel the first one compiled.
+//!
+//! Writes are atomic: the compiler writes a uniquely named temporary file, which is then
+//! renamed to its final name, so a concurrent reader (another thread or process) sees
+//! either no library or a complete one, never a partial one.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Flags for every kernel. `-fwrapv` and `-ffp-contract=off` keep C's arithmetic equal to
+/// the interpreter's (wrapping integers, no fused multiply-adds the IR did not ask for);
+/// `-fno-math-errno` lets `sqrt` compile to one instruction without changing any result.
+/// No `-ffast-math`: it would trade IEEE results for speed.
+pub(crate) const FLAGS: &[&str] = &[
+    "-std=c11",
+    "-O3",
+    "-march=native",
+    "-fPIC",
+    "-shared",
+    "-fwrapv",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+];
+
+/// Libraries linked after the source.
+const LIBS: &[&str] = &["-lm"];
+
+/// A C compiler that ran `--version` successfully.
+#[derive(Clone, Debug)]
+pub(crate) struct Compiler {
+    pub(crate) path: PathBuf,
+    /// Its `--version` output: part of the cache key, since a different compiler may
+    /// generate different code from the same source.
+    version: String,
+}
+
+impl Compiler {
+    /// `path` if it runs `--version` successfully.
+    pub(crate) fn probe(path: &Path) -> Option<Compiler> {
+        let out = Command::new(path).arg("--version").output().ok()?;
+        out.status.success().then(|| Compiler {
+            path: path.to_owned(),
+            version: String::from_utf8_lossy(&out.stdout).into_owned(),
+        })
+    }
+
+    /// `explicit` if given (and it works), otherwise the first of `cc`, `gcc`, `clang`
+    /// that works.
+    pub(crate) fn discover(explicit: Option<&Path>) -> Option<Compiler> {
+        match explicit {
+            Some(path) => Compiler::probe(path),
+            None => ["cc", "gcc", "clang"]
+                .into_iter()
+                .find_map(|name| Compiler::probe(Path::new(name))),
+        }
+    }
+
+    /// The cache key of the library built from `source`.
+    pub(crate) fn key(&self, source: &str) -> u128 {
+        let mut hash = Fnv128::new();
+        hash.field(source.as_bytes());
+        hash.field(self.path.as_os_str().as_encoded_bytes());
+        hash.field(self.version.as_bytes());
+        for flag in FLAGS.iter().chain(LIBS) {
+            hash.field(flag.as_bytes());
+        }
+        hash.field(env!("CARGO_PKG_VERSION").as_bytes());
+        hash.finish()
+    }
+
+    /// Compiles `source` into the library `dir/<key>.so`, unless it is already there.
+    /// Returns whether a compile ran. The source is kept next to it as `<key>.c`, for
+    /// whoever debugs a kernel.
+    pub(crate) fn build(&self, dir: &Path, key: u128, source: &str) -> Result<bool, BuildError> {
+        let library = library_path(dir, key);
+        if library.is_file() {
+            return Ok(false);
+        }
+        fs::create_dir_all(dir)
+            .map_err(|e| BuildError::Io(format!("cannot create {}: {e}", dir.display())))?;
+        let unique = temp_suffix();
+        let c_temp = dir.join(format!("{key:032x}.{unique}.c"));
+        let lib_temp = dir.join(format!(
+            "{key:032x}.{unique}{}",
+            std::env::consts::DLL_SUFFIX
+        ));
+        let io = |what: &str, path: &Path, e: io::Error| {
+            BuildError::Io(format!("cannot {what} {}: {e}", path.display()))
+        };
+        fs::write(&c_temp, source).map_err(|e| io("write", &c_temp, e))?;
+        let out = Command::new(&self.path)
+            .args(FLAGS)
+            .arg("-o")
+            .arg(&lib_temp)
+            .arg(&c_temp)
+            .args(LIBS)
+            .output();
+        let result = match out {
+            Err(e) => Err(BuildError::Io(format!(
+                "cannot run {}: {e}",
+                self.path.display()
+            ))),
+            Ok(out) if !out.status.success() || !lib_temp.is_file() => {
+                let mut log = String::from_utf8_lossy(&out.stderr).into_owned();
+                log.push_str(&String::from_utf8_lossy(&out.stdout));
+                Err(BuildError::Compiler(format!(
+                    "{} exited with {}:\n{}",
+                    command_line(&self.path, &lib_temp, &c_temp),
+                    out.status,
+                    log.trim_end()
+                )))
+            }
+            Ok(_) => {
+                fs::rename(&lib_temp, &library).map_err(|e| io("rename into place", &library, e))
+            }
+        };
+        if let Err(e) = result {
+            let _ = fs::remove_file(&lib_temp);
+            let _ = fs::remove_file(&c_temp);
+            return Err(e);
+        }
+        // The source is for reading only; losing it to a concurrent rename is harmless.
+        let _ = fs::rename(&c_temp, dir.join(format!("{key:032x}.c")));
+        Ok(true)
+    }
+}
+
+/// Why a library could not be built.
+#[derive(Debug)]
+pub(crate) enum BuildError {
+    /// The compiler rejected the source; the message includes its diagnostics.
+    Compiler(String),
+    /// The file system or process spawning failed.
+    Io(String),
+}
+
+/// The path of the library with cache key `key` in `dir`.
+pub(crate) fn library_path(dir: &Path, key: u128) -> PathBuf {
+    dir.join(format!("{key:032x}{}", std::env::consts::DLL_SUFFIX))
+}
+
+/// A suffix no other writer uses at the same time: the process id and a counter.
+fn temp_suffix() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}.{}.tmp",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The compiler invocation as a shell would show it, for error messages.
+fn command_line(cc: &Path, out: &Path, input: &Path) -> String {
+    let mut parts: Vec<&OsStr> = vec![cc.as_os_str()];
+    parts.extend(FLAGS.iter().map(OsStr::new));
+    parts.push(OsStr::new("-o"));
+    parts.push(out.as_os_str());
+    parts.push(input.as_os_str());
+    parts.extend(LIBS.iter().map(OsStr::new));
+    parts
+        .iter()
+        .map(|p| p.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// 128-bit FNV-1a.
+///
+/// The key must be the same in every process and every build, since other processes look
+/// libraries up by it: `std`'s `DefaultHasher` is randomly seeded per process and its
+/// algorithm may change between Rust releases, so it cannot be used. 128 bits make an
+/// accidental collision (which would load the wrong kernel) negligible.
+struct Fnv128(u128);
+
+impl Fnv128 {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+
+    fn new() -> Self {
+        Fnv128(Self::OFFSET)
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u128::from(b);
+            self.0 = self.0.wrapping_mul(Self::PRIME);
+        }
+    }
+
+    /// A length-prefixed field, so that ("ab", "c") and ("a", "bc") hash differently.
+    fn field(&mut self, bytes: &[u8]) {
+        self.bytes(&(bytes.len() as u64).to_le_bytes());
+        self.bytes(bytes);
+    }
+
+    fn finish(&self) -> u128 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fnv128;
+
+    #[test]
+    fn fnv128_matches_the_reference() {
+        // Test vectors of the FNV reference implementation.
+        let hash = |s: &str| {
+            let mut h = Fnv128::new();
+            h.bytes(s.as_bytes());
+            h.finish()
+        };
+        assert_eq!(hash(""), 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d);
+        assert_eq!(hash("a"), 0xd228_cb69_6f1a_8caf_7891_2b70_4e4a_8964);
+    }
+
+    #[test]
+    fn fields_are_delimited() {
+        let hash = |parts: &[&str]| {
+            let mut h = Fnv128::new();
+            for p in parts {
+                h.field(p.as_bytes());
+            }
+            h.finish()
+        };
+        assert_ne!(hash(&["ab", "c"]), hash(&["a", "bc"]));
+    }
+}

@@ -1,0 +1,586 @@
+//! Tessel's CPU backend, the embedded default: kernels are rendered in the C dialect
+//! ([`tessel_ir::codegen::C`]), compiled by the system C compiler into shared libraries,
+//! loaded, and run on a thread pool.
+//!
+//! ```no_run
+//! use tessel_cpu::CpuBackend;
+//! use tessel_ir::{Backend, samples};
+//! use tessel_shape::{Bindings, DType};
+//!
+//! let cpu = CpuBackend::new();
+//! let kernel = samples::vector_add(DType::F32, 1024, 64)?;
+//! let program = cpu.compile(0, &kernel)?;
+//! let [a, b, out] = [0; 3].map(|_| cpu.alloc(0, 4096).unwrap());
+//! cpu.write(a, 0, &[0; 4096])?;
+//! cpu.write(b, 0, &[0; 4096])?;
+//! cpu.launch(program, &[a, b, out], &Bindings::new())?;
+//! let mut result = vec![0u8; 4096];
+//! cpu.read(out, 0, &mut result)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - **Compiler.** [`CpuConfig::cc`] (`$TESSEL_CC`), else the first of `cc`, `gcc`, `clang`
+//!   that runs `--version`. Without one, every kernel runs in the reference interpreter
+//!   ([`tessel_ir::interp`]): correct, much slower, and announced once with
+//!   `tracing::warn!`.
+//! - **Caches.** Libraries are cached on disk under [`CpuConfig::cache_dir`], keyed by
+//!   source, compiler identity, flags and this crate's version, so a second process
+//!   compiles nothing; loaded libraries are also kept in memory (bounded, see
+//!   [`LIBRARY_CACHE`]). [`CpuBackend::stats`] counts compiles and hits.
+//! - **Memory.** 64-byte-aligned host buffers with a bounded cache of freed ones, each
+//!   buffer behind its own lock (see `memory.rs`).
+//! - **Launches** are synchronous: workgroups are split into contiguous ranges run on a
+//!   `rayon` pool of [`CpuConfig::threads`] threads. [`Backend::time`] is a host wall clock
+//!   around the launch, which on a CPU is the kernel's time (there is no device queue).
+
+mod compiler;
+mod device;
+mod launch;
+mod memory;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use libloading::Library;
+use rustc_hash::FxHashMap;
+use tessel_ir::codegen::{self, CodegenError};
+use tessel_ir::{
+    Backend, BackendError, BufferId, DeviceInfo, Kernel, Param, ProgramId, interp, verify,
+};
+use tessel_shape::Bindings;
+
+use crate::compiler::{BuildError, Compiler};
+use crate::launch::KernelFn;
+use crate::memory::{HostBuffer, Memory};
+
+/// The most loaded libraries kept in memory for reuse. Libraries of live programs stay
+/// loaded regardless; this bounds only those kept for future compiles of the same source.
+pub const LIBRARY_CACHE: usize = 512;
+
+/// How a [`CpuBackend`] is set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// The C compiler; `None` tries `cc`, `gcc` and `clang`, in that order. A compiler
+    /// that does not run `--version` successfully counts as absent.
+    pub cc: Option<PathBuf>,
+    /// Where compiled libraries are cached (in its `cpu/` subdirectory).
+    pub cache_dir: PathBuf,
+    /// Worker threads for launches.
+    pub threads: usize,
+}
+
+impl CpuConfig {
+    /// The configuration from the environment: `$TESSEL_CC`, `$TESSEL_CACHE_DIR` (else
+    /// `$XDG_CACHE_HOME/tessel`, else `$HOME/.cache/tessel`, else the temporary
+    /// directory's `tessel`), and one thread per available core.
+    pub fn from_env() -> CpuConfig {
+        let var = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let cache_dir = var("TESSEL_CACHE_DIR")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessel")))
+            .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessel")))
+            .unwrap_or_else(|| std::env::temp_dir().join("tessel"));
+        CpuConfig {
+            cc: var("TESSEL_CC"),
+            cache_dir,
+            threads: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        }
+    }
+}
+
+/// Counters of what a [`CpuBackend`] did, for tests and diagnostics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuStats {
+    /// Kernels compiled by the C compiler.
+    pub compiles: u64,
+    /// Kernels whose library was found in the disk cache.
+    pub disk_hits: u64,
+    /// Kernels whose library was already loaded.
+    pub memory_hits: u64,
+    /// Launches run (compiled or interpreted).
+    pub launches: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    compiles: AtomicU64,
+    disk_hits: AtomicU64,
+    memory_hits: AtomicU64,
+    launches: AtomicU64,
+}
+
+/// A compiled (or interpreted) kernel.
+struct Program {
+    kernel: Kernel,
+    /// The compiled entry point; `None` runs the interpreter.
+    native: Option<Native>,
+}
+
+struct Native {
+    entry: KernelFn,
+    /// Keeps `entry`'s code loaded.
+    _library: Arc<Library>,
+}
+
+/// Loaded libraries by cache key, oldest first for eviction.
+#[derive(Default)]
+struct Libraries {
+    map: FxHashMap<u128, Arc<Library>>,
+    order: VecDeque<u128>,
+}
+
+/// The CPU backend. See the [crate docs](crate).
+pub struct CpuBackend {
+    config: CpuConfig,
+    devices: Vec<DeviceInfo>,
+    /// Discovered on first use, so that a backend that never compiles spawns nothing.
+    compiler: OnceLock<Option<Compiler>>,
+    /// `None` if the pool could not be built (no threads); launches then fail.
+    pool: Option<rayon::ThreadPool>,
+    memory: Memory,
+    programs: Mutex<FxHashMap<ProgramId, Arc<Program>>>,
+    next_program: AtomicU64,
+    libraries: Mutex<Libraries>,
+    counters: Counters,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    /// A backend configured from the environment ([`CpuConfig::from_env`]).
+    pub fn new() -> Self {
+        Self::with_config(CpuConfig::from_env())
+    }
+
+    /// A backend with an explicit configuration (tests use this: environment variables
+    /// are process-wide, so tests that set them race).
+    pub fn with_config(config: CpuConfig) -> Self {
+        let threads = config.threads.max(1);
+        // rayon's work-stealing pool runs the workgroup ranges: it gives scoped parallel
+        // iteration over borrowed launch arguments, and balances uneven ranges, without
+        // hand-written thread management.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .stack_size(launch::STACK_BYTES)
+            .thread_name(|i| format!("tessel-cpu-{i}"))
+            .build()
+            .map_err(|e| tracing::error!("tessel-cpu: cannot start worker threads: {e}"))
+            .ok();
+        let device = device::host(threads);
+        CpuBackend {
+            memory: Memory::new(device.name.clone()),
+            devices: vec![device],
+            config: CpuConfig { threads, ..config },
+            compiler: OnceLock::new(),
+            pool,
+            programs: Mutex::default(),
+            next_program: AtomicU64::new(1),
+            libraries: Mutex::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &CpuConfig {
+        &self.config
+    }
+
+    /// What the backend has done so far.
+    pub fn stats(&self) -> CpuStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CpuStats {
+            compiles: get(&self.counters.compiles),
+            disk_hits: get(&self.counters.disk_hits),
+            memory_hits: get(&self.counters.memory_hits),
+            launches: get(&self.counters.launches),
+        }
+    }
+
+    /// The C compiler in use, or `None` when kernels run in the interpreter.
+    pub fn compiler_path(&self) -> Option<&Path> {
+        self.compiler().map(|c| c.path.as_path())
+    }
+
+    fn compiler(&self) -> Option<&Compiler> {
+        self.compiler
+            .get_or_init(|| {
+                let found = Compiler::discover(self.config.cc.as_deref());
+                if let Some(c) = &found {
+                    tracing::debug!("tessel-cpu: compiling kernels with {}", c.path.display());
+                } else {
+                    tracing::warn!(
+                        "tessel-cpu: no working C compiler ({}); kernels run in the reference \
+                         interpreter, which is much slower. Install cc, gcc or clang, or set \
+                         TESSEL_CC",
+                        self.config.cc.as_ref().map_or_else(
+                            || "tried cc, gcc and clang".to_owned(),
+                            |p| format!("`{}` does not run `--version`", p.display())
+                        )
+                    );
+                }
+                found
+            })
+            .as_ref()
+    }
+
+    fn library_dir(&self) -> PathBuf {
+        self.config.cache_dir.join("cpu")
+    }
+
+    /// The loaded library for `source`, from memory, disk, or a fresh compile.
+    fn library(
+        &self,
+        compiler: &Compiler,
+        kernel: &Kernel,
+        source: &str,
+    ) -> Result<Arc<Library>, BackendError> {
+        let key = compiler.key(source);
+        if let Some(library) = lock(&self.libraries).map.get(&key) {
+            self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::clone(library));
+        }
+        let compile_error = |log: String| BackendError::Compile {
+            kernel: kernel.name.clone(),
+            code: source.to_owned(),
+            log,
+        };
+        let dir = self.library_dir();
+        let started = Instant::now();
+        // No lock is held here: compiling takes long, and other kernels may compile meanwhile.
+        let compiled = compiler.build(&dir, key, source).map_err(|e| match e {
+            BuildError::Compiler(log) => compile_error(log),
+            BuildError::Io(msg) => compile_error(format!("cannot use the kernel cache: {msg}")),
+        })?;
+        let counter = if compiled {
+            &self.counters.compiles
+        } else {
+            &self.counters.disk_hits
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(kernel = %kernel.name, compiled, elapsed = ?started.elapsed(), "tessel-cpu: library ready");
+        let path = compiler::library_path(&dir, key);
+        // SAFETY: the library was built by `Compiler::build` from source that
+        // `codegen::render` generated: plain C functions, with no initializers or
+        // destructors that could run on load or unload.
+        let library = unsafe { Library::new(&path) }
+            .map_err(|e| compile_error(format!("cannot load {}: {e}", path.display())))?;
+        let library = Arc::new(library);
+        let mut cache = lock(&self.libraries);
+        if cache.map.insert(key, Arc::clone(&library)).is_none() {
+            cache.order.push_back(key);
+        }
+        while cache.order.len() > LIBRARY_CACHE {
+            if let Some(old) = cache.order.pop_front() {
+                cache.map.remove(&old);
+            }
+        }
+        Ok(library)
+    }
+
+    fn program(&self, id: ProgramId) -> Result<Arc<Program>, BackendError> {
+        lock(&self.programs).get(&id).cloned().ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "program {} is not a live program of the cpu backend",
+                id.0
+            ))
+        })
+    }
+
+    fn check_device(device: usize) -> Result<(), BackendError> {
+        if device == 0 {
+            Ok(())
+        } else {
+            Err(BackendError::InvalidArgument(format!(
+                "the cpu backend has one device (0), not device {device}"
+            )))
+        }
+    }
+}
+
+/// A lock on one buffer for the length of a launch.
+enum Guard<'a> {
+    Read(RwLockReadGuard<'a, HostBuffer>),
+    Write(RwLockWriteGuard<'a, HostBuffer>),
+}
+
+impl Guard<'_> {
+    fn buffer(&self) -> &HostBuffer {
+        match self {
+            Guard::Read(g) => g,
+            Guard::Write(g) => g,
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn devices(&self) -> &[DeviceInfo] {
+        &self.devices
+    }
+
+    fn alloc(&self, device: usize, bytes: usize) -> Result<BufferId, BackendError> {
+        Self::check_device(device)?;
+        self.memory.alloc(bytes)
+    }
+
+    fn free(&self, buffer: BufferId) -> Result<(), BackendError> {
+        self.memory.free(buffer)
+    }
+
+    fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        let shared = self.memory.get(buffer)?;
+        let mut guard = memory::write(&shared);
+        memory::check_range("write", buffer, offset, data.len(), guard.len())?;
+        guard.bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        let shared = self.memory.get(buffer)?;
+        let guard = memory::read(&shared);
+        memory::check_range("read", buffer, offset, out.len(), guard.len())?;
+        out.copy_from_slice(&guard.bytes()[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn copy(&self, src: BufferId, dst: BufferId, bytes: usize) -> Result<(), BackendError> {
+        if src == dst {
+            let shared = self.memory.get(src)?;
+            return memory::check_range("copy", src, 0, bytes, memory::read(&shared).len());
+        }
+        let (source, target) = (self.memory.get(src)?, self.memory.get(dst)?);
+        // Locks are taken in id order, so opposite copies between two buffers can't deadlock.
+        let (from, mut to) = if src < dst {
+            let from = memory::read(&source);
+            (from, memory::write(&target))
+        } else {
+            let to = memory::write(&target);
+            (memory::read(&source), to)
+        };
+        memory::check_range("copy source", src, 0, bytes, from.len())?;
+        memory::check_range("copy destination", dst, 0, bytes, to.len())?;
+        to.bytes_mut()[..bytes].copy_from_slice(&from.bytes()[..bytes]);
+        Ok(())
+    }
+
+    fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
+        Self::check_device(device)?;
+        // Verify first: an invalid kernel is reported the same way with or without a compiler.
+        verify(kernel).map_err(|e| BackendError::Compile {
+            kernel: kernel.name.clone(),
+            code: kernel.to_string(),
+            log: e.to_string(),
+        })?;
+        let native = match self.compiler() {
+            None => None,
+            Some(compiler) => {
+                let source = codegen::render(kernel, &codegen::C).map_err(|e| match e {
+                    CodegenError::Verify(e) => BackendError::Compile {
+                        kernel: kernel.name.clone(),
+                        code: kernel.to_string(),
+                        log: e.to_string(),
+                    },
+                    other => BackendError::Unsupported {
+                        backend: "cpu",
+                        what: other.to_string(),
+                    },
+                })?;
+                let library = self.library(compiler, kernel, &source)?;
+                let symbol = codegen::entry_name(kernel);
+                // SAFETY: `codegen::render` defines `symbol` with the `Launch::Serial`
+                // signature, which `KernelFn` spells exactly.
+                let entry = unsafe { library.get::<KernelFn>(symbol.as_bytes()) }
+                    .map(|f| *f)
+                    .map_err(|e| BackendError::Compile {
+                        kernel: kernel.name.clone(),
+                        code: source.clone(),
+                        log: format!("the compiled library lacks `{symbol}`: {e}"),
+                    })?;
+                Some(Native {
+                    entry,
+                    _library: library,
+                })
+            }
+        };
+        let id = ProgramId(self.next_program.fetch_add(1, Ordering::Relaxed));
+        let program = Program {
+            kernel: kernel.clone(),
+            native,
+        };
+        lock(&self.programs).insert(id, Arc::new(program));
+        Ok(id)
+    }
+
+    fn launch(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+    ) -> Result<(), BackendError> {
+        let program = self.program(program)?;
+        let kernel = &program.kernel;
+        let params: Vec<&Param> = kernel
+            .params
+            .iter()
+            .filter(|p| matches!(p, Param::Buffer { .. }))
+            .collect();
+        // Which buffers the kernel may write; the interpreter takes every buffer mutably.
+        let writes = |id: BufferId| {
+            program.native.is_none()
+                || buffers.iter().zip(&params).any(|(b, p)| {
+                    *b == id && matches!(p, Param::Buffer { access, .. } if access.can_write())
+                })
+        };
+        // One lock per distinct buffer (a buffer may be bound to several parameters), taken
+        // in id order; the table's lock is not held while the kernel runs.
+        let shared = self.memory.get_sorted(buffers)?;
+        let mut guards: Vec<(BufferId, Guard<'_>)> = shared
+            .iter()
+            .map(|(id, buffer)| {
+                let guard = if writes(*id) {
+                    Guard::Write(memory::write(buffer))
+                } else {
+                    Guard::Read(memory::read(buffer))
+                };
+                (*id, guard)
+            })
+            .collect();
+        // Where each parameter's buffer sits among the (sorted, distinct) guards.
+        let slots: Vec<usize> = buffers
+            .iter()
+            .map(|b| guards.binary_search_by_key(b, |(id, _)| *id).unwrap_or(0))
+            .collect();
+        let sizes: Vec<usize> = slots.iter().map(|&s| guards[s].1.buffer().len()).collect();
+        let args = launch::evaluate(kernel, buffers, &sizes, dims)?;
+        self.counters.launches.fetch_add(1, Ordering::Relaxed);
+
+        let Some(native) = &program.native else {
+            return run_interpreter(kernel, buffers, &mut guards, dims);
+        };
+        let addrs: Vec<usize> = slots
+            .iter()
+            .map(|&s| match &mut guards[s].1 {
+                Guard::Write(g) => g.addr_mut(),
+                Guard::Read(g) => g.addr(),
+            })
+            .collect();
+        let Some(pool) = &self.pool else {
+            return Err(BackendError::Launch {
+                kernel: kernel.name.clone(),
+                reason: "the cpu backend could not start its worker threads".into(),
+            });
+        };
+        launch::run(pool, self.config.threads, native.entry, &addrs, &args);
+        Ok(())
+    }
+
+    fn time(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+    ) -> Result<Duration, BackendError> {
+        // Launches are synchronous, so the host clock around one is the kernel's time.
+        let started = Instant::now();
+        self.launch(program, buffers, dims)?;
+        Ok(started.elapsed())
+    }
+
+    fn synchronize(&self, device: usize) -> Result<(), BackendError> {
+        // Every operation has finished when its call returns.
+        Self::check_device(device)
+    }
+
+    fn release(&self, program: ProgramId) -> Result<(), BackendError> {
+        lock(&self.programs)
+            .remove(&program)
+            .map(drop)
+            .ok_or_else(|| {
+                BackendError::InvalidArgument(format!(
+                    "program {} is not a live program of the cpu backend",
+                    program.0
+                ))
+            })
+    }
+}
+
+/// Runs `kernel` in the interpreter on the locked buffers (all write-locked).
+///
+/// The interpreter needs one mutable slice per buffer parameter; a buffer bound to several
+/// parameters gets its real storage at the first and a copy at the others, and copies of
+/// parameters the kernel may write are written back afterwards, in parameter order. That
+/// equals true aliasing for kernels where each element is read and written by one
+/// invocation (in-place elementwise updates); other aliasing would race on a GPU anyway.
+fn run_interpreter(
+    kernel: &Kernel,
+    buffers: &[BufferId],
+    guards: &mut [(BufferId, Guard<'_>)],
+    dims: &Bindings,
+) -> Result<(), BackendError> {
+    let mut first: FxHashMap<BufferId, usize> = FxHashMap::default();
+    let mut copies: Vec<Vec<u8>> = Vec::new();
+    for (j, &b) in buffers.iter().enumerate() {
+        if let std::collections::hash_map::Entry::Vacant(slot) = first.entry(b) {
+            slot.insert(j);
+        } else {
+            let original = guards
+                .iter()
+                .find(|(g, _)| *g == b)
+                .map(|(_, g)| g.buffer().bytes().to_vec());
+            copies.push(original.unwrap_or_default());
+        }
+    }
+    let mut real: FxHashMap<BufferId, &mut [u8]> = guards
+        .iter_mut()
+        .filter_map(|(id, guard)| match guard {
+            Guard::Write(g) => Some((*id, g.bytes_mut())),
+            Guard::Read(_) => None,
+        })
+        .collect();
+    let mut copies = copies.iter_mut();
+    let mut slices: Vec<&mut [u8]> = Vec::with_capacity(buffers.len());
+    for (j, b) in buffers.iter().enumerate() {
+        let slice = if first.get(b) == Some(&j) {
+            real.remove(b)
+        } else {
+            copies.next().map(Vec::as_mut_slice)
+        };
+        slices.push(slice.unwrap_or_default());
+    }
+    interp::run(kernel, &mut slices, dims).map_err(|e| BackendError::Launch {
+        kernel: kernel.name.clone(),
+        reason: e.to_string(),
+    })?;
+    let params: Vec<&Param> = kernel
+        .params
+        .iter()
+        .filter(|p| matches!(p, Param::Buffer { .. }))
+        .collect();
+    for (j, b) in buffers.iter().enumerate() {
+        let origin = first.get(b).copied().unwrap_or(j);
+        let writable =
+            matches!(params.get(j), Some(Param::Buffer { access, .. }) if access.can_write());
+        if origin < j && writable {
+            let (head, tail) = slices.split_at_mut(j);
+            head[origin].copy_from_slice(tail[0]);
+        }
+    }
+    Ok(())
+}

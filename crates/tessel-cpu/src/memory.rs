@@ -1,0 +1,258 @@
+//! Host memory: 64-byte-aligned buffers, a table of live buffers, and a bounded cache of
+//! freed ones.
+//!
+//! A buffer is a `Vec` of 64-byte [`Chunk`]s, so it is aligned for any vector load without
+//! `unsafe` (the chunk type's alignment does it) and its bytes are a safe `bytemuck` cast.
+//!
+//! Each live buffer sits behind its own `Arc<RwLock<..>>`: the table's lock is held only to
+//! find a buffer, never while copying or while a kernel runs, so transfers and launches on
+//! different buffers proceed in parallel.
+//!
+//! Freed buffers are kept for reuse, by power-of-two size class: an allocation rounds its
+//! capacity up to its class (at most twice the request, at least one chunk), so any cached
+//! buffer of the class fits any request of the class. The cache is bounded both in total
+//! bytes ([`CACHE_BYTES`]) and per class ([`CACHE_PER_CLASS`]); a freed buffer that does
+//! not fit is returned to the system allocator. A reused buffer keeps its old contents
+//! (like `cudaMalloc`, an allocation's contents are unspecified); fresh ones are zeroed.
+
+use std::collections::hash_map::Entry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use bytemuck::{Pod, Zeroable};
+use rustc_hash::FxHashMap;
+use tessel_ir::{BackendError, BufferId};
+
+/// The most bytes the free-buffer cache holds.
+pub(crate) const CACHE_BYTES: usize = 1 << 30;
+
+/// The most buffers the cache holds per size class.
+pub(crate) const CACHE_PER_CLASS: usize = 16;
+
+/// 64 bytes, 64-byte aligned: a cache line and the widest vector register (AVX-512).
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub(crate) struct Chunk([u8; 64]);
+
+/// One allocation.
+pub(crate) struct HostBuffer {
+    chunks: Vec<Chunk>,
+    /// The size the user asked for; reads, writes and launches are checked against it.
+    len: usize,
+}
+
+impl HostBuffer {
+    /// The buffer's bytes (`len` of them).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.chunks)[..self.len]
+    }
+
+    /// The buffer's bytes, mutably.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.chunks)[..self.len]
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The start of the storage, for a kernel that reads it.
+    pub(crate) fn addr(&self) -> usize {
+        self.chunks.as_ptr().expose_provenance()
+    }
+
+    /// The start of the storage, for a kernel that writes it.
+    pub(crate) fn addr_mut(&mut self) -> usize {
+        self.chunks.as_mut_ptr().expose_provenance()
+    }
+}
+
+/// A live buffer, shared between the table and in-flight operations.
+pub(crate) type Shared = Arc<RwLock<HostBuffer>>;
+
+/// Reads a lock even if a thread panicked while holding it: buffers are plain bytes, which
+/// a panic cannot leave in a state that is unsafe to read.
+pub(crate) fn read(buffer: &Shared) -> RwLockReadGuard<'_, HostBuffer> {
+    buffer.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Writes a lock even if a thread panicked while holding it (see [`read`]).
+pub(crate) fn write(buffer: &Shared) -> RwLockWriteGuard<'_, HostBuffer> {
+    buffer.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The free-buffer cache, keyed by size class (the capacity in bytes, a power of two).
+#[derive(Default)]
+struct Cache {
+    classes: FxHashMap<usize, Vec<Vec<Chunk>>>,
+    bytes: usize,
+}
+
+/// Every live buffer, and the cache of freed ones.
+pub(crate) struct Memory {
+    device: String,
+    buffers: Mutex<FxHashMap<BufferId, Shared>>,
+    cache: Mutex<Cache>,
+    next_id: AtomicU64,
+}
+
+impl Memory {
+    pub(crate) fn new(device: String) -> Self {
+        Memory {
+            device,
+            buffers: Mutex::default(),
+            cache: Mutex::default(),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Allocates `bytes`, reusing a cached buffer of the same size class when there is one.
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<BufferId, BackendError> {
+        let oom = || BackendError::OutOfMemory {
+            device: self.device.clone(),
+            requested: bytes,
+        };
+        let class = bytes
+            .max(size_of::<Chunk>())
+            .checked_next_power_of_two()
+            .ok_or_else(oom)?;
+        let cached = {
+            let mut cache = lock(&self.cache);
+            let chunks = cache.classes.get_mut(&class).and_then(Vec::pop);
+            if chunks.is_some() {
+                cache.bytes -= class;
+            }
+            chunks
+        };
+        let chunks = if let Some(chunks) = cached {
+            chunks
+        } else {
+            let n = class / size_of::<Chunk>();
+            let mut chunks = Vec::new();
+            chunks.try_reserve_exact(n).map_err(|_| oom())?;
+            chunks.resize(n, Chunk::zeroed());
+            chunks
+        };
+        let id = BufferId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let buffer = Arc::new(RwLock::new(HostBuffer { chunks, len: bytes }));
+        lock(&self.buffers).insert(id, buffer);
+        Ok(id)
+    }
+
+    /// Frees a buffer. Its storage goes to the cache once no in-flight operation holds it.
+    pub(crate) fn free(&self, id: BufferId) -> Result<(), BackendError> {
+        let buffer = lock(&self.buffers).remove(&id).ok_or_else(|| unknown(id))?;
+        // An operation still running on another thread keeps its own reference; then the
+        // storage is simply dropped when it finishes.
+        let Ok(lock) = Arc::try_unwrap(buffer) else {
+            return Ok(());
+        };
+        let chunks = lock
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+            .chunks;
+        let class = chunks.len() * size_of::<Chunk>();
+        let mut cache = lock_cache(&self.cache);
+        if cache.bytes + class <= CACHE_BYTES {
+            let list = cache.classes.entry(class).or_default();
+            if list.len() < CACHE_PER_CLASS {
+                list.push(chunks);
+                cache.bytes += class;
+            }
+        }
+        Ok(())
+    }
+
+    /// The buffer with this id.
+    pub(crate) fn get(&self, id: BufferId) -> Result<Shared, BackendError> {
+        lock(&self.buffers)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| unknown(id))
+    }
+
+    /// The buffers with these ids, each once, in id order (the order locks are taken in,
+    /// so that two operations locking overlapping sets can never deadlock).
+    pub(crate) fn get_sorted(
+        &self,
+        ids: &[BufferId],
+    ) -> Result<Vec<(BufferId, Shared)>, BackendError> {
+        let table = lock(&self.buffers);
+        let mut out: FxHashMap<BufferId, Shared> = FxHashMap::default();
+        for &id in ids {
+            if let Entry::Vacant(slot) = out.entry(id) {
+                slot.insert(table.get(&id).cloned().ok_or_else(|| unknown(id))?);
+            }
+        }
+        drop(table);
+        let mut out: Vec<_> = out.into_iter().collect();
+        out.sort_by_key(|(id, _)| *id);
+        Ok(out)
+    }
+
+    /// Bytes currently held by the free-buffer cache.
+    #[cfg(test)]
+    pub(crate) fn cached_bytes(&self) -> usize {
+        lock_cache(&self.cache).bytes
+    }
+}
+
+fn lock_cache(cache: &Mutex<Cache>) -> MutexGuard<'_, Cache> {
+    lock(cache)
+}
+
+fn unknown(id: BufferId) -> BackendError {
+    BackendError::InvalidArgument(format!(
+        "buffer {} is not a live buffer of the cpu backend (freed, or from another backend)",
+        id.0
+    ))
+}
+
+/// Checks that `offset..offset + len` lies within a buffer of `size` bytes.
+pub(crate) fn check_range(
+    what: &str,
+    id: BufferId,
+    offset: usize,
+    len: usize,
+    size: usize,
+) -> Result<(), BackendError> {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(BackendError::InvalidArgument(format!(
+            "{what} of {len} bytes at offset {offset} does not fit buffer {} of {size} bytes",
+            id.0
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CACHE_BYTES, Chunk, Memory};
+
+    #[test]
+    fn chunks_are_cache_lines() {
+        assert_eq!(size_of::<Chunk>(), 64);
+        assert_eq!(align_of::<Chunk>(), 64);
+    }
+
+    #[test]
+    fn freed_buffers_are_reused_by_size_class() {
+        let memory = Memory::new("test".into());
+        let a = memory.alloc(1000).unwrap();
+        let addr = memory.get(a).unwrap().read().unwrap().addr();
+        memory.free(a).unwrap();
+        assert_eq!(memory.cached_bytes(), 1024);
+        // 600 bytes round up to the same 1024-byte class.
+        let b = memory.alloc(600).unwrap();
+        assert_eq!(memory.get(b).unwrap().read().unwrap().addr(), addr);
+        assert_eq!(memory.get(b).unwrap().read().unwrap().len(), 600);
+        assert_eq!(memory.cached_bytes(), 0);
+        assert!(memory.free(b).is_ok());
+        assert!(memory.free(b).is_err(), "double free is an error");
+        assert!(memory.cached_bytes() <= CACHE_BYTES);
+    }
+}

@@ -1,0 +1,290 @@
+//! The kernelizer: partitions the graph needed by a realize into kernels and lowers each to
+//! kernel IR.
+//!
+//! **Where values are materialized** (written to a buffer) — everything else is fused and
+//! recomputed inside its consumers' kernels:
+//! - the realize targets;
+//! - a value that contains an unmaterialized reduction and is broadcast (`Expand`) into a
+//!   larger iteration space, since recomputing it per broadcast element would repeat the
+//!   reduction;
+//! - a value that contains a reduction and has several consumers.
+//!
+//! Elementwise chains and movement ops never materialize: movement folds into the index
+//! arithmetic of loads (with validity masks for pads), so views cost nothing.
+//!
+//! **Multi-output kernels.** A materialized value `m` that a kernel evaluates at exactly its
+//! own output coordinates (the max inside softmax's sum pass, the mean inside a variance
+//! pass) is stored by that kernel as a second output instead of getting a kernel of its
+//! own. That is how softmax comes out as two kernels and mean/variance as one.
+//!
+//! **Lowering** (`src/lower.rs`) evaluates a node at symbolic coordinates: one invocation
+//! per output element, coordinates derived from the invocation index, a loop with a register
+//! accumulator per reduction.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use tessel_ir::Kernel;
+use tessel_shape::{DType, Dim};
+
+use crate::graph::{Graph, LeafId, Node, NodeId, Op};
+use crate::lower::{Lowering, lower_kernel};
+
+/// Where a kernel argument comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// The `k`-th leaf of the realized subgraph, in [`Signature`] order.
+    Input(usize),
+    /// The value of a materialized node, written by one kernel of the schedule.
+    Node(NodeId),
+}
+
+/// One kernel and the slots its buffer parameters bind to, in parameter order.
+#[derive(Clone, Debug)]
+pub struct ScheduledKernel {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// One slot per buffer parameter.
+    pub args: Vec<Slot>,
+    /// The nodes this kernel writes.
+    pub writes: Vec<NodeId>,
+}
+
+/// Kernels in an order that respects their dependencies, and the buffers they need.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    /// The kernels, producers first.
+    pub kernels: Vec<ScheduledKernel>,
+    /// Every materialized node: its dtype and number of elements.
+    pub buffers: Vec<(NodeId, DType, Dim)>,
+}
+
+/// A structural key of the subgraph behind some targets: equal keys mean the same
+/// computation on (possibly) different leaf data, so a cached schedule can be replayed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Signature {
+    /// Each node with operands renumbered by position and leaves by first appearance.
+    nodes: Vec<Node>,
+    /// Positions of the targets.
+    targets: Vec<u32>,
+}
+
+/// The signature of `targets`, and the leaves in the order [`Slot::Input`] numbers them.
+pub fn signature(graph: &Graph, targets: &[NodeId]) -> (Signature, Vec<LeafId>) {
+    let order = graph.toposort(targets);
+    let pos: FxHashMap<NodeId, u32> = order
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (n, i as u32))
+        .collect();
+    let mut leaves = Vec::new();
+    let nodes = order
+        .iter()
+        .map(|&id| {
+            let node = graph.node(id);
+            let remap = |c: &NodeId| NodeId(pos[c]);
+            let op = match &node.op {
+                Op::Leaf(leaf) => {
+                    leaves.push(*leaf);
+                    Op::Leaf(LeafId(leaves.len() as u64 - 1))
+                }
+                other => renumber(other, remap),
+            };
+            Node {
+                op,
+                dtype: node.dtype,
+                shape: node.shape.clone(),
+            }
+        })
+        .collect();
+    let targets = targets.iter().map(|t| pos[t]).collect();
+    (Signature { nodes, targets }, leaves)
+}
+
+fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {
+    match op {
+        Op::Leaf(_) | Op::Const(_) | Op::Index(_) => op.clone(),
+        Op::Unary(u, a) => Op::Unary(*u, f(a)),
+        Op::Binary(b, x, y) => Op::Binary(*b, f(x), f(y)),
+        Op::Ternary(t, x, y, z) => Op::Ternary(*t, f(x), f(y), f(z)),
+        Op::Cast(a) => Op::Cast(f(a)),
+        Op::Bitcast(a) => Op::Bitcast(f(a)),
+        Op::Reshape(a) => Op::Reshape(f(a)),
+        Op::Permute(a, p) => Op::Permute(f(a), p.clone()),
+        Op::Expand(a) => Op::Expand(f(a)),
+        Op::Pad(a, p, v) => Op::Pad(f(a), p.clone(), *v),
+        Op::Shrink(a, s) => Op::Shrink(f(a), s.clone()),
+        Op::Flip(a, axes) => Op::Flip(f(a), axes.clone()),
+        Op::Reduce(r, a, axes) => Op::Reduce(*r, f(a), axes.clone()),
+    }
+}
+
+/// Why kernelization failed. Every failure here is a bug in Tessel, reported as a value so
+/// a realize fails cleanly instead of panicking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelizeError(pub String);
+
+impl std::fmt::Display for KernelizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "internal error while building kernels: {}", self.0)
+    }
+}
+
+impl std::error::Error for KernelizeError {}
+
+/// Builds the schedule that computes `targets`. Targets that are already leaves need no
+/// kernel. Leaves appear as [`Slot::Input`]s numbered as [`signature`] numbers them.
+pub fn kernelize(graph: &Graph, targets: &[NodeId]) -> Result<Schedule, KernelizeError> {
+    let order = graph.toposort(targets);
+    let (_, leaves) = signature(graph, targets);
+    let leaf_slot: FxHashMap<LeafId, usize> =
+        leaves.iter().enumerate().map(|(i, &l)| (l, i)).collect();
+    let materialized = choose_materialized(graph, &order, targets);
+
+    // Lower consumers before producers so a consumer can absorb a producer it evaluates at
+    // its own coordinates; `absorbed` records who wrote what.
+    let mut written_by: FxHashMap<NodeId, usize> = FxHashMap::default();
+    let mut kernels: Vec<ScheduledKernel> = Vec::new();
+    for &root in order.iter().rev() {
+        if !materialized.contains(&root) || written_by.contains_key(&root) {
+            continue;
+        }
+        let mut absorbable: FxHashSet<NodeId> = materialized
+            .iter()
+            .copied()
+            .filter(|m| {
+                *m != root
+                    && !written_by.contains_key(m)
+                    && graph.node(*m).shape == graph.node(root).shape
+            })
+            .collect();
+        let lowered = loop {
+            let lowered = match lower_kernel(
+                graph,
+                root,
+                &materialized,
+                &absorbable,
+                &leaf_slot,
+                kernels.len(),
+            )? {
+                Lowering::Done(k) => k,
+                Lowering::Retry(conflicts) => {
+                    for m in conflicts {
+                        absorbable.remove(&m);
+                    }
+                    continue;
+                }
+            };
+            // Absorbing `m` is only sound if no other input of this kernel depends on `m`
+            // (that input's kernel would need `m` before this kernel runs).
+            let bad: Vec<NodeId> = lowered
+                .writes
+                .iter()
+                .skip(1)
+                .copied()
+                .filter(|m| {
+                    lowered.args.iter().any(|a| matches!(a, Slot::Node(n) if !lowered.writes.contains(n) && depends_on(graph, *n, *m)))
+                })
+                .collect();
+            if bad.is_empty() {
+                break lowered;
+            }
+            for m in bad {
+                absorbable.remove(&m);
+            }
+        };
+        for &w in &lowered.writes {
+            written_by.insert(w, kernels.len());
+        }
+        kernels.push(lowered);
+    }
+
+    // Producers first: a kernel runs after every kernel writing a slot it reads.
+    let mut done = vec![false; kernels.len()];
+    let mut sorted = Vec::with_capacity(kernels.len());
+    while sorted.len() < kernels.len() {
+        let before = sorted.len();
+        for (i, k) in kernels.iter().enumerate() {
+            if done[i] {
+                continue;
+            }
+            let ready = k.args.iter().all(|a| match a {
+                Slot::Node(n) => written_by.get(n).is_none_or(|&w| w == i || done[w]),
+                Slot::Input(_) => true,
+            });
+            if ready {
+                done[i] = true;
+                sorted.push(i);
+            }
+        }
+        if sorted.len() == before {
+            return Err(KernelizeError(
+                "kernels depend on each other in a cycle".into(),
+            ));
+        }
+    }
+    let mut kernels: Vec<Option<ScheduledKernel>> = kernels.into_iter().map(Some).collect();
+    let kernels: Vec<ScheduledKernel> = sorted
+        .into_iter()
+        .filter_map(|i| kernels[i].take())
+        .collect();
+    let buffers = kernels
+        .iter()
+        .flat_map(|k| &k.writes)
+        .map(|&n| {
+            let node = graph.node(n);
+            (n, node.dtype, node.shape.numel())
+        })
+        .collect();
+    Ok(Schedule { kernels, buffers })
+}
+
+/// Whether materialized node `from` needs `target`'s value (through unmaterialized nodes,
+/// or through other materialized nodes, which need it in turn).
+fn depends_on(graph: &Graph, from: NodeId, target: NodeId) -> bool {
+    let mut stack = vec![from];
+    let mut seen = FxHashSet::default();
+    while let Some(n) = stack.pop() {
+        if n == target {
+            return true;
+        }
+        if seen.insert(n) {
+            stack.extend(graph.node(n).op.children());
+        }
+    }
+    false
+}
+
+/// The nodes that get buffers. See the module docs for the rules.
+fn choose_materialized(graph: &Graph, order: &[NodeId], targets: &[NodeId]) -> FxHashSet<NodeId> {
+    let mut out: FxHashSet<NodeId> = targets
+        .iter()
+        .copied()
+        .filter(|&t| !matches!(graph.node(t).op, Op::Leaf(_)))
+        .collect();
+    let mut consumers: FxHashMap<NodeId, usize> = FxHashMap::default();
+    for &n in order {
+        for c in graph.node(n).op.children() {
+            *consumers.entry(c).or_default() += 1;
+        }
+    }
+    // Whether a node's own kernel would contain a reduction.
+    let mut has_reduce: FxHashMap<NodeId, bool> = FxHashMap::default();
+    for &n in order {
+        let node = graph.node(n);
+        if let Op::Expand(child) = node.op
+            && has_reduce[&child]
+        {
+            out.insert(child);
+        }
+        let inner = node
+            .op
+            .children()
+            .iter()
+            .any(|c| has_reduce[c] && !out.contains(c));
+        let reduces = matches!(node.op, Op::Reduce(..)) || inner;
+        if reduces && consumers.get(&n).copied().unwrap_or(0) > 1 {
+            out.insert(n);
+        }
+        has_reduce.insert(n, reduces);
+    }
+    out
+}

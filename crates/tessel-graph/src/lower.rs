@@ -1,0 +1,580 @@
+//! Lowering one kernel: a materialized node evaluated at symbolic coordinates.
+//!
+//! The kernel runs one invocation per output element. The invocation index `gid` becomes a
+//! symbolic variable; output coordinates are `Expr`s of it, and every movement op maps
+//! coordinates to its operand's coordinates symbolically, so by the time a load is emitted
+//! its index is one simplified expression (`tessel_shape::Expr`), lowered by the builder.
+//! Pads guard their operand with an `If` on the validity condition and select the pad
+//! value through a register. A reduction is a loop with a register accumulator;
+//! reductions nested in its body that don't depend on its loop variable are computed
+//! before the loop (the max of softmax inside its sum).
+//!
+//! Values are memoized per (node, coordinates) within the block that computed them, so a
+//! node used twice at the same coordinates is computed once.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use tessel_ir::{Access, Buf, KernelBuilder, Mem, Value};
+use tessel_shape::{BinaryOp, DType, Dim, Expr, ExprView, Scalar, Shape, Var};
+
+use crate::graph::{Graph, LeafId, NodeId, Op, ReduceOp};
+use crate::kernelize::{KernelizeError, ScheduledKernel, Slot};
+
+const LOCAL_SIZE: i64 = 128;
+
+struct Lowerer<'g> {
+    graph: &'g Graph,
+    kb: KernelBuilder,
+    idx: DType,
+    root: NodeId,
+    root_coords: Vec<Expr>,
+    /// Where the root's output index lives (for absorbed outputs).
+    out_index: Value,
+    materialized: &'g FxHashSet<NodeId>,
+    absorbable: &'g FxHashSet<NodeId>,
+    leaf_slot: &'g FxHashMap<LeafId, usize>,
+    /// Buffer parameters by slot.
+    params: FxHashMap<Slot, Buf>,
+    args: Vec<Slot>,
+    writes: Vec<NodeId>,
+    /// (node, coordinates) → value, one map per open block.
+    memo: Vec<FxHashMap<(NodeId, Vec<Expr>), Value>>,
+    /// Open loops and conditionals inside the kernel's tail guard: absorbed outputs are
+    /// only computed where every invocation computes them (depth 0).
+    depth: usize,
+    /// Absorbable nodes that were also needed at other coordinates: absorbing them would
+    /// read a buffer this kernel writes.
+    conflicts: Vec<NodeId>,
+}
+
+/// The result of lowering one kernel.
+pub(crate) enum Lowering {
+    /// The kernel.
+    Done(ScheduledKernel),
+    /// Lower again without absorbing these nodes.
+    Retry(Vec<NodeId>),
+}
+
+/// Lowers the kernel computing materialized node `root` (and any node of `absorbable` it
+/// evaluates at its own coordinates).
+pub(crate) fn lower_kernel(
+    graph: &Graph,
+    root: NodeId,
+    materialized: &FxHashSet<NodeId>,
+    absorbable: &FxHashSet<NodeId>,
+    leaf_slot: &FxHashMap<LeafId, usize>,
+    number: usize,
+) -> Result<Lowering, KernelizeError> {
+    let node = graph.node(root);
+    let shape = node.shape.clone();
+    let numel = shape.numel();
+    // 32-bit indices unless some buffer may exceed them.
+    let max_elems = graph
+        .toposort(&[root])
+        .iter()
+        .map(|&n| graph.node(n).shape.numel().bounds().hi)
+        .max()
+        .unwrap_or(0);
+    let idx = if max_elems < i64::from(i32::MAX) {
+        DType::I32
+    } else {
+        DType::I64
+    };
+    let mut kb = KernelBuilder::new(&kernel_name(graph, root, number));
+    let local = match numel.as_const() {
+        Some(n) if n < LOCAL_SIZE => n.max(1),
+        _ => LOCAL_SIZE,
+    };
+    kb.grid(
+        [numel.ceil_div(local), Dim::constant(1), Dim::constant(1)],
+        [local, 1, 1],
+    );
+    let gid_value = kb.global_id(0, idx);
+    let gid_var = unique_var("gid", 0, numel.bounds().hi.saturating_sub(1).max(0));
+    kb.bind(gid_var, gid_value, idx);
+    let gid = Expr::from(gid_var);
+    let strides = shape.contiguous_strides();
+    let root_coords: Vec<Expr> = shape
+        .iter()
+        .zip(&strides)
+        .map(|(&d, &s)| {
+            if d.as_const() == Some(1) {
+                Expr::constant(0)
+            } else {
+                (gid / s) % d
+            }
+        })
+        .collect();
+
+    let mut lw = Lowerer {
+        graph,
+        kb,
+        idx,
+        root,
+        root_coords: root_coords.clone(),
+        out_index: gid_value,
+        materialized,
+        absorbable,
+        leaf_slot,
+        params: FxHashMap::default(),
+        args: Vec::new(),
+        writes: Vec::new(),
+        memo: vec![FxHashMap::default()],
+        depth: 0,
+        conflicts: Vec::new(),
+    };
+    let out = lw.param(Slot::Node(root), node.dtype, numel, Access::Write);
+    lw.writes.push(root);
+    // Guard the tail when the grid over-covers.
+    let exact = numel.as_const().is_some_and(|n| n % local == 0);
+    let guard = if exact {
+        None
+    } else {
+        let n = lw.kb.expr(numel, idx);
+        let ok = lw.kb.lt(gid_value, n);
+        let open = lw.open_if(ok);
+        lw.depth = 0;
+        Some(open)
+    };
+    let value = lw.eval_node(root, &root_coords, true)?;
+    lw.kb.store(out, gid_value, value);
+    if let Some(open) = guard {
+        lw.close_if(open);
+    }
+    if !lw.conflicts.is_empty() {
+        return Ok(Lowering::Retry(lw.conflicts));
+    }
+    let Lowerer {
+        kb, args, writes, ..
+    } = lw;
+    let kernel = kb
+        .build()
+        .map_err(|e| KernelizeError(format!("generated kernel failed verification: {e}")))?;
+    let kernel = tessel_ir::passes::optimize(&kernel);
+    tracing::debug!(target: "tessel::kernels", "kernel for {root:?}:\n{kernel}");
+    Ok(Lowering::Done(ScheduledKernel {
+        kernel,
+        args,
+        writes,
+    }))
+}
+
+fn kernel_name(graph: &Graph, root: NodeId, number: usize) -> String {
+    let node = graph.node(root);
+    let reduces = graph
+        .toposort(&[root])
+        .iter()
+        .any(|&n| matches!(graph.node(n).op, Op::Reduce(..)));
+    let dims: Vec<String> = node
+        .shape
+        .iter()
+        .map(|d| {
+            d.as_const()
+                .map_or_else(|| "n".to_owned(), |c| c.to_string())
+        })
+        .collect();
+    let prefix = if reduces { "r" } else { "e" };
+    format!(
+        "{prefix}{number}_{}",
+        if dims.is_empty() {
+            "1".to_owned()
+        } else {
+            dims.join("_")
+        }
+    )
+}
+
+fn unique_var(prefix: &str, lo: i64, hi: i64) -> Var {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // Distinct names keep variables of different loops apart in the interner.
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    Var::new(&format!("{prefix}{n}"), lo, hi.max(lo)).expect("lo <= hi by construction")
+}
+
+impl Lowerer<'_> {
+    fn param(&mut self, slot: Slot, dtype: DType, len: Dim, access: Access) -> Buf {
+        if let Some(&b) = self.params.get(&slot) {
+            return b;
+        }
+        let name = match &slot {
+            Slot::Input(i) => format!("in{i}"),
+            Slot::Node(n) => format!("buf{}", n.0),
+        };
+        let b = self.kb.buffer(&name, dtype, len, access);
+        self.params.insert(slot.clone(), b);
+        self.args.push(slot);
+        b
+    }
+
+    fn open_if(&mut self, cond: Value) -> Value {
+        self.memo.push(FxHashMap::default());
+        self.depth += 1;
+        self.kb.begin_if(cond)
+    }
+
+    fn close_if(&mut self, open: Value) {
+        self.memo.pop();
+        self.depth = self.depth.saturating_sub(1);
+        self.kb.end_if(open);
+    }
+
+    fn ix(&mut self, e: Expr) -> Value {
+        self.kb.expr(e, self.idx)
+    }
+
+    /// A `bool` value for a 0/1 expression, as a comparison where possible so the
+    /// verifier can narrow indices under it.
+    fn cond(&mut self, e: Expr) -> Value {
+        match e.view() {
+            ExprView::Lt(a, b) => {
+                let (a, b) = (self.ix(a), self.ix(b));
+                self.kb.binary(BinaryOp::Lt, a, b)
+            }
+            ExprView::Eq(a, b) => {
+                let (a, b) = (self.ix(a), self.ix(b));
+                self.kb.binary(BinaryOp::Eq, a, b)
+            }
+            ExprView::Const(c) => self.kb.constant(c != 0),
+            _ => {
+                let v = self.ix(e);
+                let zero = self.kb.constant_as(0, self.idx);
+                self.kb.binary(BinaryOp::Ne, v, zero)
+            }
+        }
+    }
+
+    fn memo_get(&self, n: NodeId, coords: &[Expr]) -> Option<Value> {
+        let key = (n, coords.to_vec());
+        self.memo.iter().rev().find_map(|m| m.get(&key)).copied()
+    }
+
+    /// The value of node `n` at `coords`. `top` is true only for the kernel's root.
+    fn eval_node(
+        &mut self,
+        n: NodeId,
+        coords: &[Expr],
+        top: bool,
+    ) -> Result<Value, KernelizeError> {
+        if let Some(v) = self.memo_get(n, coords) {
+            return Ok(v);
+        }
+        let node = self.graph.node(n).clone();
+        let stored = !top && self.materialized.contains(&n);
+        let absorbable = stored && self.absorbable.contains(&n);
+        let absorb = absorbable
+            && self.depth == 0
+            && coords == self.root_coords.as_slice()
+            && !self.params.contains_key(&Slot::Node(n));
+        if absorbable && !absorb && self.writes.contains(&n) {
+            self.conflicts.push(n);
+        }
+        let v = if let Op::Leaf(leaf) = node.op {
+            let slot = *self.leaf_slot.get(&leaf).ok_or_else(|| {
+                KernelizeError(format!("leaf {leaf:?} missing from the signature"))
+            })?;
+            self.load(Slot::Input(slot), &node.shape, node.dtype, coords)
+        } else if stored && !absorb {
+            if absorbable && self.writes.contains(&n) {
+                self.conflicts.push(n);
+            }
+            self.load(Slot::Node(n), &node.shape, node.dtype, coords)
+        } else {
+            let v = self.compute(n, coords)?;
+            if absorb {
+                let len = node.shape.numel();
+                let buf = self.param(Slot::Node(n), node.dtype, len, Access::Write);
+                self.kb.store(buf, self.out_index, v);
+                self.writes.push(n);
+            }
+            v
+        };
+        self.memo
+            .last_mut()
+            .expect("the kernel scope is never popped")
+            .insert((n, coords.to_vec()), v);
+        Ok(v)
+    }
+
+    fn load(&mut self, slot: Slot, shape: &Shape, dtype: DType, coords: &[Expr]) -> Value {
+        let buf = self.param(slot, dtype, shape.numel(), Access::Read);
+        let flat: Expr = coords
+            .iter()
+            .zip(shape.contiguous_strides())
+            .map(|(&c, s)| c * s)
+            .sum();
+        let index = self.ix(flat);
+        self.kb.load(buf, index)
+    }
+
+    fn compute(&mut self, n: NodeId, coords: &[Expr]) -> Result<Value, KernelizeError> {
+        let node = self.graph.node(n).clone();
+        let child_shape = |c: NodeId| self.graph.node(c).shape.clone();
+        Ok(match &node.op {
+            Op::Leaf(_) => unreachable!("leaves are loaded by eval_node"),
+            Op::Const(s) => self.kb.constant(s.cast(node.dtype)),
+            Op::Index(axis) => {
+                let c = self.ix(coords[*axis]);
+                if node.dtype == self.idx {
+                    c
+                } else {
+                    self.kb.cast(c, node.dtype)
+                }
+            }
+            Op::Unary(op, a) => {
+                let a = self.eval_node(*a, coords, false)?;
+                self.kb.unary(*op, a)
+            }
+            Op::Binary(op, a, b) => {
+                let a = self.eval_node(*a, coords, false)?;
+                let b = self.eval_node(*b, coords, false)?;
+                self.kb.binary(*op, a, b)
+            }
+            Op::Ternary(op, a, b, c) => {
+                let a = self.eval_node(*a, coords, false)?;
+                let b = self.eval_node(*b, coords, false)?;
+                let c = self.eval_node(*c, coords, false)?;
+                self.kb.ternary(*op, a, b, c)
+            }
+            Op::Cast(a) => {
+                let v = self.eval_node(*a, coords, false)?;
+                self.kb.cast(v, node.dtype)
+            }
+            Op::Bitcast(a) => {
+                let v = self.eval_node(*a, coords, false)?;
+                self.kb.bitcast(v, node.dtype)
+            }
+            Op::Pad(a, pads, value) => {
+                let inner = child_shape(*a);
+                let mut mapped = Vec::with_capacity(coords.len());
+                let mut valid = Expr::constant(1);
+                for ((&c, &(before, _)), &d) in coords.iter().zip(pads.iter()).zip(inner.iter()) {
+                    let x = c - before;
+                    valid *= x.cmp_ge(0) * x.cmp_lt(d);
+                    mapped.push(x);
+                }
+                self.masked(*a, &mapped, valid, value.cast(node.dtype), node.dtype)?
+            }
+            Op::Reduce(op, a, axes) => self.reduce(*op, *a, axes, coords, node.dtype)?,
+            op if op.is_movement() => {
+                let (child, mapped) = map_coords(self.graph, &node.op, &node.shape, coords);
+                self.eval_node(child, &mapped, false)?
+            }
+            op => return Err(KernelizeError(format!("no lowering for {}", op.name()))),
+        })
+    }
+
+    /// `valid ? child[mapped] : pad`, evaluating the child only where valid.
+    fn masked(
+        &mut self,
+        child: NodeId,
+        mapped: &[Expr],
+        valid: Expr,
+        pad: Scalar,
+        dtype: DType,
+    ) -> Result<Value, KernelizeError> {
+        match valid.as_const() {
+            Some(0) => return Ok(self.kb.constant(pad)),
+            Some(_) => return self.eval_node(child, mapped, false),
+            None => {}
+        }
+        // Each factor of the product is one comparison; `and` them as bools.
+        let factors = match valid.view() {
+            ExprView::Prod(fs) => fs,
+            _ => vec![valid],
+        };
+        let mut cond = None;
+        for f in factors {
+            let c = self.cond(f);
+            cond = Some(match cond {
+                Some(prev) => self.kb.binary(BinaryOp::And, prev, c),
+                None => c,
+            });
+        }
+        let cond = cond.expect("a non-constant condition has factors");
+        let Mem::Reg(reg) = self.kb.reg(dtype, 1) else {
+            unreachable!("reg() returns registers")
+        };
+        let zero = self.kb.constant_as(0, self.idx);
+        let pad_v = self.kb.constant(pad);
+        self.kb.store(Mem::Reg(reg), zero, pad_v);
+        let open = self.open_if(cond);
+        let v = self.eval_node(child, mapped, false)?;
+        self.kb.store(Mem::Reg(reg), zero, v);
+        self.close_if(open);
+        Ok(self.kb.load(Mem::Reg(reg), zero))
+    }
+
+    fn reduce(
+        &mut self,
+        op: ReduceOp,
+        child: NodeId,
+        axes: &[usize],
+        coords: &[Expr],
+        dtype: DType,
+    ) -> Result<Value, KernelizeError> {
+        let inner = self.graph.node(child).shape.clone();
+        // Half-precision sums accumulate in f32 (DESIGN.md).
+        let acc_dtype = if matches!(dtype, DType::F16 | DType::BF16) {
+            DType::F32
+        } else {
+            dtype
+        };
+        let rsize: Dim = axes.iter().map(|&a| inner[a]).product();
+        let loop_var = unique_var("r", 0, rsize.bounds().hi.saturating_sub(1).max(0));
+        // Coordinates of the operand: reduced axes walk the loop variable, in row-major
+        // order over the reduced axes; the rest stay.
+        let mut mapped = coords.to_vec();
+        let mut stride = Expr::constant(1);
+        for &a in axes.iter().rev() {
+            let d = inner[a];
+            mapped[a] = if d.as_const() == Some(1) {
+                Expr::constant(0)
+            } else {
+                (Expr::from(loop_var) / stride) % d
+            };
+            stride *= d;
+        }
+        // Reductions inside the body that don't depend on this loop run before it.
+        let mut hoist = Vec::new();
+        self.invariant_reductions(child, &mapped, loop_var, &mut hoist);
+        for (n, c) in hoist {
+            self.eval_node(n, &c, false)?;
+        }
+        let Mem::Reg(acc) = self.kb.reg(acc_dtype, 1) else {
+            unreachable!("reg() returns registers")
+        };
+        let zero = self.kb.constant_as(0, self.idx);
+        let init = self.kb.constant(op.identity(acc_dtype));
+        self.kb.store(Mem::Reg(acc), zero, init);
+        let start = self.kb.constant_as(0, self.idx);
+        let end = self.ix(rsize);
+        let r = self.kb.begin_range(start, end);
+        self.kb.bind(loop_var, r, self.idx);
+        self.memo.push(FxHashMap::default());
+        self.depth += 1;
+        let v = self.eval_node(child, &mapped, false)?;
+        let v = if acc_dtype == dtype {
+            v
+        } else {
+            self.kb.cast(v, acc_dtype)
+        };
+        let prev = self.kb.load(Mem::Reg(acc), zero);
+        let next = self.kb.binary(op.binary(), prev, v);
+        self.kb.store(Mem::Reg(acc), zero, next);
+        self.memo.pop();
+        self.depth -= 1;
+        self.kb.end_range(r);
+        let total = self.kb.load(Mem::Reg(acc), zero);
+        Ok(if acc_dtype == dtype {
+            total
+        } else {
+            self.kb.cast(total, dtype)
+        })
+    }
+
+    /// Unmaterialized reductions under `n` (at `coords`) whose coordinates don't mention
+    /// `loop_var`. Pads are not crossed: under a pad, coordinates may be out of range.
+    fn invariant_reductions(
+        &self,
+        n: NodeId,
+        coords: &[Expr],
+        loop_var: Var,
+        out: &mut Vec<(NodeId, Vec<Expr>)>,
+    ) {
+        let node = self.graph.node(n);
+        if self.materialized.contains(&n) {
+            // A producer this kernel can absorb is computed (and stored) before the loop.
+            if self.absorbable.contains(&n)
+                && coords == self.root_coords.as_slice()
+                && !out.iter().any(|(m, _)| *m == n)
+            {
+                out.push((n, coords.to_vec()));
+            }
+            return;
+        }
+        debug_assert!(n != self.root, "the root is never inside its own reduction");
+        match &node.op {
+            Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Pad(..) => {}
+            Op::Reduce(..) => {
+                if coords.iter().all(|c| !c.vars().contains(&loop_var))
+                    && !out.iter().any(|(m, c)| *m == n && c == coords)
+                {
+                    out.push((n, coords.to_vec()));
+                }
+            }
+            op if op.is_movement() => {
+                let (child, mapped) = map_coords(self.graph, op, &node.shape, coords);
+                self.invariant_reductions(child, &mapped, loop_var, out);
+            }
+            op => {
+                for c in op.children() {
+                    self.invariant_reductions(c, coords, loop_var, out);
+                }
+            }
+        }
+    }
+}
+
+/// For a movement op other than `Pad`: its operand and the operand's coordinates.
+fn map_coords(graph: &Graph, op: &Op, shape: &Shape, coords: &[Expr]) -> (NodeId, Vec<Expr>) {
+    match op {
+        Op::Reshape(a) => {
+            let inner = graph.node(*a).shape.clone();
+            let flat: Expr = coords
+                .iter()
+                .zip(shape.contiguous_strides())
+                .map(|(&c, s)| c * s)
+                .sum();
+            let mapped = inner
+                .iter()
+                .zip(inner.contiguous_strides())
+                .map(|(&d, s)| {
+                    if d.as_const() == Some(1) {
+                        Expr::constant(0)
+                    } else {
+                        (flat / s) % d
+                    }
+                })
+                .collect();
+            (*a, mapped)
+        }
+        Op::Permute(a, perm) => {
+            let mut mapped = vec![Expr::constant(0); perm.len()];
+            for (k, &p) in perm.iter().enumerate() {
+                mapped[p] = coords[k];
+            }
+            (*a, mapped)
+        }
+        Op::Expand(a) => {
+            let inner = graph.node(*a).shape.clone();
+            let mapped = inner
+                .iter()
+                .zip(coords)
+                .map(|(&d, &c)| {
+                    if d.as_const() == Some(1) {
+                        Expr::constant(0)
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            (*a, mapped)
+        }
+        Op::Shrink(a, ranges) => {
+            let mapped = coords
+                .iter()
+                .zip(ranges.iter())
+                .map(|(&c, &(start, step))| start + c * step)
+                .collect();
+            (*a, mapped)
+        }
+        Op::Flip(a, axes) => {
+            let mut mapped = coords.to_vec();
+            for &ax in axes {
+                mapped[ax] = shape[ax] - 1 - coords[ax];
+            }
+            (*a, mapped)
+        }
+        _ => unreachable!("map_coords is only called on movement ops other than pad"),
+    }
+}

@@ -1,0 +1,350 @@
+//! The kernelizer: fusion decisions (kernel counts) and the values the kernels compute,
+//! run on the reference interpreter and compared with plain Rust loops in f64.
+
+use rustc_hash::FxHashMap;
+use tessel_graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp, Slot, kernelize, signature};
+use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+    }
+
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+/// A graph plus the data of its leaves.
+struct Env {
+    g: Graph,
+    data: FxHashMap<LeafId, Vec<f32>>,
+    next_leaf: u64,
+}
+
+impl Env {
+    fn new() -> Self {
+        Env {
+            g: Graph::new(),
+            data: FxHashMap::default(),
+            next_leaf: 0,
+        }
+    }
+
+    fn leaf(&mut self, shape: &[usize], values: Vec<f32>) -> NodeId {
+        let id = LeafId(self.next_leaf);
+        self.next_leaf += 1;
+        self.data.insert(id, values);
+        self.g.add(Node {
+            op: Op::Leaf(id),
+            dtype: DType::F32,
+            shape: Shape::from(shape),
+        })
+    }
+
+    fn shape(&self, n: NodeId) -> Shape {
+        self.g.node(n).shape.clone()
+    }
+
+    fn add(&mut self, op: Op, shape: Shape) -> NodeId {
+        self.g.add(Node {
+            op,
+            dtype: DType::F32,
+            shape,
+        })
+    }
+
+    fn unary(&mut self, op: UnaryOp, a: NodeId) -> NodeId {
+        let s = self.shape(a);
+        self.add(Op::Unary(op, a), s)
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+        let s = self.shape(a);
+        assert_eq!(s, self.shape(b));
+        self.add(Op::Binary(op, a, b), s)
+    }
+
+    fn constant(&mut self, v: f32, shape: &Shape) -> NodeId {
+        self.add(Op::Const(Scalar::F32(v)), shape.clone())
+    }
+
+    fn reduce(&mut self, op: ReduceOp, a: NodeId, axes: &[usize]) -> NodeId {
+        let mut dims = self.shape(a).dims().to_vec();
+        for &ax in axes {
+            dims[ax] = Dim::constant(1);
+        }
+        self.add(Op::Reduce(op, a, axes.into()), Shape::new(dims))
+    }
+
+    fn expand(&mut self, a: NodeId, shape: &Shape) -> NodeId {
+        self.add(Op::Expand(a), shape.clone())
+    }
+
+    /// Runs the schedule for `targets` on the interpreter and returns their values.
+    fn realize(&self, targets: &[NodeId]) -> (Vec<Vec<f32>>, usize) {
+        let schedule = kernelize(&self.g, targets).unwrap();
+        let (_, leaves) = signature(&self.g, targets);
+        let mut bufs: FxHashMap<Slot, Vec<u8>> = FxHashMap::default();
+        for (i, leaf) in leaves.iter().enumerate() {
+            bufs.insert(
+                Slot::Input(i),
+                self.data[leaf]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+            );
+        }
+        for (n, dtype, numel) in &schedule.buffers {
+            let len = numel.as_const().unwrap() as usize * dtype.size_bytes();
+            bufs.insert(Slot::Node(*n), vec![0; len]);
+        }
+        for k in &schedule.kernels {
+            let mut taken: Vec<Vec<u8>> = k
+                .args
+                .iter()
+                .map(|a| std::mem::take(bufs.get_mut(a).unwrap()))
+                .collect();
+            let mut refs: Vec<&mut [u8]> = taken.iter_mut().map(Vec::as_mut_slice).collect();
+            tessel_ir::interp::run(&k.kernel, &mut refs, &Bindings::new())
+                .unwrap_or_else(|e| panic!("{e}\n{}", k.kernel));
+            for (a, b) in k.args.iter().zip(taken) {
+                bufs.insert(a.clone(), b);
+            }
+        }
+        let out = targets
+            .iter()
+            .map(|t| {
+                let bytes = match self.g.node(*t).op {
+                    Op::Leaf(l) => return self.data[&l].clone(),
+                    _ => &bufs[&Slot::Node(*t)],
+                };
+                bytes
+                    .chunks(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect()
+            })
+            .collect();
+        (out, schedule.kernels.len())
+    }
+}
+
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len());
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - w).abs() / w.abs().max(1.0);
+        assert!(
+            err <= tol,
+            "element {i}: got {g}, want {w} (rel err {err:e})"
+        );
+    }
+}
+
+#[test]
+fn ten_elementwise_ops_fuse_into_one_kernel() {
+    let mut env = Env::new();
+    let mut rng = Rng(1);
+    let (a_data, b_data) = (rng.vec(45 * 65), rng.vec(45 * 65));
+    let a = env.leaf(&[45, 65], a_data.clone());
+    let b = env.leaf(&[45, 65], b_data.clone());
+    let s = env.shape(a);
+    let half = env.constant(0.5, &s);
+    let mut x = env.binary(BinaryOp::Add, a, b);
+    x = env.binary(BinaryOp::Mul, x, half);
+    x = env.unary(UnaryOp::Exp, x);
+    x = env.binary(BinaryOp::Sub, x, a);
+    x = env.unary(UnaryOp::Abs, x);
+    x = env.unary(UnaryOp::Sqrt, x);
+    x = env.binary(BinaryOp::Max, x, b);
+    x = env.unary(UnaryOp::Neg, x);
+    x = env.unary(UnaryOp::Tanh, x);
+    x = env.binary(BinaryOp::Add, x, half);
+    let (out, kernels) = env.realize(&[x]);
+    assert_eq!(kernels, 1);
+    let want: Vec<f64> = a_data
+        .iter()
+        .zip(&b_data)
+        .map(|(&a, &b)| {
+            let (a, b) = (f64::from(a), f64::from(b));
+            let y = (((a + b) * 0.5).exp() - a).abs().sqrt().max(b);
+            (-y).tanh() + 0.5
+        })
+        .collect();
+    assert_close(&out[0], &want, 1e-5);
+}
+
+#[test]
+fn softmax_is_two_kernels() {
+    let mut env = Env::new();
+    let mut rng = Rng(2);
+    let (rows, cols) = (7, 13);
+    let data = rng.vec(rows * cols);
+    let x = env.leaf(&[rows, cols], data.clone());
+    let s = env.shape(x);
+    let m = env.reduce(ReduceOp::Max, x, &[1]);
+    let me = env.expand(m, &s);
+    let shifted = env.binary(BinaryOp::Sub, x, me);
+    let e = env.unary(UnaryOp::Exp, shifted);
+    let sum = env.reduce(ReduceOp::Sum, e, &[1]);
+    let se = env.expand(sum, &s);
+    let y = env.binary(BinaryOp::Div, e, se);
+    let (out, kernels) = env.realize(&[y]);
+    assert!(kernels <= 2, "softmax took {kernels} kernels");
+    let mut want = Vec::new();
+    for r in 0..rows {
+        let row: Vec<f64> = data[r * cols..(r + 1) * cols]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        want.extend(row.iter().map(|v| (v - m).exp() / z));
+    }
+    assert_close(&out[0], &want, 1e-5);
+}
+
+#[test]
+fn mean_and_variance_take_at_most_two_kernels() {
+    let mut env = Env::new();
+    let mut rng = Rng(3);
+    let (rows, cols) = (5, 33);
+    let data = rng.vec(rows * cols);
+    let x = env.leaf(&[rows, cols], data.clone());
+    let s = env.shape(x);
+    let sum = env.reduce(ReduceOp::Sum, x, &[1]);
+    let rs = env.shape(sum);
+    let inv_n = env.constant(1.0 / cols as f32, &rs);
+    let mean = env.binary(BinaryOp::Mul, sum, inv_n);
+    let me = env.expand(mean, &s);
+    let d = env.binary(BinaryOp::Sub, x, me);
+    let d2 = env.binary(BinaryOp::Mul, d, d);
+    let ss = env.reduce(ReduceOp::Sum, d2, &[1]);
+    let var = env.binary(BinaryOp::Mul, ss, inv_n);
+    let ve = env.expand(var, &s);
+    let eps = env.constant(1e-5, &s);
+    let denom = env.binary(BinaryOp::Add, ve, eps);
+    let rstd = env.unary(UnaryOp::Rsqrt, denom);
+    let y = env.binary(BinaryOp::Mul, d, rstd);
+    let (out, kernels) = env.realize(&[y]);
+    assert!(kernels <= 2, "layer norm took {kernels} kernels");
+    let mut want = Vec::new();
+    for r in 0..rows {
+        let row: Vec<f64> = data[r * cols..(r + 1) * cols]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let mean = row.iter().sum::<f64>() / cols as f64;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / cols as f64;
+        want.extend(row.iter().map(|v| (v - mean) / (var + 1e-5).sqrt()));
+    }
+    assert_close(&out[0], &want, 1e-4);
+}
+
+#[test]
+fn matmul_bias_relu_is_one_kernel() {
+    let mut env = Env::new();
+    let mut rng = Rng(4);
+    let (m, k, n) = (9, 17, 5);
+    let (xd, wd, bd) = (rng.vec(m * k), rng.vec(k * n), rng.vec(n));
+    let x = env.leaf(&[m, k], xd.clone());
+    let w = env.leaf(&[k, n], wd.clone());
+    let b = env.leaf(&[n], bd.clone());
+    // x[m,k,1] * w[1,k,n] summed over k.
+    let x3 = env.add(Op::Reshape(x), Shape::from([m, k, 1]));
+    let w3 = env.add(Op::Reshape(w), Shape::from([1, k, n]));
+    let full = Shape::from([m, k, n]);
+    let xe = env.expand(x3, &full);
+    let we = env.expand(w3, &full);
+    let prod = env.binary(BinaryOp::Mul, xe, we);
+    let summed = env.reduce(ReduceOp::Sum, prod, &[1]);
+    let mm = env.add(Op::Reshape(summed), Shape::from([m, n]));
+    let b2 = env.add(Op::Reshape(b), Shape::from([1, n]));
+    let be = env.expand(b2, &Shape::from([m, n]));
+    let y = env.binary(BinaryOp::Add, mm, be);
+    let zero = env.constant(0.0, &Shape::from([m, n]));
+    let y = env.binary(BinaryOp::Max, y, zero);
+    let (out, kernels) = env.realize(&[y]);
+    assert_eq!(kernels, 1);
+    let mut want = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k)
+                .map(|p| f64::from(xd[i * k + p]) * f64::from(wd[p * n + j]))
+                .sum();
+            want[i * n + j] = (dot + f64::from(bd[j])).max(0.0);
+        }
+    }
+    assert_close(&out[0], &want, 1e-4 * (k as f64).sqrt());
+}
+
+#[test]
+fn movement_ops_fold_into_indices() {
+    let mut env = Env::new();
+    let mut rng = Rng(5);
+    let data = rng.vec(7 * 13 * 3);
+    let x = env.leaf(&[7, 13, 3], data.clone());
+    // permute(2, 0, 1) -> [3, 7, 13], flip axis 2, shrink rows 1..7 step 2 -> [3, 3, 13],
+    // pad the last axis by (2, 1) with -1 -> [3, 3, 16], sum over axis 1 -> [3, 1, 16].
+    let p = env.add(Op::Permute(x, [2, 0, 1].into()), Shape::from([3, 7, 13]));
+    let f = env.add(Op::Flip(p, [2].into()), Shape::from([3, 7, 13]));
+    let c = |v: i64| Dim::constant(v);
+    let sh = env.add(
+        Op::Shrink(f, [(c(0), c(1)), (c(1), c(2)), (c(0), c(1))].into()),
+        Shape::from([3, 3, 13]),
+    );
+    let pd = env.add(
+        Op::Pad(
+            sh,
+            [(c(0), c(0)), (c(0), c(0)), (c(2), c(1))].into(),
+            Scalar::F32(-1.0),
+        ),
+        Shape::from([3, 3, 16]),
+    );
+    let y = env.reduce(ReduceOp::Sum, pd, &[1]);
+    let (out, kernels) = env.realize(&[y]);
+    assert_eq!(kernels, 1, "a reduction over views is one kernel");
+    let at = |a: usize, b: usize, cc: usize| f64::from(data[(a * 13 + b) * 3 + cc]);
+    let mut want = Vec::new();
+    for c2 in 0..3 {
+        for j in 0..16 {
+            let mut s = 0.0;
+            for r in 0..3 {
+                s += if (2..15).contains(&j) {
+                    // permuted[c2][row][col] = x[row][col][c2]; row = 1 + 2r; col flipped.
+                    at(1 + 2 * r, 12 - (j - 2), c2)
+                } else {
+                    -1.0
+                };
+            }
+            want.push(s);
+        }
+    }
+    assert_close(&out[0], &want, 1e-5);
+}
+
+#[test]
+fn common_subexpressions_share_nodes_and_the_graph_stays_flat() {
+    let mut env = Env::new();
+    let a = env.leaf(&[4], vec![1.0, 2.0, 3.0, 4.0]);
+    let e1 = env.unary(UnaryOp::Exp, a);
+    let e2 = env.unary(UnaryOp::Exp, a);
+    assert_eq!(e1, e2);
+    assert!(env.g.release(e2).is_empty());
+    assert!(env.g.release(e1).is_empty());
+    let before = env.g.len();
+    for i in 0..10_000u64 {
+        let x = env.unary(UnaryOp::Exp, a);
+        let y = env.unary(UnaryOp::Neg, x);
+        assert!(env.g.release(x).is_empty());
+        assert!(env.g.make_leaf(y, LeafId(1_000_000 + i)).is_empty());
+        assert_eq!(env.g.release(y), vec![LeafId(1_000_000 + i)]);
+    }
+    assert_eq!(env.g.len(), before, "every temporary node was freed");
+}

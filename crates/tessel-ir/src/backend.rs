@@ -1,0 +1,161 @@
+//! The interface every runtime implements.
+//!
+//! [`Backend`] is a trait object (`dyn Backend`), not an enum: the backends live in their own
+//! crates, which depend on this one, so an enum here would have to name crates above it.
+//! The facade registers whichever backends its features enable, and the runtime holds them
+//! as `Arc<dyn Backend>`. Every method takes `&self`: a backend synchronizes internally, so
+//! one instance serves every thread, and no lock is held across a compile or a device wait.
+//!
+//! Buffers and programs are opaque ids the backend hands out. A launch binds a program's
+//! parameters positionally: its `Param::Buffer`s, in order, to `buffers`; its
+//! `Param::Dim`s to the values `dims` gives their variables.
+
+use std::time::Duration;
+
+use tessel_shape::Bindings;
+
+use crate::kernel::Kernel;
+
+/// A device buffer, as its backend identifies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub u64);
+
+/// A compiled kernel, as its backend identifies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProgramId(pub u64);
+
+/// What a device can do.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Features {
+    /// Arithmetic in f16 (storage of f16 works everywhere).
+    pub f16: bool,
+    /// f64 arithmetic.
+    pub f64: bool,
+    /// The subgroup (warp, SIMD) width, if subgroup operations are available.
+    pub subgroup_size: Option<u32>,
+    /// Matrix-multiply instructions (tensor cores and the like).
+    pub matrix_units: bool,
+}
+
+/// One device of a backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device's name, as its driver reports it.
+    pub name: String,
+    /// Global memory, in bytes.
+    pub memory_bytes: u64,
+    /// Compute units (cores, SMs, CUs).
+    pub compute_units: u32,
+    /// The most invocations in one workgroup.
+    pub max_workgroup_size: u32,
+    /// The most invocations per workgroup along each axis.
+    pub max_local_size: [u32; 3],
+    /// The most workgroups along each axis.
+    pub max_groups: [u64; 3],
+    /// Workgroup-local memory, in bytes.
+    pub local_memory_bytes: u64,
+    /// Optional capabilities.
+    pub features: Features,
+}
+
+/// A backend operation that failed. Errors are values: nothing in a backend panics on a
+/// driver failure.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// An allocation did not fit.
+    #[error(
+        "out of memory on {device}: requested {requested} bytes; free tensors or use a smaller batch"
+    )]
+    OutOfMemory {
+        /// The device's name.
+        device: String,
+        /// The size requested, in bytes.
+        requested: usize,
+    },
+    /// A kernel failed to compile.
+    #[error("kernel `{kernel}` failed to compile:\n{log}\n--- source ---\n{code}")]
+    Compile {
+        /// The kernel's name.
+        kernel: String,
+        /// The generated source code.
+        code: String,
+        /// The compiler's diagnostics.
+        log: String,
+    },
+    /// A launch was rejected or failed.
+    #[error("launch of kernel `{kernel}` failed: {reason}")]
+    Launch {
+        /// The kernel's name.
+        kernel: String,
+        /// Why.
+        reason: String,
+    },
+    /// The device stopped working.
+    #[error("device {device} lost: {reason}")]
+    DeviceLost {
+        /// The device's name.
+        device: String,
+        /// The driver's explanation.
+        reason: String,
+    },
+    /// The backend cannot do what was asked.
+    #[error("unsupported by the {backend} backend: {what}")]
+    Unsupported {
+        /// The backend's name.
+        backend: &'static str,
+        /// What is unsupported, and where possible what to do instead.
+        what: String,
+    },
+    /// An argument does not fit the call (an unknown id, a size mismatch).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// A compute backend: devices, memory, programs and launches. See the module docs.
+pub trait Backend: Send + Sync {
+    /// The backend's name (`"cpu"`, `"cuda"`, ...).
+    fn name(&self) -> &'static str;
+
+    /// The devices present; empty when the driver is absent.
+    fn devices(&self) -> &[DeviceInfo];
+
+    /// Allocates `bytes` on device `device`.
+    fn alloc(&self, device: usize, bytes: usize) -> Result<BufferId, BackendError>;
+
+    /// Frees a buffer; its id becomes invalid.
+    fn free(&self, buffer: BufferId) -> Result<(), BackendError>;
+
+    /// Host to device: copies `data` into `buffer` at byte `offset`.
+    fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError>;
+
+    /// Device to host: fills `out` from `buffer` at byte `offset`, after pending work.
+    fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
+
+    /// Device to device: copies the first `bytes` of `src` into `dst` (same device).
+    fn copy(&self, src: BufferId, dst: BufferId, bytes: usize) -> Result<(), BackendError>;
+
+    /// Compiles a verified kernel for device `device`.
+    fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError>;
+
+    /// Launches a program; may return before it finishes.
+    fn launch(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+    ) -> Result<(), BackendError>;
+
+    /// Launches a program and measures its execution with the device's own timer.
+    fn time(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+    ) -> Result<Duration, BackendError>;
+
+    /// Waits for all work submitted to device `device`.
+    fn synchronize(&self, device: usize) -> Result<(), BackendError>;
+
+    /// Drops a compiled program.
+    fn release(&self, program: ProgramId) -> Result<(), BackendError>;
+}

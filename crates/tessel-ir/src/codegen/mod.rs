@@ -1,0 +1,134 @@
+//! Source code for kernels: one C-family emitter, many dialects.
+//!
+//! [`render`] prints a verified [`Kernel`] in a [`CStyle`] dialect. Dialects are data
+//! (see [`CStyle`]): [`C`] for the CPU backend now; OpenCL C and CUDA C later, as new
+//! `CStyle` values that override names, qualifiers and a few hooks, never the emitter.
+//!
+//! # Semantics
+//!
+//! Generated code computes exactly what [`Scalar`](tessel_shape::Scalar) computes, which is
+//! what the reference interpreter runs: the expression layer (`exprs.rs`) guards every C
+//! operator whose C meaning differs (integer division by zero, `MIN / -1`, over-wide
+//! shifts, NaN in `max`, out-of-range float-to-integer casts, signed overflow), and a small
+//! library of helpers (`helpers.rs`) supplies what C lacks: `f16`/`bf16` conversions with
+//! round-to-nearest-even, NaN and subnormal handling, a single-rounding `mad` on half types,
+//! and fdlibm's `erf` in the reference's operation order. Only the helpers a kernel uses
+//! are emitted. Values of width `w > 1` are small structs (`tsl_f32x4 { float v[4]; }`),
+//! and every op on them is written lane by lane.
+//!
+//! Names in the source: instruction `i`'s value is `v<i>`, buffer parameter `p` is
+//! `b<p>_<name>`, and the kernel function is [`entry_name`]. Constants are written inline.
+//!
+//! # Running workgroups on a CPU ([`Launch::Serial`])
+//!
+//! A CPU runs the invocations of one workgroup one after another, so the emitter turns
+//! them into loops over the local ids (x innermost, so consecutive invocations touch
+//! consecutive memory and the C compiler can vectorize the loop).
+//!
+//! Without barriers that is the whole story: the kernel body becomes the body of the
+//! local-id loops. With barriers, every invocation must finish the code before a barrier
+//! before any starts the code after it, so the body is split (loop fission):
+//!
+//! - **Workgroup-level instructions** run once per workgroup, outside the local-id loops:
+//!   constants, group ids, dims, pure ops on such values, `DefineLocal`, and the `Range`
+//!   and `If` blocks that contain a barrier. The verifier guarantees those blocks'
+//!   bounds and conditions are the same for every invocation, so running them once is
+//!   exact. A barrier itself emits nothing: it only ends a region.
+//! - **Regions**: every maximal barrier-free run of the other (per-invocation)
+//!   instructions at one nesting level becomes one `for (lid...) { ... }` nest. Pure
+//!   workgroup-level instructions met inside a run are hoisted in front of its loops.
+//! - **Values crossing regions**: a per-invocation value defined in one region and used in
+//!   a later one is *rematerialized* at the start of the later region when it is a cheap
+//!   integer or `bool` function of the local ids and workgroup-level values (an index,
+//!   `lid < stride`), and otherwise *kept*, in a per-invocation array `T v<i>_s[LOCAL]`
+//!   indexed by the linear local id. Register arrays (`DefineReg`) at workgroup level
+//!   become `T v<i>[LOCAL][len]` for the same reason. Both need constant local sizes; a
+//!   kernel that would need them with symbolic local sizes is rejected with
+//!   [`CodegenError::Unsupported`].
+//! - A per-invocation value used by a workgroup-level instruction (a loop bound loaded
+//!   from memory) is uniform by the verifier's rules, and is copied to a scalar `v<i>_u`.
+//!
+//! # Launching on a GPU ([`Launch::Native`])
+//!
+//! The same walk prints the instructions in order, with the dialect's built-in ids and
+//! barrier statement; nothing needs splitting, since the device runs every invocation.
+
+mod cstyle;
+mod emit;
+mod exprs;
+mod helpers;
+
+use tessel_shape::DType;
+
+pub use cstyle::{C, CStyle, Launch, c_type_name};
+
+use crate::kernel::Kernel;
+use crate::verify::{VerifyError, verify};
+
+/// Why a kernel could not be rendered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CodegenError {
+    /// The kernel failed verification; nothing is rendered for an invalid kernel.
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    /// The dialect has no rendering for an op on a dtype (its device lacks the type).
+    #[error("kernel `{kernel}`: failed to render {op} on {dtype} in the {dialect} dialect")]
+    UnsupportedOp {
+        /// The kernel's name.
+        kernel: String,
+        /// The dialect's name.
+        dialect: &'static str,
+        /// The op's (or helper's) name.
+        op: String,
+        /// The dtype it was applied to.
+        dtype: DType,
+    },
+    /// The kernel needs something the dialect cannot express.
+    #[error("kernel `{kernel}` cannot be rendered in the {dialect} dialect: {reason}")]
+    Unsupported {
+        /// The kernel's name.
+        kernel: String,
+        /// The dialect's name.
+        dialect: &'static str,
+        /// What is missing, and what to change.
+        reason: String,
+    },
+}
+
+/// Renders `kernel` as source code in `dialect`, after verifying it.
+///
+/// ```
+/// use tessel_ir::codegen::{self, C};
+/// use tessel_ir::samples;
+/// use tessel_shape::DType;
+///
+/// let kernel = samples::vector_add(DType::F32, 1000, 64).unwrap();
+/// let source = codegen::render(&kernel, &C).unwrap();
+/// assert!(source.contains("void tessel_vector_add(void *const *bufs"));
+/// ```
+pub fn render(kernel: &Kernel, dialect: &CStyle) -> Result<String, CodegenError> {
+    let defs = verify(kernel)?;
+    emit::Emitter::new(kernel, defs, dialect)?.render()
+}
+
+/// The name of the function [`render`] defines for `kernel`: `tessel_` and the kernel's
+/// name with every character outside `[A-Za-z0-9_]` replaced by `_`.
+///
+/// The prefix keeps a kernel named like a C keyword or a libc function (`int`, `free`)
+/// from clashing with it.
+pub fn entry_name(kernel: &Kernel) -> String {
+    format!("tessel_{}", c_ident(&kernel.name))
+}
+
+/// `name` with every character that may not appear in a C identifier replaced by `_`.
+fn c_ident(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
