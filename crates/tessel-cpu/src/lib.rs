@@ -48,7 +48,8 @@ use libloading::Library;
 use rustc_hash::FxHashMap;
 use tessel_ir::codegen::{self, CodegenError};
 use tessel_ir::{
-    Backend, BackendError, BufferId, DeviceInfo, Kernel, Param, ProgramId, interp, verify,
+    Backend, BackendError, BufferId, DeviceInfo, Kernel, LaunchArgs, Param, ProgramId, interp,
+    verify,
 };
 use tessel_shape::Bindings;
 
@@ -258,6 +259,7 @@ impl CpuBackend {
             code: source.to_owned(),
             log,
         };
+        tracing::debug!(target: "tessel::kernels", kernel = %kernel.name, "C source:\n{source}");
         let dir = self.library_dir();
         let started = Instant::now();
         // No lock is held here: compiling takes long, and other kernels may compile meanwhile.
@@ -468,7 +470,7 @@ impl Backend for CpuBackend {
             .map(|b| guards.binary_search_by_key(b, |(id, _)| *id).unwrap_or(0))
             .collect();
         let sizes: Vec<usize> = slots.iter().map(|&s| guards[s].1.buffer().len()).collect();
-        let args = launch::evaluate(kernel, buffers, &sizes, dims)?;
+        let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
         self.counters.launches.fetch_add(1, Ordering::Relaxed);
 
         let Some(native) = &program.native else {

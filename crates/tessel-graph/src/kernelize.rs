@@ -143,8 +143,14 @@ pub fn kernelize(graph: &Graph, targets: &[NodeId]) -> Result<Schedule, Kerneliz
     // its own coordinates; `absorbed` records who wrote what.
     let mut written_by: FxHashMap<NodeId, usize> = FxHashMap::default();
     let mut kernels: Vec<ScheduledKernel> = Vec::new();
+    let mut empty: Vec<NodeId> = Vec::new();
     for &root in order.iter().rev() {
         if !materialized.contains(&root) || written_by.contains_key(&root) {
+            continue;
+        }
+        if graph.node(root).shape.numel().as_const() == Some(0) {
+            // Nothing to compute: the buffer exists, no kernel runs.
+            empty.push(root);
             continue;
         }
         let mut absorbable: FxHashSet<NodeId> = materialized
@@ -157,14 +163,7 @@ pub fn kernelize(graph: &Graph, targets: &[NodeId]) -> Result<Schedule, Kerneliz
             })
             .collect();
         let lowered = loop {
-            let lowered = match lower_kernel(
-                graph,
-                root,
-                &materialized,
-                &absorbable,
-                &leaf_slot,
-                kernels.len(),
-            )? {
+            let lowered = match lower_kernel(graph, root, &materialized, &absorbable, &leaf_slot)? {
                 Lowering::Done(k) => k,
                 Lowering::Retry(conflicts) => {
                     for m in conflicts {
@@ -229,6 +228,7 @@ pub fn kernelize(graph: &Graph, targets: &[NodeId]) -> Result<Schedule, Kerneliz
     let buffers = kernels
         .iter()
         .flat_map(|k| &k.writes)
+        .chain(&empty)
         .map(|&n| {
             let node = graph.node(n);
             (n, node.dtype, node.shape.numel())

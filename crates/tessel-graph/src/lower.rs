@@ -41,6 +41,8 @@ struct Lowerer<'g> {
     /// Open loops and conditionals inside the kernel's tail guard: absorbed outputs are
     /// only computed where every invocation computes them (depth 0).
     depth: usize,
+    /// Reduction loops opened so far, naming their variables.
+    n_reduces: usize,
     /// Absorbable nodes that were also needed at other coordinates: absorbing them would
     /// read a buffer this kernel writes.
     conflicts: Vec<NodeId>,
@@ -62,7 +64,6 @@ pub(crate) fn lower_kernel(
     materialized: &FxHashSet<NodeId>,
     absorbable: &FxHashSet<NodeId>,
     leaf_slot: &FxHashMap<LeafId, usize>,
-    number: usize,
 ) -> Result<Lowering, KernelizeError> {
     let node = graph.node(root);
     let shape = node.shape.clone();
@@ -79,7 +80,7 @@ pub(crate) fn lower_kernel(
     } else {
         DType::I64
     };
-    let mut kb = KernelBuilder::new(&kernel_name(graph, root, number));
+    let mut kb = KernelBuilder::new(&kernel_name(graph, root));
     let local = match numel.as_const() {
         Some(n) if n < LOCAL_SIZE => n.max(1),
         _ => LOCAL_SIZE,
@@ -89,20 +90,14 @@ pub(crate) fn lower_kernel(
         [local, 1, 1],
     );
     let gid_value = kb.global_id(0, idx);
-    let gid_var = unique_var("gid", 0, numel.bounds().hi.saturating_sub(1).max(0));
+    let gid_var = loop_var("gid", numel);
     kb.bind(gid_var, gid_value, idx);
     let gid = Expr::from(gid_var);
     let strides = shape.contiguous_strides();
     let root_coords: Vec<Expr> = shape
         .iter()
         .zip(&strides)
-        .map(|(&d, &s)| {
-            if d.as_const() == Some(1) {
-                Expr::constant(0)
-            } else {
-                (gid / s) % d
-            }
-        })
+        .map(|(&d, &s)| coordinate(gid, s, d))
         .collect();
 
     let mut lw = Lowerer {
@@ -120,6 +115,7 @@ pub(crate) fn lower_kernel(
         writes: Vec::new(),
         memo: vec![FxHashMap::default()],
         depth: 0,
+        n_reduces: 0,
         conflicts: Vec::new(),
     };
     let out = lw.param(Slot::Node(root), node.dtype, numel, Access::Write);
@@ -146,9 +142,10 @@ pub(crate) fn lower_kernel(
     let Lowerer {
         kb, args, writes, ..
     } = lw;
-    let kernel = kb
-        .build()
-        .map_err(|e| KernelizeError(format!("generated kernel failed verification: {e}")))?;
+    let text = kb.kernel().to_string();
+    let kernel = kb.build().map_err(|e| {
+        KernelizeError(format!("generated kernel failed verification: {e}\n{text}"))
+    })?;
     let kernel = tessel_ir::passes::optimize(&kernel);
     tracing::debug!(target: "tessel::kernels", "kernel for {root:?}:\n{kernel}");
     Ok(Lowering::Done(ScheduledKernel {
@@ -158,7 +155,9 @@ pub(crate) fn lower_kernel(
     }))
 }
 
-fn kernel_name(graph: &Graph, root: NodeId, number: usize) -> String {
+/// `r_7_13` (a reduction producing 7×13) or `e_64` (elementwise): the shape, not a
+/// counter, so equal kernels get equal names and hit the compile caches.
+fn kernel_name(graph: &Graph, root: NodeId) -> String {
     let node = graph.node(root);
     let reduces = graph
         .toposort(&[root])
@@ -174,7 +173,7 @@ fn kernel_name(graph: &Graph, root: NodeId, number: usize) -> String {
         .collect();
     let prefix = if reduces { "r" } else { "e" };
     format!(
-        "{prefix}{number}_{}",
+        "{prefix}_{}",
         if dims.is_empty() {
             "1".to_owned()
         } else {
@@ -183,12 +182,22 @@ fn kernel_name(graph: &Graph, root: NodeId, number: usize) -> String {
     )
 }
 
-fn unique_var(prefix: &str, lo: i64, hi: i64) -> Var {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    // Distinct names keep variables of different loops apart in the interner.
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    Var::new(&format!("{prefix}{n}"), lo, hi.max(lo)).expect("lo <= hi by construction")
+/// The coordinate along an axis of size `d` whose row-major stride is `stride`, from a
+/// flat index. Size-1 axes are always 0, and so are empty ones (no invocation reaches
+/// them; `% 0` must not be built).
+fn coordinate(flat: Expr, stride: Expr, d: Dim) -> Expr {
+    match d.as_const() {
+        Some(0 | 1) => Expr::constant(0),
+        _ if stride.as_const() == Some(0) => Expr::constant(0),
+        _ => (flat / stride) % d,
+    }
+}
+
+/// A loop variable. Names are per kernel (`gid`, `r0`, `r1`, ...), so equal kernels
+/// build equal expressions and the interner doesn't grow with every kernelization.
+fn loop_var(name: &str, extent: Dim) -> Var {
+    let hi = extent.bounds().hi.saturating_sub(1).max(0);
+    Var::new(name, 0, hi).expect("0 <= hi by construction")
 }
 
 impl Lowerer<'_> {
@@ -198,7 +207,8 @@ impl Lowerer<'_> {
         }
         let name = match &slot {
             Slot::Input(i) => format!("in{i}"),
-            Slot::Node(n) => format!("buf{}", n.0),
+            // By position, not node id: equal kernels must print equal source.
+            Slot::Node(_) => format!("buf{}", self.args.len()),
         };
         let b = self.kb.buffer(&name, dtype, len, access);
         self.params.insert(slot.clone(), b);
@@ -302,6 +312,16 @@ impl Lowerer<'_> {
             .zip(shape.contiguous_strides())
             .map(|(&c, s)| c * s)
             .sum();
+        // Every index a correct kernel computes is in bounds, but interval analysis can't
+        // always see it through simplified div/mod chains. The clamp folds away wherever
+        // the bounds prove it; elsewhere it costs two ops and makes every load provably
+        // in bounds, for the verifier and for the memory safety of compiled kernels.
+        let numel = shape.numel();
+        let flat = if numel.as_const() == Some(0) {
+            flat
+        } else {
+            flat.max(0).min(numel - 1)
+        };
         let index = self.ix(flat);
         self.kb.load(buf, index)
     }
@@ -345,14 +365,21 @@ impl Lowerer<'_> {
             }
             Op::Pad(a, pads, value) => {
                 let inner = child_shape(*a);
+                let pad = value.cast(node.dtype);
+                if inner.iter().any(|d| d.as_const() == Some(0)) {
+                    // Padding an empty tensor: every element is padding.
+                    return Ok(self.kb.constant(pad));
+                }
                 let mut mapped = Vec::with_capacity(coords.len());
                 let mut valid = Expr::constant(1);
                 for ((&c, &(before, _)), &d) in coords.iter().zip(pads.iter()).zip(inner.iter()) {
                     let x = c - before;
                     valid *= x.cmp_ge(0) * x.cmp_lt(d);
-                    mapped.push(x);
+                    // Under the mask the clamp is the identity; it lets the verifier (and a
+                    // reader) see every index the padded operand is read at in bounds.
+                    mapped.push(x.max(0).min(d - 1));
                 }
-                self.masked(*a, &mapped, valid, value.cast(node.dtype), node.dtype)?
+                self.masked(*a, &mapped, valid, pad, node.dtype)?
             }
             Op::Reduce(op, a, axes) => self.reduce(*op, *a, axes, coords, node.dtype)?,
             op if op.is_movement() => {
@@ -420,19 +447,23 @@ impl Lowerer<'_> {
             dtype
         };
         let rsize: Dim = axes.iter().map(|&a| inner[a]).product();
-        let loop_var = unique_var("r", 0, rsize.bounds().hi.saturating_sub(1).max(0));
+        if rsize.as_const() == Some(0) {
+            // A reduction over nothing is its identity; no loop, no reads.
+            return Ok(self.kb.constant(op.identity(dtype)));
+        }
+        let loop_var = loop_var(&format!("r{}", self.n_reduces), rsize);
+        self.n_reduces += 1;
         // Coordinates of the operand: reduced axes walk the loop variable, in row-major
         // order over the reduced axes; the rest stay.
         let mut mapped = coords.to_vec();
         let mut stride = Expr::constant(1);
         for &a in axes.iter().rev() {
             let d = inner[a];
-            mapped[a] = if d.as_const() == Some(1) {
-                Expr::constant(0)
-            } else {
-                (Expr::from(loop_var) / stride) % d
-            };
-            stride *= d;
+            mapped[a] = coordinate(Expr::from(loop_var), stride, d);
+            // An empty axis empties the loop; keep the stride usable for the others.
+            if d.as_const() != Some(0) {
+                stride *= d;
+            }
         }
         // Reductions inside the body that don't depend on this loop run before it.
         let mut hoist = Vec::new();
@@ -528,13 +559,7 @@ fn map_coords(graph: &Graph, op: &Op, shape: &Shape, coords: &[Expr]) -> (NodeId
             let mapped = inner
                 .iter()
                 .zip(inner.contiguous_strides())
-                .map(|(&d, s)| {
-                    if d.as_const() == Some(1) {
-                        Expr::constant(0)
-                    } else {
-                        (flat / s) % d
-                    }
-                })
+                .map(|(&d, s)| coordinate(flat, s, d))
                 .collect();
             (*a, mapped)
         }

@@ -455,6 +455,11 @@ impl KernelBuilder {
         Ok(self.kernel)
     }
 
+    /// The kernel built so far (for error reports).
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
     /// Returns the kernel without verifying it (for tests of the verifier itself).
     pub fn finish_unverified(self) -> Kernel {
         self.kernel

@@ -4,7 +4,8 @@
 //! - [`builder`]: [`KernelBuilder`], for writing kernels by hand.
 //! - [`verify`](mod@verify): the verifier, one precise [`VerifyError`] per broken kernel.
 //! - The text form: `Display` for [`Kernel`], stable and snapshot-tested.
-//! - [`backend`]: the [`Backend`] trait every runtime implements.
+//! - [`backend`]: the [`Backend`] trait every runtime implements, and [`LaunchArgs`], the
+//!   launch-argument checks every backend shares.
 //!
 //! **Architecture Invariant:** `tessel-ir` knows nothing about graphs or tensors, and
 //! nothing about any particular device: backends depend on it, never the reverse.
@@ -15,6 +16,7 @@ pub mod codegen;
 mod display;
 pub mod interp;
 pub mod kernel;
+pub mod launch;
 pub mod passes;
 pub mod samples;
 pub mod verify;
@@ -23,4 +25,5 @@ pub use backend::{Backend, BackendError, BufferId, DeviceInfo, Features, Program
 pub use builder::{Buf, KernelBuilder};
 pub use display::inst_text;
 pub use kernel::{Access, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
+pub use launch::LaunchArgs;
 pub use verify::{Def, VerifyError, VerifyErrorKind, verify};

@@ -630,8 +630,11 @@ impl Ranges<'_> {
                     _ => None,
                 }
             }
-            Inst::Ternary(TernaryOp::Where, _, a, b) => {
-                let ((alo, ahi), (blo, bhi)) = (self.of(a)?, self.of(b)?);
+            Inst::Ternary(TernaryOp::Where, c, a, b) => {
+                // Each branch is only selected where the condition has its value, which is
+                // what makes `where(r < 0, r + m, r)` (floor modulo) land in `0..m`.
+                let (alo, ahi) = self.under(c, true, a)?;
+                let (blo, bhi) = self.under(c, false, b)?;
                 Some((alo.min(blo), ahi.max(bhi)))
             }
             Inst::Ternary(TernaryOp::MulAdd, a, b, c) => {
@@ -648,10 +651,40 @@ impl Ranges<'_> {
         }
     }
 
+    /// The interval of `v` where `cond == truth`.
+    fn under(&mut self, cond: Value, truth: bool, v: Value) -> Option<Interval> {
+        let mut narrowed = FxHashMap::default();
+        self.narrow_to(cond, truth, &mut narrowed);
+        if narrowed.is_empty() {
+            return self.of(v);
+        }
+        // Intervals memoized so far hold without the condition; start afresh under it.
+        let saved = std::mem::take(&mut self.memo);
+        self.narrowed.push((usize::MAX, narrowed));
+        let r = self.of(v);
+        self.narrowed.pop();
+        self.memo = saved;
+        r
+    }
+
     /// Records what `cond` being true implies about its operands.
     fn narrow(&mut self, cond: Value, out: &mut FxHashMap<Value, Interval>) {
+        self.narrow_to(cond, true, out);
+    }
+
+    /// Records what `cond == truth` implies about its operands.
+    fn narrow_to(&mut self, cond: Value, truth: bool, out: &mut FxHashMap<Value, Interval>) {
         let Inst::Binary(op, a, b) = self.kernel.inst(cond).clone() else {
             return;
+        };
+        let op = match (truth, op) {
+            (true, op) => op,
+            // `!(a < b)` is `a >= b`, and so on; a false `and` implies nothing simple.
+            (false, BinaryOp::Lt) => BinaryOp::Ge,
+            (false, BinaryOp::Le) => BinaryOp::Gt,
+            (false, BinaryOp::Gt) => BinaryOp::Le,
+            (false, BinaryOp::Ge) => BinaryOp::Lt,
+            (false, _) => return,
         };
         let upper = |x: Value, hi: i128, out: &mut FxHashMap<Value, Interval>| {
             let e = out.entry(x).or_insert((i128::MIN, i128::MAX));

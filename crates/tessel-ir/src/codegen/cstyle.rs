@@ -71,6 +71,25 @@ pub struct CStyle {
     pub f32_math_suffix: &'static str,
     /// Appended to a math function's name for `f64`.
     pub f64_math_suffix: &'static str,
+    /// Built-in `f16` conversions, where the dialect has them (OpenCL C's
+    /// `vload_half`/`vstore_half_rte`); `None` uses the portable bit-manipulating helpers.
+    /// Either way `f16` values are held as bits and computed on in `float`.
+    pub f16_builtins: Option<HalfBuiltins>,
+}
+
+/// The bodies of the two `f16` conversion helpers, for a dialect with built-in conversions.
+///
+/// Both must be exact where [`Scalar`](tessel_shape::Scalar) is: `f16` to `float` is exact
+/// for every value, and `float` to `f16` rounds to nearest, ties to even (NaN payloads
+/// may differ, as they may between any two IEEE implementations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HalfBuiltins {
+    /// The body of `float tsl_f16_to_f32(U16 h)`, where `U16` is the dialect's name for
+    /// `u16` and `h` holds the bits.
+    pub to_f32: &'static str,
+    /// The body of `U16 tsl_f32_to_f16(float value)`, returning the bits of `value` rounded
+    /// to nearest even.
+    pub from_f32: &'static str,
 }
 
 /// C11 for the host compiler: the CPU backend's dialect.
@@ -93,6 +112,7 @@ pub const C: CStyle = CStyle {
     bool_storage: "uint8_t",
     f32_math_suffix: "f",
     f64_math_suffix: "",
+    f16_builtins: None,
 };
 
 const C_PRELUDE: &str = "\
@@ -125,4 +145,110 @@ pub fn c_type_name(dtype: DType) -> Option<&'static str> {
         DType::F32 => "float",
         DType::F64 => "double",
     })
+}
+
+/// OpenCL C 1.2 for a device with `cl_khr_fp64`: one work-item per invocation
+/// ([`Launch::Native`]).
+///
+/// - Kernels are `__kernel` functions taking the buffer parameters (`__global`) in order,
+///   then the dims by value in their dtype; workgroup-local arrays are `__local`, the
+///   barrier is `barrier(CLK_LOCAL_MEM_FENCE)`, and ids come from `get_group_id` and
+///   `get_local_id`. The host launches global size `groups * local` with local size
+///   `local` on each axis, so `get_group_id` is the IR's workgroup id.
+/// - Types are OpenCL C's (`uchar` .. `ulong`, `char` .. `long`; 64-bit integers are
+///   core). `bool` has no defined size in OpenCL C, so `bool` buffers are `uchar`.
+/// - `f16` and `bf16` are held as `ushort` bits and computed on in `float`, rounding back
+///   after every op exactly as the C dialect does. `f16` converts with `vload_half` and
+///   `vstore_half_rte` on a private variable (the device's conversion instructions, which
+///   need no `cl_khr_fp16`); `bf16` uses the portable helpers.
+/// - The prelude turns `FP_CONTRACT` off (OpenCL C defaults it on, which would fuse
+///   `a * b + c` into a single rounding the reference does not do) and enables
+///   `cl_khr_fp64`.
+///
+/// The host must build with `-cl-fp32-correctly-rounded-divide-sqrt` (OpenCL's `/` and
+/// `sqrt` on `float` may otherwise be off by up to 3 ulp) and never with
+/// `-cl-fast-relaxed-math`, `-cl-mad-enable`, `-cl-unsafe-math-optimizations` or
+/// `-cl-denorms-are-zero`. Built-in transcendentals (`exp`, `sin`, `pow`, ...) are within
+/// the OpenCL specification's ulp bounds, not bit-identical to the host's libm.
+pub const OPENCL: CStyle = CStyle {
+    name: "opencl",
+    launch: Launch::Native,
+    prelude: OPENCL_PRELUDE,
+    // `static` is allowed on functions from OpenCL C 1.2 on; plain `inline` would have C99's
+    // meaning, which needs an external definition when a call is not inlined.
+    helper_prefix: "static inline ",
+    kernel_prefix: "__kernel ",
+    buffer_qualifier: "__global ",
+    local_qualifier: "__local ",
+    barrier: "barrier(CLK_LOCAL_MEM_FENCE);",
+    group_id: opencl_group_id,
+    local_id: opencl_local_id,
+    type_name: opencl_type_name,
+    bool_storage: "uchar",
+    // OpenCL C's math functions are overloaded on `float` and `double`.
+    f32_math_suffix: "",
+    f64_math_suffix: "",
+    f16_builtins: Some(OPENCL_HALF),
+};
+
+/// [`OPENCL`] for a device without `cl_khr_fp64`: `f64` has no type, so any kernel that
+/// needs `double` fails to render with [`CodegenError::UnsupportedOp`](super::CodegenError)
+/// naming the op and dtype. That includes ops the reference computes through `f64` on other
+/// dtypes: `erf` on `f32`/`f16`/`bf16` and `mad` on `f16`/`bf16`.
+pub const OPENCL_NO_FP64: CStyle = CStyle {
+    name: "opencl-no-fp64",
+    prelude: OPENCL_NO_FP64_PRELUDE,
+    type_name: opencl_type_name_no_fp64,
+    ..OPENCL
+};
+
+const OPENCL_PRELUDE: &str = "\
+#pragma OPENCL FP_CONTRACT OFF
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+";
+
+const OPENCL_NO_FP64_PRELUDE: &str = "\
+#pragma OPENCL FP_CONTRACT OFF
+";
+
+/// `f16` through the half-precision load and store built-ins, which OpenCL C 1.2 has
+/// without `cl_khr_fp16`; `half` may only be used as a pointee there, so the bits go through
+/// a private `ushort`.
+const OPENCL_HALF: HalfBuiltins = HalfBuiltins {
+    to_f32: "return vload_half(0, (const half *)&h);",
+    from_f32: "ushort h;\n    vstore_half_rte(value, 0, (half *)&h);\n    return h;",
+};
+
+fn opencl_group_id(axis: u8) -> String {
+    format!("get_group_id({axis})")
+}
+
+fn opencl_local_id(axis: u8) -> String {
+    format!("get_local_id({axis})")
+}
+
+/// OpenCL C's scalar type names; `f16`/`bf16` hold their bits.
+pub fn opencl_type_name(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Bool => "bool",
+        DType::U8 => "uchar",
+        DType::U16 | DType::F16 | DType::BF16 => "ushort",
+        DType::U32 => "uint",
+        DType::U64 => "ulong",
+        // OpenCL C's `char` is signed, unlike C's.
+        DType::I8 => "char",
+        DType::I16 => "short",
+        DType::I32 => "int",
+        DType::I64 => "long",
+        DType::F32 => "float",
+        DType::F64 => "double",
+    })
+}
+
+fn opencl_type_name_no_fp64(dtype: DType) -> Option<&'static str> {
+    if dtype == DType::F64 {
+        None
+    } else {
+        opencl_type_name(dtype)
+    }
 }

@@ -37,13 +37,23 @@ impl<'d> Exprs<'d> {
         Exprs {
             dialect,
             kernel,
-            helpers: Helpers::default(),
+            helpers: Helpers::new(dialect),
         }
     }
 
     /// The dialect's type for values of `dtype`, or an error naming `op`.
     pub(super) fn ty_for(&self, op: &str, dtype: DType) -> Result<&'static str, CodegenError> {
         (self.dialect.type_name)(dtype).ok_or_else(|| self.unsupported(op, dtype))
+    }
+
+    /// Checks that the dialect has `double`, which `op` on `dtype` is computed in (to round
+    /// once, as the reference does); the error names the op and the operand's dtype.
+    fn require_f64(&self, op: &str, dtype: DType) -> Result<(), CodegenError> {
+        if (self.dialect.type_name)(DType::F64).is_some() {
+            Ok(())
+        } else {
+            Err(self.unsupported(&format!("{op} (computed in f64)"), dtype))
+        }
     }
 
     fn unsupported(&self, op: &str, dtype: DType) -> CodegenError {
@@ -154,6 +164,9 @@ impl<'d> Exprs<'d> {
                 _ => return Err(self.unsupported(name, dtype)),
             },
             DType::F16 | DType::BF16 => {
+                if op == UnaryOp::Erf {
+                    self.require_f64(name, dtype)?;
+                }
                 let x = self.half_to_f32(dtype, a);
                 let r = self.float_unary(op, DType::F32, &x)?;
                 if matches!(op, UnaryOp::IsNan | UnaryOp::IsInf) {
@@ -162,7 +175,12 @@ impl<'d> Exprs<'d> {
                     self.f32_to_half(dtype, &r)
                 }
             }
-            DType::F32 | DType::F64 => self.float_unary(op, dtype, a)?,
+            DType::F32 | DType::F64 => {
+                if op == UnaryOp::Erf {
+                    self.require_f64(name, dtype)?;
+                }
+                self.float_unary(op, dtype, a)?
+            }
             _ => {
                 let w = self.wide(name, dtype)?;
                 match op {
@@ -344,6 +362,7 @@ impl<'d> Exprs<'d> {
                 DType::Bool => format!("(({a} && {b}) || {c})"),
                 DType::F32 | DType::F64 => format!("fma{}({a}, {b}, {c})", self.suffix(dtype)),
                 DType::F16 | DType::BF16 => {
+                    self.require_f64(name, dtype)?;
                     let (x, y, z) = (
                         self.half_to_f32(dtype, a),
                         self.half_to_f32(dtype, b),

@@ -53,8 +53,9 @@ pub(super) enum Helper {
 }
 
 impl Helper {
-    /// The helpers this one calls.
-    fn deps(self) -> Vec<Helper> {
+    /// The helpers this one calls, in a dialect whose `f16` conversions are built in when
+    /// `f16_builtins` holds.
+    fn deps(self, f16_builtins: bool) -> Vec<Helper> {
         let f32_bits = [
             Helper::Bitcast(DType::F32, DType::U32),
             Helper::Bitcast(DType::U32, DType::F32),
@@ -64,6 +65,7 @@ impl Helper {
             Helper::Bitcast(DType::U64, DType::F64),
         ];
         match self {
+            Helper::F16ToF32 | Helper::F32ToF16 if f16_builtins => Vec::new(),
             Helper::F16ToF32 | Helper::F32ToF16 | Helper::Bf16ToF32 | Helper::F32ToBf16 => {
                 f32_bits.to_vec()
             }
@@ -101,13 +103,22 @@ impl Helper {
 }
 
 /// The helpers a source needs, in an order where each follows the helpers it calls.
-#[derive(Default)]
 pub(super) struct Helpers {
     order: Vec<Helper>,
     seen: FxHashSet<Helper>,
+    /// Whether the dialect converts `f16` with built-ins (which call no other helper).
+    f16_builtins: bool,
 }
 
 impl Helpers {
+    pub(super) fn new(dialect: &CStyle) -> Self {
+        Helpers {
+            order: Vec::new(),
+            seen: FxHashSet::default(),
+            f16_builtins: dialect.f16_builtins.is_some(),
+        }
+    }
+
     /// Records that the source calls `helper`; returns its name.
     pub(super) fn call(&mut self, helper: Helper) -> String {
         self.require(helper);
@@ -118,7 +129,7 @@ impl Helpers {
         if self.seen.contains(&helper) {
             return;
         }
-        for dep in helper.deps() {
+        for dep in helper.deps(self.f16_builtins) {
             self.require(dep);
         }
         self.seen.insert(helper);
@@ -148,7 +159,25 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
     };
     let p = dialect.helper_prefix;
     let name = helper.name();
-    let (u32_t, u64_t) = (ty(DType::U32)?, ty(DType::U64)?);
+    let (u16_t, u32_t, u64_t) = (ty(DType::U16)?, ty(DType::U32)?, ty(DType::U64)?);
+    let i32_t = ty(DType::I32)?;
+    if let Some(builtins) = dialect.f16_builtins {
+        match helper {
+            Helper::F16ToF32 => {
+                return Ok(format!(
+                    "{p}float {name}({u16_t} h) {{\n    {}\n}}\n",
+                    builtins.to_f32
+                ));
+            }
+            Helper::F32ToF16 => {
+                return Ok(format!(
+                    "{p}{u16_t} {name}(float value) {{\n    {}\n}}\n",
+                    builtins.from_f32
+                ));
+            }
+            _ => {}
+        }
+    }
     let s32 = dialect.f32_math_suffix;
     let s64 = dialect.f64_math_suffix;
     Ok(match helper {
@@ -159,7 +188,7 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
             format!("{p}{t} {name}({f} x) {{\n    union {{ {f} a; {t} b; }} u;\n    u.a = x;\n    return u.b;\n}}\n")
         }
         Helper::F16ToF32 => format!(
-            "{p}float {name}(uint16_t h) {{
+            "{p}float {name}({u16_t} h) {{
     const {u32_t} sign = ({u32_t})(h & 0x8000u) << 16;
     const {u32_t} exp = h & 0x7c00u;
     {u32_t} man = h & 0x03ffu;
@@ -182,36 +211,36 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
 "
         ),
         Helper::F32ToF16 => format!(
-            "{p}uint16_t {name}(float value) {{
+            "{p}{u16_t} {name}(float value) {{
     const {u32_t} x = tsl_bitcast_f32_u32(value);
     const {u32_t} sign = x & 0x80000000u;
     const {u32_t} exp = x & 0x7f800000u;
     const {u32_t} man = x & 0x007fffffu;
     if (exp == 0x7f800000u) {{
         /* Infinity, or a quiet NaN keeping the payload's top bits. */
-        return (uint16_t)((sign >> 16) | 0x7c00u | (man == 0 ? 0u : 0x0200u) | (man >> 13));
+        return ({u16_t})((sign >> 16) | 0x7c00u | (man == 0 ? 0u : 0x0200u) | (man >> 13));
     }}
     const {u32_t} half_sign = sign >> 16;
-    const int32_t half_exp = (int32_t)(exp >> 23) - 127 + 15;
-    if (half_exp >= 0x1f) return (uint16_t)(half_sign | 0x7c00u);
+    const {i32_t} half_exp = ({i32_t})(exp >> 23) - 127 + 15;
+    if (half_exp >= 0x1f) return ({u16_t})(half_sign | 0x7c00u);
     if (half_exp <= 0) {{
         /* A subnormal result, or zero past the smallest subnormal's half. */
-        if (14 - half_exp > 24) return (uint16_t)half_sign;
+        if (14 - half_exp > 24) return ({u16_t})half_sign;
         const {u32_t} m = man | 0x00800000u;
         {u32_t} half_man = m >> (14 - half_exp);
         const {u32_t} round_bit = 1u << (13 - half_exp);
         if ((m & round_bit) != 0 && (m & (3u * round_bit - 1u)) != 0) half_man += 1u;
-        return (uint16_t)(half_sign | half_man);
+        return ({u16_t})(half_sign | half_man);
     }}
     {u32_t} out = half_sign | (({u32_t})half_exp << 10) | (man >> 13);
     /* Round to nearest even: up when past half, or at half with an odd result. */
     if ((man & 0x1000u) != 0 && (man & 0x2fffu) != 0) out += 1u;
-    return (uint16_t)out;
+    return ({u16_t})out;
 }}
 "
         ),
         Helper::Bf16ToF32 => format!(
-            "{p}float {name}(uint16_t h) {{
+            "{p}float {name}({u16_t} h) {{
     /* NaNs are made quiet, as `half` does. */
     const {u32_t} bits = (h & 0x7fffu) > 0x7f80u ? (({u32_t})h | 0x0040u) : ({u32_t})h;
     return tsl_bitcast_u32_f32(bits << 16);
@@ -219,12 +248,12 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
 "
         ),
         Helper::F32ToBf16 => format!(
-            "{p}uint16_t {name}(float value) {{
+            "{p}{u16_t} {name}(float value) {{
     const {u32_t} x = tsl_bitcast_f32_u32(value);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return ({u16_t})((x >> 16) | 0x0040u);
     /* Round to nearest even. */
-    if ((x & 0x8000u) != 0 && (x & 0x17fffu) != 0) return (uint16_t)((x >> 16) + 1u);
-    return (uint16_t)(x >> 16);
+    if ((x & 0x8000u) != 0 && (x & 0x17fffu) != 0) return ({u16_t})((x >> 16) + 1u);
+    return ({u16_t})(x >> 16);
 }}
 "
         ),

@@ -1,8 +1,9 @@
 //! Source code for kernels: one C-family emitter, many dialects.
 //!
 //! [`render`] prints a verified [`Kernel`] in a [`CStyle`] dialect. Dialects are data
-//! (see [`CStyle`]): [`C`] for the CPU backend now; OpenCL C and CUDA C later, as new
-//! `CStyle` values that override names, qualifiers and a few hooks, never the emitter.
+//! (see [`CStyle`]): [`C`] for the CPU backend, [`OPENCL`] and [`OPENCL_NO_FP64`] for the
+//! OpenCL backend; CUDA C later, as another `CStyle` value that overrides names, qualifiers
+//! and a few hooks, never the emitter.
 //!
 //! # Semantics
 //!
@@ -52,6 +53,43 @@
 //!
 //! The same walk prints the instructions in order, with the dialect's built-in ids and
 //! barrier statement; nothing needs splitting, since the device runs every invocation.
+//! Workgroup-level pure values (constants, group ids) may be printed earlier than their
+//! instruction position, which is harmless: they depend only on earlier values.
+//!
+//! # The OpenCL C dialect ([`OPENCL`], [`OPENCL_NO_FP64`])
+//!
+//! OpenCL C 1.2, the version both PoCL and NVIDIA's driver compile. One work-item runs one
+//! invocation:
+//!
+//! ```text
+//! __kernel void tessel_k(__global const float *b0_x, __global float *b1_out, const int d2)
+//! ```
+//!
+//! - Buffer parameters are `__global` pointers in parameter order (`const` when read-only),
+//!   then each `Param::Dim` by value in its dtype. The host launches global size
+//!   `groups[a] * local[a]` with local size `local[a]` on each axis, so `get_group_id(a)`
+//!   and `get_local_id(a)` are the IR's `GroupId(a)` and `LocalId(a)`.
+//! - `DefineLocal` is a `__local` array at kernel scope (the verifier keeps it at the top
+//!   level); `Barrier` is `barrier(CLK_LOCAL_MEM_FENCE)`.
+//! - Types: `uchar`..`ulong`, `char`..`long` (64-bit integers are core OpenCL C), `float`,
+//!   and `double` only in [`OPENCL`], for devices with `cl_khr_fp64`. `bool` values are
+//!   OpenCL's `bool`, but `bool` buffers are `uchar` (OpenCL C gives `bool` no size).
+//! - `f16`/`bf16` values are `ushort` bits and every op computes in `float` and rounds back,
+//!   as in C. `f16` converts through `vload_half`/`vstore_half_rte` (the dialect's
+//!   [`HalfBuiltins`]; no `cl_khr_fp16` needed, and PoCL and NVIDIA lack it); `bf16` through
+//!   the portable helpers.
+//! - `#pragma OPENCL FP_CONTRACT OFF`: OpenCL C allows contracting `a * b + c` by default.
+//! - Without `double` ([`OPENCL_NO_FP64`]), a kernel needing it fails with
+//!   [`CodegenError::UnsupportedOp`] naming the op and dtype: any `f64` value, and `erf` on
+//!   `f32`/`f16`/`bf16` and `mad` on `f16`/`bf16`, which the reference computes through `f64`
+//!   to round once. Never a different result.
+//!
+//! The host side is part of the semantics: build with
+//! `-cl-fp32-correctly-rounded-divide-sqrt` (else `float` `/` and `sqrt` may be off by
+//! ulps), never with fast-math, `-cl-mad-enable` or `-cl-denorms-are-zero`. Then every op is
+//! bit-identical to the interpreter except the built-in transcendentals (`exp`, `exp2`,
+//! `log`, `log2`, `sin`, `cos`, `tan`, `tanh`, `pow`, and `erf` through the `exp` it calls),
+//! which are within OpenCL's ulp bounds rather than equal to the host's libm.
 
 mod cstyle;
 mod emit;
@@ -60,7 +98,9 @@ mod helpers;
 
 use tessel_shape::DType;
 
-pub use cstyle::{C, CStyle, Launch, c_type_name};
+pub use cstyle::{
+    C, CStyle, HalfBuiltins, Launch, OPENCL, OPENCL_NO_FP64, c_type_name, opencl_type_name,
+};
 
 use crate::kernel::Kernel;
 use crate::verify::{VerifyError, verify};

@@ -1,0 +1,341 @@
+//! Finding OpenCL devices, choosing among them, and setting each up: a context, an in-order
+//! queue with profiling, the OpenCL C dialect it compiles and the build options.
+
+use opencl3::command_queue::{CL_QUEUE_PROFILING_ENABLE, CommandQueue};
+use opencl3::context::Context;
+use opencl3::device::{
+    CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU,
+    CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT, CL_FP_DENORM, Device,
+};
+use opencl3::error_codes::{
+    CL_DEVICE_NOT_FOUND, CL_PLATFORM_NOT_FOUND_KHR, ClError, DLOPEN_RUNTIME_LOAD_FAILED,
+};
+use opencl3::platform::{Platform, get_platforms};
+use tessel_ir::codegen::{CStyle, OPENCL, OPENCL_NO_FP64};
+use tessel_ir::{DeviceInfo, Features};
+
+/// The most workgroups per axis reported for every device. OpenCL has no query for it (the
+/// only hard limit is that `groups * local` fit a `size_t`), but GPU drivers reject larger
+/// grids at launch; these are CUDA's grid limits, the smallest among common hardware.
+pub(crate) const MAX_GROUPS: [u64; 3] = [(1 << 31) - 1, 65535, 65535];
+
+/// What the driver says about a device beyond [`DeviceInfo`], for diagnostics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenClDeviceDetails {
+    /// The platform's name (`"Portable Computing Language"`, `"NVIDIA CUDA"`).
+    pub platform: String,
+    /// The device's OpenCL version string (`"OpenCL 3.0 PoCL ..."`).
+    pub version: String,
+    /// The OpenCL C version the device compiles (`"OpenCL C 1.2 PoCL"`).
+    pub opencl_c: String,
+    /// The driver's version string.
+    pub driver: String,
+    /// Whether `float` division and `sqrt` can be correctly rounded (the build option
+    /// `-cl-fp32-correctly-rounded-divide-sqrt` is then passed); without it they may be off
+    /// by a few ulps against the reference.
+    pub correctly_rounded_divide_sqrt: bool,
+    /// Whether `float` subnormals are kept; without it they flush to zero.
+    pub denormals: bool,
+}
+
+/// One device in use, with what this backend keeps for it.
+pub(crate) struct ClDevice {
+    pub(crate) info: DeviceInfo,
+    pub(crate) details: OpenClDeviceDetails,
+    pub(crate) device: Device,
+    pub(crate) context: Context,
+    pub(crate) queue: CommandQueue,
+    /// [`OPENCL`] or, without doubles, [`OPENCL_NO_FP64`].
+    pub(crate) dialect: &'static CStyle,
+    pub(crate) build_options: String,
+    /// The largest single buffer, in bytes.
+    pub(crate) max_alloc: u64,
+}
+
+/// A device as found, before it is set up.
+struct Candidate {
+    platform: Platform,
+    device: Device,
+    platform_name: String,
+    name: String,
+    /// What a name selector is matched against: the platform's and device's names, vendors
+    /// and versions (so `pocl` finds PoCL, whose platform is named "Portable Computing
+    /// Language" but versioned "OpenCL 3.0 PoCL ...").
+    haystack: String,
+    /// GPUs first, then accelerators, CPUs, anything else.
+    rank: u8,
+}
+
+/// Every usable OpenCL device, GPUs first, narrowed by `selector` (an index into that list,
+/// or a case-insensitive substring of a device's names, vendors and versions; see
+/// `Candidate::haystack`); without doubles where `disable_f64`. Problems are logged and cost only the device concerned: no loader, no
+/// platform or a failing driver means no devices, never a panic.
+pub(crate) fn discover(selector: Option<&str>, disable_f64: bool) -> Vec<ClDevice> {
+    let platforms = match get_platforms() {
+        Ok(platforms) => platforms,
+        Err(ClError(code))
+            if code == DLOPEN_RUNTIME_LOAD_FAILED || code == CL_PLATFORM_NOT_FOUND_KHR =>
+        {
+            tracing::debug!(
+                "tessel-opencl: no OpenCL {} ({}): no devices",
+                if code == DLOPEN_RUNTIME_LOAD_FAILED {
+                    "loader (libOpenCL.so.1, or $OPENCL_DYLIB_PATH)"
+                } else {
+                    "platform (no ICD registered)"
+                },
+                ClError(code)
+            );
+            return Vec::new();
+        }
+        Err(e) => {
+            tracing::warn!("tessel-opencl: listing OpenCL platforms failed ({e}): no devices");
+            return Vec::new();
+        }
+    };
+    let mut candidates = Vec::new();
+    for platform in platforms {
+        let platform_name = platform.name().unwrap_or_default().trim().to_owned();
+        let ids = match platform.get_devices(CL_DEVICE_TYPE_ALL) {
+            Ok(ids) => ids,
+            Err(ClError(CL_DEVICE_NOT_FOUND)) => continue,
+            Err(e) => {
+                tracing::warn!("tessel-opencl: platform `{platform_name}` lists no devices: {e}");
+                continue;
+            }
+        };
+        for id in ids {
+            let device = Device::new(id);
+            let name = device.name().unwrap_or_default().trim().to_owned();
+            if let Some(why) = unusable(device) {
+                tracing::info!("tessel-opencl: skipping `{platform_name}: {name}`: {why}");
+                continue;
+            }
+            let ty = device.dev_type().unwrap_or(0);
+            let rank = if ty & CL_DEVICE_TYPE_GPU != 0 {
+                0
+            } else if ty & CL_DEVICE_TYPE_ACCELERATOR != 0 {
+                1
+            } else if ty & CL_DEVICE_TYPE_CPU != 0 {
+                2
+            } else {
+                3
+            };
+            let haystack = [
+                platform_name.clone(),
+                platform.vendor().unwrap_or_default(),
+                platform.version().unwrap_or_default(),
+                name.clone(),
+                device.vendor().unwrap_or_default(),
+                device.version().unwrap_or_default(),
+            ]
+            .join(" | ");
+            candidates.push(Candidate {
+                platform,
+                device,
+                platform_name: platform_name.clone(),
+                name,
+                haystack,
+                rank,
+            });
+        }
+    }
+    // Stable: within a rank, platforms and devices keep the driver's order.
+    candidates.sort_by_key(|c| c.rank);
+    let names: Vec<String> = candidates
+        .iter()
+        .map(|c| format!("{}: {}", c.platform_name, c.name))
+        .collect();
+    let haystacks: Vec<&str> = candidates.iter().map(|c| c.haystack.as_str()).collect();
+    let chosen = select(&haystacks, selector);
+    if chosen.is_empty() && !candidates.is_empty() {
+        tracing::warn!(
+            "tessel-opencl: TESSEL_OPENCL_DEVICE={:?} matches none of the devices {names:?}",
+            selector.unwrap_or_default()
+        );
+    }
+    candidates
+        .into_iter()
+        .enumerate()
+        .filter(|(k, _)| chosen.contains(k))
+        .filter_map(|(_, c)| match set_up(&c, disable_f64) {
+            Ok(device) => {
+                tracing::debug!(
+                    "tessel-opencl: using `{}: {}` ({})",
+                    c.platform_name,
+                    c.name,
+                    device.details.opencl_c
+                );
+                Some(device)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "tessel-opencl: cannot set up `{}: {}`: {e}",
+                    c.platform_name,
+                    c.name
+                );
+                None
+            }
+        })
+        .collect()
+}
+
+/// Why a device cannot run Tessel's kernels, if it cannot.
+fn unusable(device: Device) -> Option<String> {
+    if !device.available().unwrap_or(false) {
+        return Some("the driver reports it unavailable".into());
+    }
+    if !device.compiler_available().unwrap_or(false) {
+        return Some("it has no OpenCL C compiler".into());
+    }
+    if !device.endian_little().unwrap_or(false) {
+        return Some("it is big-endian, and Tessel's buffers are little-endian".into());
+    }
+    let version = device.opencl_c_version().unwrap_or_default();
+    match opencl_c_version(&version) {
+        Some(v) if v >= (1, 2) => None,
+        _ => Some(format!(
+            "it compiles `{version}`, and Tessel's kernels need OpenCL C 1.2"
+        )),
+    }
+}
+
+/// `(major, minor)` from an `"OpenCL C 1.2 ..."` or `"OpenCL 3.0 ..."` string.
+fn opencl_c_version(text: &str) -> Option<(u32, u32)> {
+    let number = text
+        .split_whitespace()
+        .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?;
+    let (major, minor) = number.split_once('.')?;
+    let minor: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// The positions in `names` that `selector` picks: all without one, the one it numbers, or
+/// those containing it (ignoring case).
+fn select(names: &[&str], selector: Option<&str>) -> Vec<usize> {
+    let Some(selector) = selector.map(str::trim).filter(|s| !s.is_empty()) else {
+        return (0..names.len()).collect();
+    };
+    if let Ok(index) = selector.parse::<usize>() {
+        return if index < names.len() {
+            vec![index]
+        } else {
+            Vec::new()
+        };
+    }
+    let needle = selector.to_lowercase();
+    (0..names.len())
+        .filter(|&k| names[k].to_lowercase().contains(&needle))
+        .collect()
+}
+
+/// Creates the context and queue of a candidate and reads its limits.
+fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
+    let device = &c.device;
+    let extensions = device.extensions()?;
+    let has = |ext: &str| extensions.split_whitespace().any(|e| e == ext);
+    let f64 = has("cl_khr_fp64") && !disable_f64;
+    let single = device.single_fp_config()?;
+    let details = OpenClDeviceDetails {
+        platform: c.platform_name.clone(),
+        version: device.version().unwrap_or_default(),
+        opencl_c: device.opencl_c_version().unwrap_or_default(),
+        driver: device.driver_version().unwrap_or_default(),
+        correctly_rounded_divide_sqrt: single & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT != 0,
+        denormals: single & CL_FP_DENORM != 0,
+    };
+    if !details.correctly_rounded_divide_sqrt {
+        tracing::warn!(
+            "tessel-opencl: `{}` cannot round float division and sqrt correctly; results \
+             may differ from the reference by a few ulps",
+            c.name
+        );
+    }
+    if !details.denormals {
+        tracing::warn!(
+            "tessel-opencl: `{}` flushes float subnormals to zero; results on subnormals \
+             differ from the reference",
+            c.name
+        );
+    }
+    let sizes = device.max_work_item_sizes()?;
+    let size = |axis: usize| {
+        sizes
+            .get(axis)
+            .map_or(1, |&s| u32::try_from(s).unwrap_or(u32::MAX))
+    };
+    let info = DeviceInfo {
+        name: c.name.clone(),
+        memory_bytes: device.global_mem_size()?,
+        compute_units: device.max_compute_units()?,
+        max_workgroup_size: u32::try_from(device.max_work_group_size()?).unwrap_or(u32::MAX),
+        max_local_size: [size(0), size(1), size(2)],
+        max_groups: MAX_GROUPS,
+        local_memory_bytes: device.local_mem_size()?,
+        features: Features {
+            // The capability; Tessel's kernels still compute f16 in f32 (to round exactly
+            // as the reference does) and store it with `vload_half`/`vstore_half`.
+            f16: has("cl_khr_fp16"),
+            f64,
+            // Subgroup sizes are a per-kernel query, and no kernel uses subgroups yet.
+            subgroup_size: None,
+            matrix_units: false,
+        },
+    };
+    let mut build_options = String::new();
+    if details.correctly_rounded_divide_sqrt {
+        build_options.push_str("-cl-fp32-correctly-rounded-divide-sqrt");
+    }
+    let context = Context::from_device(device)?;
+    let queue = create_queue(c.platform, &context)?;
+    Ok(ClDevice {
+        info,
+        details,
+        device: Device::new(device.id()),
+        max_alloc: device.max_mem_alloc_size()?,
+        context,
+        queue,
+        dialect: if f64 { &OPENCL } else { &OPENCL_NO_FP64 },
+        build_options,
+    })
+}
+
+/// An in-order queue with profiling on the context's one device.
+fn create_queue(platform: Platform, context: &Context) -> Result<CommandQueue, ClError> {
+    let version = platform.version().unwrap_or_default();
+    if opencl_c_version(&version).is_some_and(|v| v >= (2, 0)) {
+        CommandQueue::create_default_with_properties(context, CL_QUEUE_PROFILING_ENABLE, 0)
+    } else {
+        // `clCreateCommandQueueWithProperties` is OpenCL 2.0; a 1.2 platform's dispatch
+        // table lacks it, so it gets the older call.
+        #[allow(deprecated)]
+        CommandQueue::create_default(context, CL_QUEUE_PROFILING_ENABLE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{opencl_c_version, select};
+
+    #[test]
+    fn versions_parse() {
+        assert_eq!(opencl_c_version("OpenCL C 1.2 PoCL"), Some((1, 2)));
+        assert_eq!(opencl_c_version("OpenCL 3.0 CUDA 13.0.98"), Some((3, 0)));
+        assert_eq!(opencl_c_version("OpenCL C 1.1 "), Some((1, 1)));
+        assert_eq!(opencl_c_version("garbage"), None);
+    }
+
+    #[test]
+    fn selectors_pick_by_index_or_name() {
+        let names = [
+            "NVIDIA CUDA | NVIDIA Corporation | OpenCL 3.0 CUDA 13.0.98 | NVIDIA H200",
+            "Portable Computing Language | The pocl project | OpenCL 3.0 PoCL 3.1 | pthread-skylake",
+        ];
+        assert_eq!(select(&names, None), [0, 1]);
+        assert_eq!(select(&names, Some(" ")), [0, 1]);
+        assert_eq!(select(&names, Some("1")), [1]);
+        assert!(select(&names, Some("2")).is_empty());
+        assert_eq!(select(&names, Some("PoCL")), [1]);
+        assert_eq!(select(&names, Some("portable")), [1]);
+        assert_eq!(select(&names, Some("h200")), [0]);
+    }
+}

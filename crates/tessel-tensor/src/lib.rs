@@ -1,0 +1,24 @@
+//! Tessel's Tensor API and runtime.
+//!
+//! [`Tensor`] is a lazy handle: ops record nodes of one process-wide graph and check
+//! shapes and dtypes as they are called; reading data or [`Tensor::realize`] kernelizes the
+//! needed subgraph, compiles (or replays a cached plan) and runs it on the tensor's
+//! [`Device`].
+//!
+//! **Architecture Invariant:** no tensor op computes anything itself: every op is a graph
+//! node, and every value is computed by a kernel the kernelizer built.
+
+mod device;
+mod element;
+mod error;
+mod ops;
+mod runtime;
+mod tensor;
+
+pub use device::Device;
+pub use element::Element;
+pub use error::{Error, Result};
+pub use ops::{Operand, ScalarOperand};
+pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
+pub use tensor::Tensor;
+pub use tessel_shape::{DType, Dim, Shape, bf16, f16};

@@ -1,0 +1,415 @@
+//! The runtime: the one graph, the backends, leaf buffers, and realization.
+//!
+//! One process-wide [`Runtime`] holds the lazy graph and the map from leaves to their data
+//! (host bytes not yet uploaded, or a device buffer) behind one mutex. The lock is held
+//! while nodes are added or released and while a realize kernelizes and binds buffers; it
+//! is **not** held while kernels compile or run, so other threads keep recording ops.
+//!
+//! Realizing some tensors: the subgraph behind them gets a structural [`Signature`]; a
+//! cached [`Plan`] for that signature (kernels compiled for the device, buffer slots)
+//! replays with no kernelization and no compilation. Outputs become leaves, so the graph
+//! never grows with history. Plans are evicted first in, first out beyond
+//! [`PLAN_CACHE_LIMIT`], releasing their programs.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+
+use rustc_hash::FxHashMap;
+use tessel_graph::{Graph, LeafId, Node, NodeId, Op, Signature, Slot, kernelize, signature};
+use tessel_ir::{Backend, BufferId, ProgramId};
+use tessel_shape::{Bindings, DType, Dim};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// Plans kept per runtime before the oldest is evicted.
+pub const PLAN_CACHE_LIMIT: usize = 512;
+
+pub(crate) enum LeafData {
+    /// Bytes waiting for their first use on a device.
+    Host(Arc<Vec<u8>>),
+    /// A device buffer.
+    Device { device: Device, buffer: BufferId },
+}
+
+pub(crate) struct State {
+    pub(crate) graph: Graph,
+    leaves: FxHashMap<LeafId, LeafData>,
+    next_leaf: u64,
+    plans: FxHashMap<(Signature, Device), Arc<Plan>>,
+    plan_order: VecDeque<(Signature, Device)>,
+}
+
+/// A compiled schedule, replayable on any leaves with the same signature.
+pub(crate) struct Plan {
+    device: Device,
+    backend: Arc<dyn Backend>,
+    kernels: Vec<PlanKernel>,
+    /// Materialized nodes by topological position, with dtype and element count.
+    buffers: Vec<(usize, DType, Dim)>,
+}
+
+struct PlanKernel {
+    program: ProgramId,
+    /// Per buffer parameter: a leaf (by signature order) or a buffer (by position).
+    args: Vec<PlanSlot>,
+}
+
+#[derive(Clone, Copy)]
+enum PlanSlot {
+    Input(usize),
+    Node(usize),
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        for k in &self.kernels {
+            if let Err(e) = self.backend.release(k.program) {
+                tracing::warn!("releasing a program on {}: {e}", self.device);
+            }
+        }
+    }
+}
+
+/// What one realize did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RealizeReport {
+    /// Kernels launched.
+    pub kernels: usize,
+    /// Kernels compiled (0 when a cached plan replayed).
+    pub compiled: usize,
+}
+
+/// Counters over the life of the process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeStats {
+    /// Kernels launched.
+    pub kernels_launched: u64,
+    /// Kernels compiled.
+    pub kernels_compiled: u64,
+    /// Live graph nodes.
+    pub graph_nodes: usize,
+    /// Cached plans.
+    pub plans: usize,
+}
+
+pub(crate) struct Runtime {
+    state: Mutex<State>,
+    backends: Vec<Arc<dyn Backend>>,
+    launched: AtomicU64,
+    compiled: AtomicU64,
+}
+
+static RUNTIME: LazyLock<Runtime> = LazyLock::new(Runtime::new);
+
+/// The process-wide runtime.
+pub(crate) fn runtime() -> &'static Runtime {
+    &RUNTIME
+}
+
+/// Counters of the process-wide runtime.
+pub fn stats() -> RuntimeStats {
+    let rt = runtime();
+    let st = rt.lock();
+    RuntimeStats {
+        kernels_launched: rt.launched.load(Ordering::Relaxed),
+        kernels_compiled: rt.compiled.load(Ordering::Relaxed),
+        graph_nodes: st.graph.len(),
+        plans: st.plans.len(),
+    }
+}
+
+impl Runtime {
+    fn new() -> Runtime {
+        let backends: Vec<Arc<dyn Backend>> = vec![
+            #[cfg(feature = "cpu")]
+            Arc::new(tessel_cpu::CpuBackend::new()),
+        ];
+        Runtime {
+            state: Mutex::new(State {
+                graph: Graph::new(),
+                leaves: FxHashMap::default(),
+                next_leaf: 0,
+                plans: FxHashMap::default(),
+                plan_order: VecDeque::new(),
+            }),
+            backends,
+            launched: AtomicU64::new(0),
+            compiled: AtomicU64::new(0),
+        }
+    }
+
+    // A panic while the lock is held leaves the graph consistent: every mutation is a
+    // single call on `Graph` that completes or does nothing.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn backend(&self, device: Device) -> Result<Arc<dyn Backend>> {
+        let backend = self
+            .backends
+            .iter()
+            .find(|b| b.name() == device.backend)
+            .ok_or_else(|| Error::NoDevice {
+                device: device.to_string(),
+                reason: format!(
+                    "the `{}` backend is not compiled in; enable tessel's `{}` feature",
+                    device.backend, device.backend
+                ),
+            })?;
+        if device.ordinal >= backend.devices().len() {
+            return Err(Error::NoDevice {
+                device: device.to_string(),
+                reason: format!(
+                    "the {} backend found {} device(s)",
+                    device.backend,
+                    backend.devices().len()
+                ),
+            });
+        }
+        Ok(backend.clone())
+    }
+
+    /// Adds a node; the caller owns one count.
+    pub(crate) fn add(&self, node: Node) -> NodeId {
+        self.lock().graph.add(node)
+    }
+
+    /// Adds a leaf holding host bytes; the caller owns one count.
+    pub(crate) fn add_host_leaf(
+        &self,
+        bytes: Vec<u8>,
+        dtype: DType,
+        shape: tessel_shape::Shape,
+    ) -> NodeId {
+        let mut st = self.lock();
+        let leaf = LeafId(st.next_leaf);
+        st.next_leaf += 1;
+        st.leaves.insert(leaf, LeafData::Host(Arc::new(bytes)));
+        st.graph.add(Node {
+            op: Op::Leaf(leaf),
+            dtype,
+            shape,
+        })
+    }
+
+    pub(crate) fn release(&self, node: NodeId) {
+        let mut st = self.lock();
+        let freed = st.graph.release(node);
+        self.free_leaves(&mut st, freed);
+    }
+
+    fn free_leaves(&self, st: &mut State, leaves: Vec<LeafId>) {
+        for leaf in leaves {
+            if let Some(LeafData::Device { device, buffer }) = st.leaves.remove(&leaf)
+                && let Ok(backend) = self.backend(device)
+                && let Err(e) = backend.free(buffer)
+            {
+                tracing::warn!("freeing a buffer on {device}: {e}");
+            }
+        }
+    }
+
+    /// Computes `nodes` on `device`, turning each into a leaf.
+    pub(crate) fn realize(&self, nodes: &[NodeId], device: Device) -> Result<RealizeReport> {
+        let backend = self.backend(device)?;
+        let mut st = self.lock();
+        let targets: Vec<NodeId> = nodes
+            .iter()
+            .copied()
+            .filter(|&n| !matches!(st.graph.node(n).op, Op::Leaf(_)))
+            .collect();
+        if targets.is_empty() {
+            return Ok(RealizeReport::default());
+        }
+        let (sig, leaves) = signature(&st.graph, &targets);
+        let order = st.graph.toposort(&targets);
+        let key = (sig, device);
+        let mut report = RealizeReport::default();
+        let plan = if let Some(plan) = st.plans.get(&key) {
+            plan.clone()
+        } else {
+            let schedule =
+                kernelize(&st.graph, &targets).map_err(|e| Error::Internal(e.to_string()))?;
+            drop(st);
+            // Compile without the lock: other threads keep recording.
+            let pos: FxHashMap<NodeId, usize> =
+                order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+            let mut kernels = Vec::with_capacity(schedule.kernels.len());
+            for k in &schedule.kernels {
+                tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{}", k.kernel.name, k.kernel);
+                let program = backend.compile(device.ordinal, &k.kernel)?;
+                report.compiled += 1;
+                let args = k
+                    .args
+                    .iter()
+                    .map(|a| match a {
+                        Slot::Input(i) => PlanSlot::Input(*i),
+                        Slot::Node(n) => PlanSlot::Node(pos[n]),
+                    })
+                    .collect();
+                kernels.push(PlanKernel { program, args });
+            }
+            self.compiled
+                .fetch_add(report.compiled as u64, Ordering::Relaxed);
+            let buffers = schedule
+                .buffers
+                .iter()
+                .map(|(n, d, len)| (pos[n], *d, *len))
+                .collect();
+            let plan = Arc::new(Plan {
+                device,
+                backend: backend.clone(),
+                kernels,
+                buffers,
+            });
+            st = self.lock();
+            // Another thread may have realized part of this subgraph meanwhile; the plan is
+            // still right for the structure it was built for, but not for the graph now.
+            let (sig_now, _) = signature(&st.graph, &targets);
+            if sig_now != key.0 {
+                drop(st);
+                return self.realize(nodes, device);
+            }
+            if st.plans.len() >= PLAN_CACHE_LIMIT
+                && let Some(old) = st.plan_order.pop_front()
+            {
+                st.plans.remove(&old);
+            }
+            st.plan_order.push_back(key.clone());
+            st.plans.insert(key, plan.clone());
+            plan
+        };
+
+        // Bind inputs, uploading host leaves on first use.
+        let mut inputs = Vec::with_capacity(leaves.len());
+        for leaf in &leaves {
+            inputs.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
+        }
+        drop(st);
+
+        let mut temps: FxHashMap<usize, BufferId> = FxHashMap::default();
+        let result = self.run_plan(&plan, &inputs, &mut temps);
+        report.kernels = plan.kernels.len();
+
+        let mut st = self.lock();
+        if let Err(e) = result {
+            for (_, b) in temps {
+                let _ = backend.free(b);
+            }
+            return Err(e);
+        }
+        for (&p, &buffer) in &temps {
+            let node = order[p];
+            if targets.contains(&node) {
+                let leaf = LeafId(st.next_leaf);
+                st.next_leaf += 1;
+                st.leaves.insert(leaf, LeafData::Device { device, buffer });
+                let freed = st.graph.make_leaf(node, leaf);
+                self.free_leaves(&mut st, freed);
+            } else if let Err(e) = backend.free(buffer) {
+                tracing::warn!("freeing a temporary on {device}: {e}");
+            }
+        }
+        Ok(report)
+    }
+
+    fn run_plan(
+        &self,
+        plan: &Plan,
+        inputs: &[BufferId],
+        temps: &mut FxHashMap<usize, BufferId>,
+    ) -> Result<()> {
+        let backend = &plan.backend;
+        let no_dims = Bindings::new();
+        for &(p, dtype, numel) in &plan.buffers {
+            let numel = numel
+                .eval(&no_dims)
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            let bytes = (numel.max(0) as usize * dtype.size_bytes()).max(1);
+            temps.insert(p, backend.alloc(plan.device.ordinal, bytes)?);
+        }
+        for k in &plan.kernels {
+            let args: Vec<BufferId> = k
+                .args
+                .iter()
+                .map(|a| match *a {
+                    PlanSlot::Input(i) => inputs[i],
+                    PlanSlot::Node(p) => temps[&p],
+                })
+                .collect();
+            backend.launch(k.program, &args, &no_dims)?;
+            self.launched.fetch_add(1, Ordering::Relaxed);
+        }
+        backend.synchronize(plan.device.ordinal)?;
+        Ok(())
+    }
+
+    /// The device buffer of a leaf, uploading host bytes (or copying through the host from
+    /// another device) on first use.
+    fn device_buffer(
+        &self,
+        st: &mut State,
+        leaf: LeafId,
+        device: Device,
+        backend: &Arc<dyn Backend>,
+    ) -> Result<BufferId> {
+        let bytes = match st.leaves.get(&leaf) {
+            Some(LeafData::Device { device: d, buffer }) if *d == device => return Ok(*buffer),
+            Some(LeafData::Device { device: d, .. }) => {
+                // Only reachable with two backends compiled in; the transfer path arrives
+                // with the second backend, and until then this is an error, not a copy.
+                return Err(Error::NoDevice {
+                    device: device.to_string(),
+                    reason: format!("moving data from {d} to {device} is not supported yet"),
+                });
+            }
+            Some(LeafData::Host(bytes)) => bytes.clone(),
+            None => return Err(Error::Internal(format!("leaf {leaf:?} has no data"))),
+        };
+        let buffer = backend.alloc(device.ordinal, bytes.len().max(1))?;
+        if !bytes.is_empty() {
+            backend.write(buffer, 0, &bytes)?;
+        }
+        if let Some(LeafData::Device {
+            device: d,
+            buffer: old,
+        }) = st.leaves.insert(leaf, LeafData::Device { device, buffer })
+            && let Ok(b) = self.backend(d)
+        {
+            let _ = b.free(old);
+        }
+        Ok(buffer)
+    }
+
+    /// The bytes of a realized node.
+    pub(crate) fn read(&self, node: NodeId) -> Result<Vec<u8>> {
+        let st = self.lock();
+        let n = st.graph.node(node);
+        let Op::Leaf(leaf) = n.op else {
+            return Err(Error::Internal("read of an unrealized tensor".into()));
+        };
+        let numel = n
+            .shape
+            .numel()
+            .eval(&Bindings::new())
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let len = numel as usize * n.dtype.size_bytes();
+        match st.leaves.get(&leaf) {
+            Some(LeafData::Host(bytes)) => Ok(bytes[..len].to_vec()),
+            Some(LeafData::Device { device, buffer }) => {
+                let (device, buffer) = (*device, *buffer);
+                let backend = self.backend(device)?;
+                // The buffer stays alive: the caller holds the node.
+                drop(st);
+                let mut out = vec![0u8; len];
+                if len > 0 {
+                    backend.read(buffer, 0, &mut out)?;
+                }
+                Ok(out)
+            }
+            None => Err(Error::Internal(format!("leaf {leaf:?} has no data"))),
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! [`Tensor`]: a cheap, lazy handle to a node of the graph.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tessel_graph::{Node, NodeId, Op};
+use tessel_shape::{DType, Scalar, Shape};
+
+use crate::device::Device;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::runtime::{RealizeReport, runtime};
+
+/// A lazy n-dimensional array.
+///
+/// A `Tensor` is a handle: cloning it is cheap and shares the value; dropping the last
+/// handle frees whatever the value held. Ops record graph nodes and check shapes and
+/// dtypes immediately (returning [`Error`] at the call that made the mistake); nothing runs
+/// until data is read ([`Tensor::to_vec`], [`Tensor::item`], `Display`) or
+/// [`Tensor::realize`] is called.
+///
+/// Conventions: methods that can fail on their arguments return [`Result`]; so do the
+/// operators (`&a + &b` is a `Result<Tensor>`), which is why they compose with `?`.
+///
+/// ```
+/// use tessel_tensor::{DType, Tensor};
+/// # fn main() -> tessel_tensor::Result<()> {
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
+/// let b = (&a * 2.0)?;
+/// assert_eq!(b.to_vec::<f32>()?, vec![2.0, 4.0, 6.0, 8.0]);
+/// assert_eq!(b.dtype(), DType::F32);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Tensor(Arc<Handle>);
+
+pub(crate) struct Handle {
+    pub(crate) node: NodeId,
+    pub(crate) shape: Shape,
+    pub(crate) dtype: DType,
+    pub(crate) device: Device,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        runtime().release(self.node);
+    }
+}
+
+// The graph lives behind the runtime's mutex and `Handle` holds only ids and metadata.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tensor>();
+};
+
+impl Tensor {
+    /// Wraps a node the caller holds one count of.
+    pub(crate) fn from_node(node: NodeId, shape: Shape, dtype: DType, device: Device) -> Tensor {
+        Tensor(Arc::new(Handle {
+            node,
+            shape,
+            dtype,
+            device,
+        }))
+    }
+
+    /// Records an op producing `dtype` values of `shape` on this tensor's device.
+    pub(crate) fn record(&self, op: Op, dtype: DType, shape: Shape) -> Tensor {
+        Self::record_on(self.device(), op, dtype, shape)
+    }
+
+    pub(crate) fn record_on(device: Device, op: Op, dtype: DType, shape: Shape) -> Tensor {
+        let node = runtime().add(Node {
+            op,
+            dtype,
+            shape: shape.clone(),
+        });
+        Tensor::from_node(node, shape, dtype, device)
+    }
+
+    pub(crate) fn node(&self) -> NodeId {
+        self.0.node
+    }
+
+    /// The shape (dims may be symbolic).
+    pub fn shape(&self) -> &Shape {
+        &self.0.shape
+    }
+
+    /// The dims as numbers.
+    ///
+    /// # Panics
+    /// Never for tensors built from data; symbolic shapes arrive with dynamic dims.
+    pub fn dims(&self) -> Vec<usize> {
+        self.0
+            .shape
+            .as_usizes()
+            .expect("tensor shapes are concrete until dynamic dims arrive")
+    }
+
+    /// The number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.0.shape.ndim()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.dims().iter().product()
+    }
+
+    /// The element dtype.
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+
+    /// The device the tensor lives on.
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+
+    /// A tensor from row-major data.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// let t = Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], [2, 3]).unwrap();
+    /// assert_eq!(t.dims(), vec![2, 3]);
+    /// assert!(Tensor::from_vec(vec![1i32, 2, 3], [2, 2]).is_err());
+    /// ```
+    #[allow(clippy::needless_pass_by_value)] // By value, like `torch.tensor(list)`: the
+    // caller's vector is consumed, whatever the storage does with it.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        Self::from_slice(&data, shape)
+    }
+
+    /// A tensor from a row-major slice.
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let numel = shape.numel();
+        if numel.as_const() != Some(data.len() as i64) {
+            return Err(Error::DataLength {
+                op: "from_vec",
+                len: data.len(),
+                shape,
+                numel: numel.to_string(),
+            });
+        }
+        let mut bytes = Vec::with_capacity(data.len() * T::DTYPE.size_bytes());
+        for &v in data {
+            v.write_le(&mut bytes);
+        }
+        Ok(Self::from_bytes(bytes, T::DTYPE, shape))
+    }
+
+    pub(crate) fn from_bytes(bytes: Vec<u8>, dtype: DType, shape: Shape) -> Tensor {
+        Self::from_bytes_on(bytes, dtype, shape, Device::cpu())
+    }
+
+    /// A leaf holding host bytes, uploaded to `device` on first use.
+    pub(crate) fn from_bytes_on(
+        bytes: Vec<u8>,
+        dtype: DType,
+        shape: Shape,
+        device: Device,
+    ) -> Tensor {
+        let node = runtime().add_host_leaf(bytes, dtype, shape.clone());
+        Tensor::from_node(node, shape, dtype, device)
+    }
+
+    /// Computes the tensor's value now (a no-op if it is already computed).
+    pub fn realize(&self) -> Result<RealizeReport> {
+        Self::realize_all(&[self])
+    }
+
+    /// Computes several tensors in one schedule, sharing their common work.
+    pub fn realize_all(tensors: &[&Tensor]) -> Result<RealizeReport> {
+        let mut total = RealizeReport::default();
+        let mut devices: Vec<Device> = tensors.iter().map(|t| t.device()).collect();
+        devices.dedup();
+        for device in devices {
+            let nodes: Vec<NodeId> = tensors
+                .iter()
+                .filter(|t| t.device() == device)
+                .map(|t| t.node())
+                .collect();
+            let r = runtime().realize(&nodes, device)?;
+            total.kernels += r.kernels;
+            total.compiled += r.compiled;
+        }
+        Ok(total)
+    }
+
+    /// The elements in row-major order, as `T`, which must be the tensor's dtype.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// let t = Tensor::from_vec(vec![1.5f64, -2.0], [2]).unwrap();
+    /// assert_eq!(t.to_vec::<f64>().unwrap(), vec![1.5, -2.0]);
+    /// assert!(t.to_vec::<f32>().is_err());
+    /// ```
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(dtype_mismatch("to_vec", self.dtype(), T::DTYPE));
+        }
+        let bytes = self.bytes()?;
+        Ok(bytes
+            .chunks_exact(T::DTYPE.size_bytes())
+            .map(T::read_le)
+            .collect())
+    }
+
+    /// The value of a one-element tensor, as `T`, which must be the tensor's dtype.
+    pub fn item<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(Error::InvalidArgument {
+                op: "item",
+                reason: format!(
+                    "item() needs a tensor with exactly one element, this one has shape {} ({} elements); index or reduce it first",
+                    self.shape(),
+                    self.numel()
+                ),
+            });
+        }
+        Ok(self.to_vec::<T>()?[0])
+    }
+
+    /// The elements as scalars of the tensor's dtype, in row-major order.
+    pub fn to_scalars(&self) -> Result<Vec<Scalar>> {
+        let dtype = self.dtype();
+        let bytes = self.bytes()?;
+        Ok(bytes
+            .chunks_exact(dtype.size_bytes())
+            .map(|b| scalar_from_le(dtype, b))
+            .collect())
+    }
+
+    fn bytes(&self) -> Result<Vec<u8>> {
+        self.realize()?;
+        runtime().read(self.node())
+    }
+
+    /// The tensor on `device` (the same handle if it is already there). The data moves
+    /// through host memory.
+    pub fn to(&self, device: &Device) -> Result<Tensor> {
+        if *device == self.device() {
+            return Ok(self.clone());
+        }
+        runtime().backend(*device)?;
+        let bytes = self.bytes()?;
+        Ok(Tensor::from_bytes_on(
+            bytes,
+            self.dtype(),
+            self.shape().clone(),
+            *device,
+        ))
+    }
+}
+
+pub(crate) fn dtype_mismatch(op: &'static str, actual: DType, requested: DType) -> Error {
+    Error::DTypeMismatch {
+        op,
+        actual,
+        requested,
+        requested_variant: format!("{requested:?}"),
+    }
+}
+
+/// A scalar from its little-endian bytes.
+pub(crate) fn scalar_from_le(dtype: DType, b: &[u8]) -> Scalar {
+    let mut raw = [0u8; 8];
+    raw[..b.len()].copy_from_slice(b);
+    let bits = u64::from_le_bytes(raw);
+    match dtype {
+        DType::Bool => Scalar::Bool(bits != 0),
+        DType::U8 => Scalar::U8(bits as u8),
+        DType::U16 => Scalar::U16(bits as u16),
+        DType::U32 => Scalar::U32(bits as u32),
+        DType::U64 => Scalar::U64(bits),
+        DType::I8 => Scalar::I8(bits as i8),
+        DType::I16 => Scalar::I16(bits as i16),
+        DType::I32 => Scalar::I32(bits as i32),
+        DType::I64 => Scalar::I64(bits as i64),
+        DType::F16 => Scalar::F16(half::f16::from_bits(bits as u16)),
+        DType::BF16 => Scalar::BF16(half::bf16::from_bits(bits as u16)),
+        DType::F32 => Scalar::F32(f32::from_bits(bits as u32)),
+        DType::F64 => Scalar::F64(f64::from_bits(bits)),
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor({}, {}, {})",
+            self.shape(),
+            self.dtype(),
+            self.device()
+        )
+    }
+}
+
+/// Prints like PyTorch: `tensor([[1.0, 2.0], [3.0, 4.0]], dtype=f32)`. Printing realizes
+/// the tensor; if that fails, the error is printed instead of the values.
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let values = match self.to_scalars() {
+            Ok(v) => v,
+            Err(e) => return write!(f, "tensor(<error: {e}>)"),
+        };
+        let dims = self.dims();
+        f.write_str("tensor(")?;
+        write_nested(f, &values, &dims)?;
+        write!(f, ", dtype={})", self.dtype())
+    }
+}
+
+fn write_nested(f: &mut fmt::Formatter<'_>, values: &[Scalar], dims: &[usize]) -> fmt::Result {
+    const EDGE: usize = 3;
+    let Some((&n, rest)) = dims.split_first() else {
+        return write!(
+            f,
+            "{}",
+            values.first().map_or_else(String::new, ToString::to_string)
+        );
+    };
+    let inner: usize = rest.iter().product();
+    f.write_str("[")?;
+    let show = |i: usize| n <= 2 * EDGE + 1 || i < EDGE || i >= n - EDGE;
+    for i in 0..n {
+        if !show(i) {
+            if i == EDGE {
+                f.write_str(", ...")?;
+            }
+            continue;
+        }
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        write_nested(f, &values[i * inner..(i + 1) * inner], rest)?;
+    }
+    f.write_str("]")
+}

@@ -1,0 +1,145 @@
+//! Elementwise work fuses: chains of ops, composite ops, constants, index-based creation
+//! ops and views all realize as one kernel, and a realized structure replays on new data
+//! without compiling.
+
+mod common;
+
+use common::{Domain, Layout, Rng};
+use tessel_tensor::{DType, RealizeReport, Result, Tensor};
+
+/// `[45, 65]` and `[65]` inputs with their values.
+fn inputs(seed: u64) -> (Tensor, Vec<f64>, Tensor, Vec<f64>) {
+    let mut rng = Rng::new(seed);
+    let x = common::random(
+        &mut rng,
+        DType::F32,
+        45 * 65,
+        Domain::new((-2.0, 2.0), (0, 0)),
+    );
+    let y = common::random(&mut rng, DType::F32, 65, Domain::new((0.5, 1.5), (0, 0)));
+    (
+        common::tensor(DType::F32, &x, &[45, 65]),
+        x,
+        common::tensor(DType::F32, &y, &[65]),
+        y,
+    )
+}
+
+/// Ten elementwise ops, one of them broadcasting.
+fn chain(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    x.mul(y)?
+        .add(1.5)?
+        .tanh()
+        .mul(x)?
+        .sub(0.25)?
+        .abs()?
+        .sqrt()
+        .maximum(y)?
+        .div(2.0)?
+        .neg()
+}
+
+fn chain_ref(x: f64, y: f64) -> f64 {
+    -(((x * y + 1.5).tanh() * x - 0.25).abs().sqrt().max(y) / 2.0)
+}
+
+fn check_chain(x: &Tensor, xv: &[f64], y: &Tensor, yv: &[f64]) -> Result<RealizeReport> {
+    let out = chain(x, y)?;
+    let report = out.realize()?;
+    let (want, _) =
+        common::broadcast_map(&[(xv, &[45, 65]), (yv, &[65])], |v| chain_ref(v[0], v[1]));
+    common::assert_close("chain", &common::read(&out), &want, 1e-4);
+    Ok(report)
+}
+
+#[test]
+fn a_ten_op_chain_is_one_kernel_and_replays_on_new_data_without_compiling() -> Result<()> {
+    let (x, xv, y, yv) = inputs(21);
+    let first = check_chain(&x, &xv, &y, &yv)?;
+    assert_eq!(first.kernels, 1, "{first:?}");
+    // The same computation on new data: the cached plan replays.
+    let (x, xv, y, yv) = inputs(22);
+    let again = check_chain(&x, &xv, &y, &yv)?;
+    assert_eq!(
+        again,
+        RealizeReport {
+            kernels: 1,
+            compiled: 0
+        }
+    );
+    // Realizing a realized tensor does nothing.
+    let out = chain(&x, &y)?;
+    out.realize()?;
+    assert_eq!(out.realize()?, RealizeReport::default());
+    Ok(())
+}
+
+#[test]
+fn composite_ops_views_and_creation_ops_fuse_into_one_kernel() -> Result<()> {
+    let mut rng = Rng::new(23);
+    let mut f = |dtype, layout| {
+        let values = common::random(&mut rng, dtype, 21, Domain::new((-3.0, 3.0), (-9, 9)));
+        common::view(layout, dtype, &values, 7, 3, 0.0)
+    };
+    let (a, av) = f(DType::F32, Layout::Permuted);
+    let (b, bv) = f(DType::F32, Layout::Strided);
+    let (i, iv) = f(DType::I32, Layout::Flipped);
+    let one_kernel = |what: &str, t: &Tensor| -> Result<()> {
+        let report = t.realize()?;
+        assert_eq!(report.kernels, 1, "{what}: {report:?}");
+        Ok(())
+    };
+    // Each composite op is one kernel, even on views.
+    let composites = [
+        ("remainder", a.remainder(&b)?),
+        ("sigmoid", a.sigmoid()),
+        ("silu", a.silu()),
+        ("gelu", a.gelu()),
+        ("gelu_tanh", a.gelu_tanh()),
+        ("shl", i.shl(3)?.cast(DType::F32)),
+        ("shr", i.shr(&i)?.cast(DType::F32)),
+        ("where", Tensor::where_cond(&a.gt(&b)?, &a, &i)?),
+        ("clamp", a.clamp(Some(-1.0), Some(1.0))?),
+        ("logical_xor", a.logical_xor(&i)?.cast(DType::F32)),
+    ];
+    for (what, t) in &composites {
+        one_kernel(what, t)?;
+    }
+    // Views, casts, comparisons and index-based creation ops in one expression.
+    let mixed = Tensor::where_cond(
+        &a.lt(0.0)?,
+        &a.add(&Tensor::arange(0, 3, 1)?)?,
+        Tensor::eye_m(7, 3),
+    )?
+    .mul(i.cast(DType::F32))?
+    .sigmoid();
+    one_kernel("mixed", &mixed)?;
+    let want: Vec<f64> = (0..21)
+        .map(|k| {
+            let picked = if av[k] < 0.0 {
+                av[k] + (k % 3) as f64
+            } else if k / 3 == k % 3 {
+                1.0
+            } else {
+                0.0
+            };
+            1.0 / (1.0 + (-(picked * iv[k])).exp())
+        })
+        .collect();
+    common::assert_close("mixed", &common::read(&mixed), &want, 1e-4);
+    let want: Vec<f64> = av
+        .iter()
+        .zip(&bv)
+        .map(|(&x, &y)| x - (x / y).floor() * y)
+        .collect();
+    common::assert_close_floor(
+        "remainder",
+        &common::read(&composites[0].1),
+        &want,
+        1e-5,
+        3.0,
+    );
+    // A constant alone is one kernel too.
+    one_kernel("zeros", &Tensor::zeros([5, 3], DType::F16))?;
+    Ok(())
+}

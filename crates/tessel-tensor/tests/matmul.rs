@@ -1,0 +1,267 @@
+//! `matmul` and `dot` against a plain-loop f64 reference: every `torch.matmul` rank case,
+//! batch broadcasting, odd and degenerate sizes, every dtype (and the error for `bool`),
+//! non-contiguous operands, and the shape errors.
+
+mod common;
+
+use common::nd::{Nd, assert_nd, reduce_tol};
+use common::{Domain, Rng, assert_err};
+use tessel_tensor::{DType, Error, Result, Tensor};
+
+/// Floats in `[-1, 1)` and integers in `[-2, 2]` (so products summed over `k <= 31` stay
+/// exact even in `i8`), exact in `dtype`.
+fn operand(seed: u64, dtype: DType, dims: &[usize]) -> (Tensor, Nd) {
+    let r = Nd::random(
+        &mut Rng::new(seed),
+        dtype,
+        dims,
+        Domain::new((-1.0, 1.0), (-2, 2)),
+    );
+    (r.tensor(dtype), r)
+}
+
+/// `a · b` for random operands of `dtype`, checked against the reference.
+#[track_caller]
+fn check(seed: u64, dtype: DType, a: &[usize], b: &[usize]) -> Result<()> {
+    let (x, xr) = operand(seed, dtype, a);
+    let (y, yr) = operand(seed + 1, dtype, b);
+    let got = x.matmul(&y)?;
+    assert_eq!(got.dtype(), dtype, "{a:?} · {b:?}");
+    let k = a[a.len() - 1];
+    assert_nd(
+        &format!("{dtype} {a:?} · {b:?}"),
+        &Nd::of(&got),
+        &xr.matmul(&yr),
+        reduce_tol(dtype, k),
+    );
+    Ok(())
+}
+
+#[test]
+fn every_rank_case_of_torch_matmul() -> Result<()> {
+    let cases: [(&[usize], &[usize], &[usize]); 14] = [
+        (&[7], &[7], &[]),
+        (&[1], &[1], &[]),
+        (&[5], &[5, 3], &[3]),
+        (&[5, 3], &[3], &[5]),
+        (&[4, 5], &[5, 6], &[4, 6]),
+        (&[1, 1], &[1, 1], &[1, 1]),
+        (&[45, 65], &[65, 7], &[45, 7]),
+        (&[3], &[2, 3, 4], &[2, 4]),
+        (&[2, 4, 3], &[3], &[2, 4]),
+        (&[2, 4, 3], &[3, 5], &[2, 4, 5]),
+        (&[4, 3], &[2, 3, 5], &[2, 4, 5]),
+        (&[5, 1, 2, 3], &[4, 3, 6], &[5, 4, 2, 6]),
+        (&[1, 3, 1, 2], &[2, 1, 2, 2], &[2, 3, 1, 2]),
+        (&[2, 1, 3, 7, 13], &[4, 1, 13, 3], &[2, 4, 3, 7, 3]),
+    ];
+    for (i, (a, b, out)) in cases.into_iter().enumerate() {
+        let (x, _) = operand(0, DType::F32, a);
+        let (y, _) = operand(1, DType::F32, b);
+        assert_eq!(x.matmul(&y)?.dims(), out.to_vec(), "{a:?} · {b:?}");
+        check(10 * i as u64, DType::F32, a, b)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn mlp_sized_f32() -> Result<()> {
+    check(7, DType::F32, &[64, 128], &[128, 10])
+}
+
+#[test]
+fn every_dtype() -> Result<()> {
+    for (seed, &dtype) in DType::ALL.iter().enumerate() {
+        if dtype == DType::Bool {
+            let b = Tensor::from_vec(vec![true; 4], [2, 2])?;
+            assert_err(
+                "bool matmul",
+                b.matmul(&b),
+                |e| matches!(e, Error::UnsupportedDType { .. }),
+                &["matmul", "bool", ".cast(DType::F32)"],
+            );
+            continue;
+        }
+        check(100 + seed as u64, dtype, &[2, 9, 11], &[11, 5])?;
+        check(200 + seed as u64, dtype, &[11], &[11])?;
+    }
+    // Mixed dtypes promote: i32 · f32 is f32, u8 · i8 is i16, f16 · bf16 is f32.
+    for (a, b, want) in [
+        (DType::I32, DType::F32, DType::F32),
+        (DType::U8, DType::I8, DType::I16),
+        (DType::F16, DType::BF16, DType::F32),
+    ] {
+        let (x, xr) = operand(1, a, &[3, 4]);
+        let (y, yr) = operand(2, b, &[4, 2]);
+        let got = x.matmul(&y)?;
+        assert_eq!(got.dtype(), want, "{a} · {b}");
+        assert_nd(
+            &format!("{a} · {b}"),
+            &Nd::of(&got),
+            &xr.matmul(&yr),
+            reduce_tol(want, 4),
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn non_contiguous_operands() -> Result<()> {
+    let (a, ar) = operand(30, DType::F32, &[6, 9]);
+    let (b, br) = operand(31, DType::F32, &[9, 7]);
+    let k = 9;
+    let tol = reduce_tol(DType::F32, k);
+    // Transposed, flipped, sliced and padded views on either side.
+    let (at, atr) = (a.t()?, ar.permute(&[1, 0]));
+    let (bt, btr) = (b.t()?, br.permute(&[1, 0]));
+    assert_nd(
+        "aᵀᵀ · b",
+        &Nd::of(&at.t()?.matmul(&b)?),
+        &ar.matmul(&br),
+        tol,
+    );
+    assert_nd(
+        "a · (bᵀ)ᵀ",
+        &Nd::of(&a.matmul(&bt.t()?)?),
+        &ar.matmul(&br),
+        tol,
+    );
+    assert_nd("bᵀ · aᵀ", &Nd::of(&bt.matmul(&at)?), &btr.matmul(&atr), tol);
+    let fa = a.flip(&[0, 1])?;
+    assert_nd(
+        "flip(a) · b",
+        &Nd::of(&fa.matmul(&b)?),
+        &ar.flip(&[0, 1]).matmul(&br),
+        tol,
+    );
+    let sb = b.slice(1, Some(1), None, 2)?;
+    assert_nd(
+        "a · b[:, 1::2]",
+        &Nd::of(&a.matmul(&sb)?),
+        &ar.matmul(&br.slice(1, 1, 2, 3)),
+        tol,
+    );
+    let pa = a.pad(&[(0, 2)], 0.5)?;
+    let pb = b.pad(&[(1, 1), (0, 0)], -1.0)?;
+    assert_nd(
+        "pad(a) · pad(b)",
+        &Nd::of(&pa.matmul(&pb)?),
+        &ar.pad(&[(0, 2)], 0.5)
+            .matmul(&br.pad(&[(1, 1), (0, 0)], -1.0)),
+        reduce_tol(DType::F32, 11),
+    );
+    // A broadcast (expanded) batch and a permuted 3-d operand.
+    let (c, cr) = operand(32, DType::F32, &[1, 9, 4]);
+    let ce = c.expand(&[3, 9, 4])?;
+    let (d, dr) = operand(33, DType::F32, &[9, 3, 6]);
+    let dp = d.permute(&[1, 2, 0])?;
+    assert_nd(
+        "expand · permute",
+        &Nd::of(&dp.matmul(&ce)?),
+        &dr.permute(&[1, 2, 0]).matmul(&cr.expand(&[3, 9, 4])),
+        tol,
+    );
+    Ok(())
+}
+
+#[test]
+fn degenerate_sizes() -> Result<()> {
+    // k = 0: every output is 0, as in torch.
+    let a = Tensor::from_vec(Vec::<f32>::new(), [3, 0])?;
+    let b = Tensor::from_vec(Vec::<f32>::new(), [0, 2])?;
+    assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, vec![0.0; 6]);
+    let v = Tensor::from_vec(Vec::<i64>::new(), [0])?;
+    assert_eq!(v.matmul(&v)?.item::<i64>()?, 0);
+    // m = 0 or a 0-size batch: empty results of the right shape.
+    let e = Tensor::from_vec(Vec::<f32>::new(), [0, 4])?;
+    let (w, _) = operand(40, DType::F32, &[4, 3]);
+    let em = e.matmul(&w)?;
+    assert_eq!((em.dims(), em.to_vec::<f32>()?), (vec![0, 3], vec![]));
+    let eb = Tensor::from_vec(Vec::<f32>::new(), [0, 2, 4])?;
+    let ebm = eb.matmul(&w)?;
+    assert_eq!((ebm.dims(), ebm.to_vec::<f32>()?), (vec![0, 2, 3], vec![]));
+    Ok(())
+}
+
+#[test]
+fn dot_products() -> Result<()> {
+    for (seed, &dtype) in [DType::F32, DType::F64, DType::I32, DType::BF16]
+        .iter()
+        .enumerate()
+    {
+        let (x, xr) = operand(50 + seed as u64, dtype, &[31]);
+        let (y, yr) = operand(60 + seed as u64, dtype, &[31]);
+        let got = x.dot(&y)?;
+        assert_eq!(got.dims(), Vec::<usize>::new());
+        assert_nd(
+            &format!("dot {dtype}"),
+            &Nd::of(&got),
+            &xr.matmul(&yr),
+            reduce_tol(dtype, 31),
+        );
+    }
+    let (m, _) = operand(70, DType::F32, &[3, 3]);
+    let (v, _) = operand(71, DType::F32, &[3]);
+    let (w, _) = operand(72, DType::F32, &[4]);
+    assert_err(
+        "dot of a matrix",
+        m.dot(&v),
+        |e| matches!(e, Error::Shape(_)),
+        &["dot", "[3, 3]", "use matmul"],
+    );
+    assert_err(
+        "dot lengths",
+        v.dot(&w),
+        |e| matches!(e, Error::Shape(_)),
+        &["dot", "[3]", "[4]"],
+    );
+    Ok(())
+}
+
+#[test]
+fn shape_errors_name_op_and_shapes() -> Result<()> {
+    let (a, _) = operand(80, DType::F32, &[2, 3]);
+    let (b, _) = operand(81, DType::F32, &[4, 5]);
+    let (c, _) = operand(82, DType::F32, &[2, 3, 4]);
+    let (d, _) = operand(83, DType::F32, &[3, 4, 5]);
+    let s = Tensor::from_vec(vec![1.0f32], Vec::<usize>::new())?;
+    let is_shape = |e: &Error| matches!(e, Error::Shape(_));
+    assert_err(
+        "inner mismatch",
+        a.matmul(&b),
+        is_shape,
+        &[
+            "matmul",
+            "[2, 3]",
+            "[4, 5]",
+            "(3) must equal the rhs's contraction dim (4)",
+        ],
+    );
+    assert_err(
+        "vector mismatch",
+        a.matmul(&Tensor::from_vec(vec![1.0f32; 2], [2])?),
+        is_shape,
+        &["matmul", "[2, 3]", "[2]"],
+    );
+    assert_err(
+        "batch mismatch",
+        c.matmul(&d),
+        is_shape,
+        &["matmul", "[2, 3, 4]", "[3, 4, 5]"],
+    );
+    assert_err(
+        "0-d",
+        s.matmul(&a),
+        is_shape,
+        &["matmul", "0 dims", "use mul"],
+    );
+    let big = Tensor::from_vec(vec![1u64; 4], [2, 2])?;
+    let neg = Tensor::from_vec(vec![-1i64; 4], [2, 2])?;
+    assert_err(
+        "promotion",
+        big.matmul(&neg),
+        |e| matches!(e, Error::Promotion { .. }),
+        &["matmul", "u64", "i64"],
+    );
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! Tessel: write tensor code once, PyTorch-style, and run it fast on whatever hardware is
+//! present.
+//!
+//! ```
+//! use tessel::prelude::*;
+//!
+//! # fn main() -> tessel::Result<()> {
+//! Tensor::manual_seed(0);
+//! let x = Tensor::randn([4, 8], DType::F32)?;
+//! let w = Tensor::randn([8, 3], DType::F32)?;
+//! let y = (x.matmul(&w)? + 1.0)?.relu().softmax(-1)?;
+//! let rows: Vec<f32> = y.sum(&[-1], false)?.to_vec()?;
+//! assert!(rows.iter().all(|s| (s - 1.0).abs() < 1e-5));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Work is recorded lazily; reading data (`to_vec`, `item`, `Display`) or
+//! [`Tensor::realize`] fuses the recorded ops into kernels, compiles them for the tensor's
+//! device (cached) and runs them. See the user guide in `docs/GUIDE.md`.
+//!
+//! # Feature flags
+//! - `cpu` (default): the embedded CPU backend. It compiles generated C with the system C
+//!   compiler (`$TESSEL_CC`, else `cc`, `gcc`, `clang`) and falls back to the reference
+//!   interpreter when none is found.
+
+pub use tessel_tensor::{
+    DType, Device, Dim, Element, Error, PLAN_CACHE_LIMIT, RealizeReport, Result, RuntimeStats,
+    ScalarOperand, Shape, Tensor, bf16, f16, stats,
+};
+
+/// The kernel IR, for writing custom kernels and inspecting generated ones.
+pub use tessel_ir as ir;
+/// The symbolic layer: dtypes, scalar semantics, symbolic dims, shape rules.
+pub use tessel_shape as shape;
+
+/// The names most programs need: `use tessel::prelude::*;`.
+pub mod prelude {
+    pub use tessel_tensor::{DType, Device, Error, Result, Tensor};
+}
