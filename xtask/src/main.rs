@@ -21,11 +21,11 @@ impl Task {
         }
     }
 
-    fn steps(&self) -> Vec<Vec<&'static str>> {
+    fn steps(&self) -> Vec<Step> {
         match self {
             Task::Ci => vec![
-                vec!["cargo", "fmt", "--all", "--", "--check"],
-                vec![
+                Step::new(&["cargo", "fmt", "--all", "--", "--check"]),
+                Step::new(&[
                     "cargo",
                     "clippy",
                     "--workspace",
@@ -33,20 +33,58 @@ impl Task {
                     "--",
                     "-D",
                     "warnings",
-                ],
+                ]),
                 // The README's test command, verbatim.
-                vec!["cargo", "test", "--workspace"],
-                vec!["cargo", "doc", "--workspace", "--no-deps"],
+                Step::new(&["cargo", "test", "--workspace"]),
+                // The Tensor conformance suite once more, on OpenCL, where a platform exists.
+                Step {
+                    env: &[("TESSEL_DEVICE", "opencl")],
+                    when: Some(has_opencl_platform),
+                    ..Step::new(&[
+                        "cargo",
+                        "test",
+                        "-p",
+                        "tessel-tensor",
+                        "--features",
+                        "opencl",
+                    ])
+                },
+                Step::new(&["cargo", "doc", "--workspace", "--no-deps"]),
             ],
         }
     }
+}
+
+/// One command of a task.
+struct Step {
+    args: Vec<&'static str>,
+    /// Extra environment variables.
+    env: &'static [(&'static str, &'static str)],
+    /// Run only when this returns true.
+    when: Option<fn() -> bool>,
+}
+
+impl Step {
+    fn new(args: &[&'static str]) -> Step {
+        Step {
+            args: args.to_vec(),
+            env: &[],
+            when: None,
+        }
+    }
+}
+
+/// Whether an OpenCL ICD is registered (as PoCL's package does).
+fn has_opencl_platform() -> bool {
+    std::fs::read_dir("/etc/OpenCL/vendors").is_ok_and(|mut d| d.next().is_some())
 }
 
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
   ci    cargo fmt --check, cargo clippy -D warnings, cargo test --workspace,
-        cargo doc -D warnings (what .ci/run runs)";
+        the Tensor suite on OpenCL where a platform exists, cargo doc -D warnings
+        (what .ci/run runs)";
 
 fn main() -> ExitCode {
     let arg = std::env::args().nth(1);
@@ -59,21 +97,30 @@ fn main() -> ExitCode {
         .expect("xtask lives one level below the workspace root")
         .to_path_buf();
     for step in task.steps() {
-        eprintln!("xtask: running `{}`", step.join(" "));
-        let status = Command::new(step[0])
-            .args(&step[1..])
+        if step.when.is_some_and(|when| !when()) {
+            eprintln!(
+                "xtask: skipping `{}` (not applicable here)",
+                step.args.join(" ")
+            );
+            continue;
+        }
+        let line = step.args.join(" ");
+        eprintln!("xtask: running `{line}`");
+        let status = Command::new(step.args[0])
+            .args(&step.args[1..])
             .current_dir(&root)
             .env("CI", "true")
             .env("RUSTDOCFLAGS", "-D warnings")
+            .envs(step.env.iter().copied())
             .status();
         match status {
             Ok(s) if s.success() => {}
             Ok(s) => {
-                eprintln!("xtask: `{}` failed ({s})", step.join(" "));
+                eprintln!("xtask: `{line}` failed ({s})");
                 return ExitCode::FAILURE;
             }
             Err(e) => {
-                eprintln!("xtask: cannot run `{}`: {e}", step[0]);
+                eprintln!("xtask: cannot run `{}`: {e}", step.args[0]);
                 return ExitCode::FAILURE;
             }
         }

@@ -1,6 +1,9 @@
 //! Devices: where tensors live and kernels run.
 
 use std::fmt;
+use std::sync::LazyLock;
+
+use crate::error::{Error, Result};
 
 /// A device: one backend's device by ordinal. `Device::cpu()` is the default.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -10,7 +13,7 @@ pub struct Device {
 }
 
 impl Device {
-    /// The host CPU, through the embedded C backend.
+    /// The host CPU, through the embedded C backend (always compiled in).
     pub const fn cpu() -> Device {
         Device {
             backend: "cpu",
@@ -29,9 +32,65 @@ impl Device {
     }
 }
 
+impl Device {
+    /// OpenCL device `ordinal` (needs the `opencl` feature).
+    pub const fn opencl(ordinal: usize) -> Device {
+        Device {
+            backend: "opencl",
+            ordinal,
+        }
+    }
+
+    /// Parses `cpu`, `opencl`, `opencl:1`, ... (a backend name, optionally `:ordinal`).
+    ///
+    /// ```
+    /// # use tessel_tensor::Device;
+    /// assert_eq!(Device::parse("opencl:1").unwrap(), Device::opencl(1));
+    /// assert_eq!(Device::parse("cpu").unwrap(), Device::cpu());
+    /// assert!(Device::parse("tpu").is_err());
+    /// ```
+    pub fn parse(text: &str) -> Result<Device> {
+        let (name, ordinal) = match text.trim().split_once(':') {
+            Some((name, ordinal)) => {
+                let ordinal = ordinal.parse().map_err(|_| Error::InvalidArgument {
+                    op: "Device::parse",
+                    reason: format!(
+                        "`{text}`: the ordinal after `:` must be a number, as in `opencl:0`"
+                    ),
+                })?;
+                (name, ordinal)
+            }
+            None => (text.trim(), 0),
+        };
+        let backend = BACKENDS
+            .iter()
+            .find(|b| b.eq_ignore_ascii_case(name))
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "Device::parse",
+                reason: format!(
+                    "unknown backend `{name}`; known backends: {}",
+                    BACKENDS.join(", ")
+                ),
+            })?;
+        Ok(Device { backend, ordinal })
+    }
+}
+
+/// Every backend name Tessel knows, compiled in or not.
+const BACKENDS: [&str; 4] = ["cpu", "opencl", "cuda", "wgpu"];
+
+/// The device new tensors are created on: `TESSEL_DEVICE` (e.g. `opencl` or `opencl:1`),
+/// read once, else the CPU. An unparsable value is reported once and ignored.
 impl Default for Device {
     fn default() -> Self {
-        Device::cpu()
+        static DEFAULT: LazyLock<Device> = LazyLock::new(|| match std::env::var("TESSEL_DEVICE") {
+            Ok(text) if !text.trim().is_empty() => Device::parse(&text).unwrap_or_else(|e| {
+                tracing::warn!("ignoring TESSEL_DEVICE: {e}");
+                Device::cpu()
+            }),
+            _ => Device::cpu(),
+        });
+        *DEFAULT
     }
 }
 

@@ -125,6 +125,9 @@ impl Runtime {
         let backends: Vec<Arc<dyn Backend>> = vec![
             #[cfg(feature = "cpu")]
             Arc::new(tessel_cpu::CpuBackend::new()),
+            // Reports zero devices (never fails) when no OpenCL driver is installed.
+            #[cfg(feature = "opencl")]
+            Arc::new(tessel_opencl::OpenClBackend::new()),
         ];
         Runtime {
             state: Mutex::new(State {

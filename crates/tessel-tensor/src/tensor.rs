@@ -153,7 +153,7 @@ impl Tensor {
     }
 
     pub(crate) fn from_bytes(bytes: Vec<u8>, dtype: DType, shape: Shape) -> Tensor {
-        Self::from_bytes_on(bytes, dtype, shape, Device::cpu())
+        Self::from_bytes_on(bytes, dtype, shape, Device::default())
     }
 
     /// A leaf holding host bytes, uploaded to `device` on first use.

@@ -23,6 +23,11 @@
 //! - `cpu` (default): the embedded CPU backend. It compiles generated C with the system C
 //!   compiler (`$TESSEL_CC`, else `cc`, `gcc`, `clang`) and falls back to the reference
 //!   interpreter when none is found.
+//! - `opencl`: the OpenCL backend (`Device::opencl(i)`). The OpenCL library is loaded at run
+//!   time; without a driver the backend has no devices.
+//!
+//! `TESSEL_DEVICE` (`cpu`, `opencl`, `opencl:1`, ...) picks the device new tensors are
+//! created on.
 
 pub use tessel_tensor::{
     DType, Device, Dim, Element, Error, PLAN_CACHE_LIMIT, RealizeReport, Result, RuntimeStats,

@@ -228,7 +228,17 @@ impl<'d> Exprs<'d> {
             UnaryOp::Sin => call("sin"),
             UnaryOp::Cos => call("cos"),
             UnaryOp::Tan => call("tan"),
-            UnaryOp::Tanh => call("tanh"),
+            // tanh is exactly ±1 in f32 and f64 beyond |x| = 20; saying so explicitly keeps
+            // drivers whose tanh is inexact at large |x| (PoCL gives > -1 at -inf) exact.
+            UnaryOp::Tanh => {
+                let (abs, tanh, sign) = (
+                    call("fabs"),
+                    call("tanh"),
+                    format!("copysign{s}({one}, {a})"),
+                );
+                let limit = if dtype == DType::F64 { "20.0" } else { "20.0f" };
+                format!("({abs} > {limit} ? {sign} : {tanh})")
+            }
             UnaryOp::Erf => {
                 let erf = self.helpers.call(Helper::Erf);
                 if dtype == DType::F64 {
