@@ -20,12 +20,7 @@ fn main() -> Result<()> {
     let probs = logits.softmax(-1)?;
 
     let report = probs.realize()?;
-    println!(
-        "x: {:?}  w1: {:?}  w2: {:?}",
-        x.shape(),
-        w1.shape(),
-        w2.shape()
-    );
+    println!("x: {}  w1: {}  w2: {}", x.shape(), w1.shape(), w2.shape());
     println!("probs: {} on {}", probs.shape(), probs.device());
     let p: Vec<f32> = probs.to_vec()?;
     println!("first row: {:?}", &p[..10]);
