@@ -37,32 +37,37 @@ pub(crate) fn run(
     let chunks = total.min(i64::try_from(threads.max(1) * 4).unwrap_or(i64::MAX));
     // `total * c / chunks` in i128 cannot overflow.
     let bound = |c: i64| (i128::from(total) * i128::from(c) / i128::from(chunks)) as i64;
-    pool.install(|| {
-        (0..chunks).into_par_iter().for_each(|c| {
-            let bufs: Vec<*mut c_void> = addrs
-                .iter()
-                .map(|&a| ptr::with_exposed_provenance_mut(a))
-                .collect();
-            // SAFETY: `entry` is the function `codegen::render` emitted for this kernel with
-            // the `Launch::Serial` signature `KernelFn` spells, from a library that the
-            // caller keeps loaded for the whole call. `bufs` holds one pointer per buffer
-            // parameter, each to storage of at least the parameter's declared length
-            // (`LaunchArgs::evaluate` checked), locked by the caller for the whole call: exclusively
-            // where the kernel may write. `dims` and `grid` have the lengths the signature
-            // documents. The ranges are disjoint, and a well-formed kernel's workgroups
-            // write disjoint elements, as on any GPU. The kernel stays inside its buffers'
-            // declared lengths: the verifier proves it for kernels of constant size, and
-            // Tessel's kernel generation guarantees it for symbolic ones (the interpreter
-            // checks it, and the tests compare both).
-            unsafe {
-                entry(
-                    bufs.as_ptr(),
-                    args.dims.as_ptr(),
-                    args.grid.as_ptr(),
-                    bound(c),
-                    bound(c + 1),
-                );
-            }
-        });
-    });
+    let run_range = |c: i64| {
+        let bufs: Vec<*mut c_void> = addrs
+            .iter()
+            .map(|&a| ptr::with_exposed_provenance_mut(a))
+            .collect();
+        // SAFETY: `entry` is the function `codegen::render` emitted for this kernel with
+        // the `Launch::Serial` signature `KernelFn` spells, from a library that the
+        // caller keeps loaded for the whole call. `bufs` holds one pointer per buffer
+        // parameter, each to storage of at least the parameter's declared length
+        // (`LaunchArgs::evaluate` checked), locked by the caller for the whole call: exclusively
+        // where the kernel may write. `dims` and `grid` have the lengths the signature
+        // documents. The ranges are disjoint, and a well-formed kernel's workgroups
+        // write disjoint elements, as on any GPU. The kernel stays inside its buffers'
+        // declared lengths: the verifier proves it for kernels of constant size, and
+        // Tessel's kernel generation guarantees it for symbolic ones (the interpreter
+        // checks it, and the tests compare both).
+        unsafe {
+            entry(
+                bufs.as_ptr(),
+                args.dims.as_ptr(),
+                args.grid.as_ptr(),
+                bound(c),
+                bound(c + 1),
+            );
+        }
+    };
+    // One range (a single workgroup, say) runs on the caller: handing it to the pool costs
+    // more than most small kernels take.
+    if chunks == 1 {
+        run_range(0);
+    } else {
+        pool.install(|| (0..chunks).into_par_iter().for_each(run_range));
+    }
 }
