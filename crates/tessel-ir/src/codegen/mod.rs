@@ -95,8 +95,11 @@ mod cstyle;
 mod emit;
 mod exprs;
 mod helpers;
+mod wgsl;
 
 use tessel_shape::DType;
+
+pub use wgsl::{WgslBuffer, WgslShader, WgslTarget, render_wgsl};
 
 pub use cstyle::{
     C, CStyle, HalfBuiltins, Launch, OPENCL, OPENCL_NO_FP64, c_type_name, opencl_type_name,

@@ -1,0 +1,1 @@
+//! Tessel's CUDA backend (being written).

@@ -1,0 +1,1 @@
+//! Backend conformance tests shared by every backend crate (being written).

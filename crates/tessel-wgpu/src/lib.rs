@@ -1,0 +1,1 @@
+//! Tessel's wgpu backend (being written).
