@@ -1,129 +1,50 @@
 //! Developer tasks, run as `cargo xtask <task>` (an alias in `.cargo/config.toml`).
 //!
-//! Each task is a fixed list of commands run in order from the workspace root; the first
-//! failure stops the task and its exit status becomes ours. `cargo xtask ci` is exactly
-//! what `.ci/run` and the GitHub workflow run.
+//! - `cargo xtask ci`: exactly what `.ci/run` and the GitHub workflow run.
+//! - `cargo xtask test-gpu`: the conformance suite once per backend this machine has, with
+//!   one summary table; `--bundle DIR` packs it for a GPU host without a Rust toolchain.
+
+mod ci;
+mod test_gpu;
 
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
-/// The tasks, one per subcommand.
-enum Task {
-    /// Format check, clippy with warnings denied, the README's test command, and docs.
-    Ci,
-}
-
-impl Task {
-    fn parse(arg: Option<&str>) -> Option<Task> {
-        match arg {
-            Some("ci") => Some(Task::Ci),
-            _ => None,
-        }
-    }
-
-    fn steps(&self) -> Vec<Step> {
-        match self {
-            Task::Ci => vec![
-                Step::new(&["cargo", "fmt", "--all", "--", "--check"]),
-                Step::new(&[
-                    "cargo",
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ]),
-                // The README's test command, verbatim.
-                Step::new(&["cargo", "test", "--workspace"]),
-                // The Tensor conformance suite once more, on OpenCL, where a platform exists.
-                Step {
-                    env: &[("TESSEL_DEVICE", "opencl")],
-                    when: Some(has_opencl_platform),
-                    ..Step::new(&[
-                        "cargo",
-                        "test",
-                        "-p",
-                        "tessel-tensor",
-                        "--features",
-                        "opencl",
-                    ])
-                },
-                Step::new(&["cargo", "doc", "--workspace", "--no-deps"]),
-            ],
-        }
-    }
-}
-
-/// One command of a task.
-struct Step {
-    args: Vec<&'static str>,
-    /// Extra environment variables.
-    env: &'static [(&'static str, &'static str)],
-    /// Run only when this returns true.
-    when: Option<fn() -> bool>,
-}
-
-impl Step {
-    fn new(args: &[&'static str]) -> Step {
-        Step {
-            args: args.to_vec(),
-            env: &[],
-            when: None,
-        }
-    }
-}
-
-/// Whether an OpenCL ICD is registered (as PoCL's package does).
-fn has_opencl_platform() -> bool {
-    std::fs::read_dir("/etc/OpenCL/vendors").is_ok_and(|mut d| d.next().is_some())
-}
-
-const USAGE: &str = "usage: cargo xtask <task>
+const USAGE: &str = "usage: cargo xtask <task> [options]
 
 tasks:
-  ci    cargo fmt --check, cargo clippy -D warnings, cargo test --workspace,
-        the Tensor suite on OpenCL where a platform exists, cargo doc -D warnings
-        (what .ci/run runs)";
+  ci          cargo fmt --check, cargo clippy -D warnings, cargo test --workspace,
+              cargo xtask test-gpu --backends cpu,wgpu,opencl where those drivers exist,
+              cargo doc -D warnings (what .ci/run runs)
+  test-gpu    build the conformance suite with the GPU backends' features and run it once
+              per backend present, then print one table (backend, device, passed, failed,
+              skipped, time)
+      --backends LIST   comma-separated subset of cpu,wgpu,opencl,cuda (default: all four,
+                        absent ones reported, not failed); a backend named here that is
+                        absent fails the task
+      --bundle DIR      instead of running, build the same test binaries (release,
+                        stripped) plus a runner into DIR; `DIR/run [--backends LIST]` on a
+                        GPU host without Rust prints the same table
+      --release         build the suite with the release profile";
 
 fn main() -> ExitCode {
-    let arg = std::env::args().nth(1);
-    let Some(task) = Task::parse(arg.as_deref()) else {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
-    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives one level below the workspace root")
         .to_path_buf();
-    for step in task.steps() {
-        if step.when.is_some_and(|when| !when()) {
-            eprintln!(
-                "xtask: skipping `{}` (not applicable here)",
-                step.args.join(" ")
-            );
-            continue;
-        }
-        let line = step.args.join(" ");
-        eprintln!("xtask: running `{line}`");
-        let status = Command::new(step.args[0])
-            .args(&step.args[1..])
-            .current_dir(&root)
-            .env("CI", "true")
-            .env("RUSTDOCFLAGS", "-D warnings")
-            .envs(step.env.iter().copied())
-            .status();
-        match status {
-            Ok(s) if s.success() => {}
-            Ok(s) => {
-                eprintln!("xtask: `{line}` failed ({s})");
-                return ExitCode::FAILURE;
-            }
-            Err(e) => {
-                eprintln!("xtask: cannot run `{}`: {e}", step.args[0]);
-                return ExitCode::FAILURE;
-            }
+    let result = match args.first().map(String::as_str) {
+        Some("ci") if args.len() == 1 => ci::run(&root),
+        Some("test-gpu") => test_gpu::main(&root, &args[1..]),
+        // The bundle's `run` script calls the bundled xtask binary this way.
+        Some("run-bundle") => test_gpu::run_bundle(&args[1..]),
+        _ => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
         }
     }
-    ExitCode::SUCCESS
 }

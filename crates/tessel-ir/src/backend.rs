@@ -31,10 +31,25 @@ pub struct Features {
     pub f16: bool,
     /// f64 arithmetic.
     pub f64: bool,
+    /// 64-bit integers (`i64`, `u64`): values and buffers.
+    pub int64: bool,
     /// The subgroup (warp, SIMD) width, if subgroup operations are available.
     pub subgroup_size: Option<u32>,
     /// Matrix-multiply instructions (tensor cores and the like).
     pub matrix_units: bool,
+}
+
+impl Features {
+    /// Whether kernels on the device can hold values of `dtype` (every dtype but the
+    /// 64-bit ones is always available: f16 and bf16 compute in f32 where needed).
+    pub fn supports(&self, dtype: tessel_shape::DType) -> bool {
+        use tessel_shape::DType;
+        match dtype {
+            DType::F64 => self.f64,
+            DType::I64 | DType::U64 => self.int64,
+            _ => true,
+        }
+    }
 }
 
 /// One device of a backend.

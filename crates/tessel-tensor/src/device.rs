@@ -3,6 +3,9 @@
 use std::fmt;
 use std::sync::LazyLock;
 
+use tessel_ir::DeviceInfo;
+use tessel_shape::DType;
+
 use crate::error::{Error, Result};
 
 /// A device: one backend's device by ordinal. `Device::cpu()` is the default.
@@ -39,6 +42,52 @@ impl Device {
             backend: "opencl",
             ordinal,
         }
+    }
+
+    /// CUDA device `ordinal` (needs the `cuda` feature).
+    pub const fn cuda(ordinal: usize) -> Device {
+        Device {
+            backend: "cuda",
+            ordinal,
+        }
+    }
+
+    /// wgpu adapter `ordinal`: Vulkan, Metal or DX12 (needs the `wgpu` feature).
+    pub const fn wgpu(ordinal: usize) -> Device {
+        Device {
+            backend: "wgpu",
+            ordinal,
+        }
+    }
+
+    /// Every device of every compiled-in backend, the CPU first. A backend whose driver
+    /// is absent contributes none.
+    pub fn all() -> Vec<Device> {
+        crate::runtime::runtime()
+            .backends()
+            .iter()
+            .flat_map(|b| {
+                let backend = BACKENDS
+                    .iter()
+                    .find(|&&name| name == b.name())
+                    .copied()
+                    .unwrap_or("unknown");
+                (0..b.devices().len()).map(move |ordinal| Device { backend, ordinal })
+            })
+            .collect()
+    }
+
+    /// What the device is and can do: its name, memory, limits and features.
+    pub fn info(&self) -> Result<DeviceInfo> {
+        let backend = crate::runtime::runtime().backend(*self)?;
+        Ok(backend.devices()[self.ordinal].clone())
+    }
+
+    /// Whether tensors of `dtype` can be computed on the device (`f64` and the 64-bit
+    /// integers need device support; see [`Features::supports`](crate::Features::supports)). `false` when the device
+    /// is not available.
+    pub fn supports(&self, dtype: DType) -> bool {
+        self.info().is_ok_and(|info| info.features.supports(dtype))
     }
 
     /// Parses `cpu`, `opencl`, `opencl:1`, ... (a backend name, optionally `:ordinal`).

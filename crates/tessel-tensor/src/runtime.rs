@@ -128,6 +128,10 @@ impl Runtime {
             // Reports zero devices (never fails) when no OpenCL driver is installed.
             #[cfg(feature = "opencl")]
             Arc::new(tessel_opencl::OpenClBackend::new()),
+            #[cfg(feature = "cuda")]
+            Arc::new(tessel_cuda::CudaBackend::new()),
+            #[cfg(feature = "wgpu")]
+            Arc::new(tessel_wgpu::WgpuBackend::new()),
         ];
         Runtime {
             state: Mutex::new(State {
@@ -147,6 +151,11 @@ impl Runtime {
     // single call on `Graph` that completes or does nothing.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The compiled-in backends, in registration order.
+    pub(crate) fn backends(&self) -> &[Arc<dyn Backend>] {
+        &self.backends
     }
 
     pub(crate) fn backend(&self, device: Device) -> Result<Arc<dyn Backend>> {

@@ -25,13 +25,18 @@
 //!   interpreter when none is found.
 //! - `opencl`: the OpenCL backend (`Device::opencl(i)`). The OpenCL library is loaded at run
 //!   time; without a driver the backend has no devices.
+//! - `cuda`: the CUDA backend (`Device::cuda(i)`): CUDA C compiled by NVRTC for the GPU's
+//!   exact architecture, run through the driver API. `libcuda` and NVRTC are loaded at run
+//!   time, so it builds without the CUDA toolkit; without a driver it has no devices.
+//! - `wgpu`: the wgpu backend (`Device::wgpu(i)`): WGSL on Vulkan, Metal or DX12.
+//!   Without an adapter it has no devices.
 //!
-//! `TESSEL_DEVICE` (`cpu`, `opencl`, `opencl:1`, ...) picks the device new tensors are
+//! `TESSEL_DEVICE` (`cpu`, `cuda`, `wgpu`, `opencl:1`, ...) picks the device new tensors are
 //! created on.
 
 pub use tessel_tensor::{
-    DType, Device, Dim, Element, Error, PLAN_CACHE_LIMIT, RealizeReport, Result, RuntimeStats,
-    ScalarOperand, Shape, Tensor, bf16, f16, stats,
+    DType, Device, DeviceInfo, Dim, Element, Error, Features, PLAN_CACHE_LIMIT, RealizeReport,
+    Result, RuntimeStats, ScalarOperand, Shape, Tensor, bf16, f16, stats,
 };
 
 /// The kernel IR, for writing custom kernels and inspecting generated ones.

@@ -2,10 +2,9 @@
 //! the error for the others), odd, size-1, size-0 and 0-d shapes, negative axes, keepdim
 //! both ways, and non-contiguous inputs.
 
-mod common;
-
-use common::nd::{Nd, assert_nd, reduce_tol};
-use common::{Domain, Rng};
+use crate::common;
+use crate::common::nd::{Nd, assert_nd, reduce_tol};
+use crate::common::{Domain, Rng};
 use tessel_tensor::{DType, Error, Result, Tensor};
 
 /// Values of magnitude about 1 and small integers, so sums and products stay exact in the
@@ -141,7 +140,7 @@ fn reduced_len(dims: &[usize], axes: &[usize]) -> usize {
 
 #[test]
 fn sum_and_prod_every_dtype() -> Result<()> {
-    for (seed, &dtype) in DType::ALL.iter().enumerate() {
+    for (seed, &dtype) in common::on_device(DType::ALL).iter().enumerate() {
         let out_dtype = if dtype.is_float() { dtype } else { DType::I64 };
         for &dims in shapes_for(dtype) {
             let (t, r) = input(seed as u64, dims, dtype);
@@ -207,7 +206,7 @@ fn sum_and_prod_every_dtype() -> Result<()> {
 
 #[test]
 fn mean_var_std_floats_and_errors_for_others() -> Result<()> {
-    for &dtype in &DType::ALL {
+    for dtype in common::on_device(DType::ALL) {
         if !dtype.is_float() {
             let t = Nd::random(&mut Rng::new(1), dtype, &[3, 4], SMALL).tensor(dtype);
             for (name, res) in [
@@ -319,7 +318,7 @@ fn mean_var_std_floats_and_errors_for_others() -> Result<()> {
 
 #[test]
 fn max_min_argmax_argmin_every_dtype() -> Result<()> {
-    for (seed, &dtype) in DType::ALL.iter().enumerate() {
+    for (seed, &dtype) in common::on_device(DType::ALL).iter().enumerate() {
         for &dims in shapes_for(dtype) {
             // Small integer ranges give plenty of ties for the first-index rule.
             let (t, r) = input(seed as u64 + 20, dims, dtype);
@@ -398,7 +397,7 @@ fn max_min_argmax_argmin_every_dtype() -> Result<()> {
 
 #[test]
 fn any_all_every_dtype() -> Result<()> {
-    for (seed, &dtype) in DType::ALL.iter().enumerate() {
+    for (seed, &dtype) in common::on_device(DType::ALL).iter().enumerate() {
         for &dims in shapes_for(dtype) {
             // Mostly zeros, so both answers occur.
             let sparse = ints(seed as u64 + 30, dims, -12, 2);
@@ -445,7 +444,7 @@ fn any_all_every_dtype() -> Result<()> {
 
 #[test]
 fn logsumexp_softmax_log_softmax() -> Result<()> {
-    for (seed, &dtype) in DType::ALL.iter().enumerate() {
+    for (seed, &dtype) in common::on_device(DType::ALL).iter().enumerate() {
         if !dtype.is_float() {
             let t = Nd::random(&mut Rng::new(2), dtype, &[3, 4], SMALL).tensor(dtype);
             for res in [t.softmax(-1), t.log_softmax(0)] {

@@ -2,10 +2,9 @@
 //! batch broadcasting, odd and degenerate sizes, every dtype (and the error for `bool`),
 //! non-contiguous operands, and the shape errors.
 
-mod common;
-
-use common::nd::{Nd, assert_nd, reduce_tol};
-use common::{Domain, Rng, assert_err};
+use crate::common;
+use crate::common::nd::{Nd, assert_nd, reduce_tol};
+use crate::common::{Domain, Rng, assert_err};
 use tessel_tensor::{DType, Error, Result, Tensor};
 
 /// Floats in `[-1, 1)` and integers in `[-2, 2]` (so products summed over `k <= 31` stay
@@ -71,7 +70,7 @@ fn mlp_sized_f32() -> Result<()> {
 
 #[test]
 fn every_dtype() -> Result<()> {
-    for (seed, &dtype) in DType::ALL.iter().enumerate() {
+    for (seed, &dtype) in common::on_device(DType::ALL).iter().enumerate() {
         if dtype == DType::Bool {
             let b = Tensor::from_vec(vec![true; 4], [2, 2])?;
             assert_err(
@@ -185,10 +184,8 @@ fn degenerate_sizes() -> Result<()> {
 
 #[test]
 fn dot_products() -> Result<()> {
-    for (seed, &dtype) in [DType::F32, DType::F64, DType::I32, DType::BF16]
-        .iter()
-        .enumerate()
-    {
+    let dtypes = common::on_device([DType::F32, DType::F64, DType::I32, DType::BF16]);
+    for (seed, &dtype) in dtypes.iter().enumerate() {
         let (x, xr) = operand(50 + seed as u64, dtype, &[31]);
         let (y, yr) = operand(60 + seed as u64, dtype, &[31]);
         let got = x.dot(&y)?;

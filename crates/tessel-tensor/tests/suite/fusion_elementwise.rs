@@ -2,9 +2,8 @@
 //! ops and views all realize as one kernel, and a realized structure replays on new data
 //! without compiling.
 
-mod common;
-
-use common::{Domain, Layout, Rng};
+use crate::common;
+use crate::common::{Domain, Layout, Rng};
 use tessel_tensor::{DType, RealizeReport, Result, Tensor};
 
 /// `[45, 65]` and `[65]` inputs with their values.

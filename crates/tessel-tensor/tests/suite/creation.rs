@@ -1,15 +1,14 @@
 //! Creation ops: constants, ranges, identity matrices, random tensors and Rust arrays,
 //! against plain-Rust references.
 
-mod common;
-
-use common::{Domain, Layout, Rng};
+use crate::common;
+use crate::common::{Domain, Layout, Rng};
 use tessel_tensor::{DType, Error, Result, Tensor, bf16, f16};
 
 #[test]
 fn constants_and_likes() -> Result<()> {
     let mut rng = Rng::new(11);
-    for dtype in DType::ALL {
+    for dtype in common::on_device(DType::ALL) {
         for dims in [&[2usize, 3][..], &[45, 65], &[1], &[7, 13, 3], &[]] {
             let what = format!("{dtype} {dims:?}");
             let n: usize = dims.iter().product();
@@ -210,7 +209,7 @@ fn random() -> Result<()> {
     const N: usize = 20_000;
     Tensor::manual_seed(1234);
     let sigma = |v: f64| 5.0 * (v / N as f64).sqrt();
-    for dtype in DType::ALL {
+    for dtype in common::on_device(DType::ALL) {
         if !dtype.is_float() {
             for res in [Tensor::rand([3], dtype), Tensor::randn([3], dtype)] {
                 common::assert_err(

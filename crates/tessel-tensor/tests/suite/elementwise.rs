@@ -2,11 +2,10 @@
 //! every dtype (unsupported ones must fail at the call with the right error), broadcasting,
 //! odd and empty shapes, 0-d tensors and non-contiguous views.
 
-mod common;
-#[path = "elementwise/unary.rs"]
 mod unary;
 
-use common::{Domain, Layout, Rng};
+use crate::common;
+use crate::common::{Domain, Layout, Rng};
 use tessel_tensor::{DType, Error, Result, Tensor};
 
 // =====================================================================================
@@ -203,7 +202,7 @@ fn check_binary(op: &Binary, rng: &mut Rng, case: Case, dtypes: (DType, DType)) 
 fn run_binary_table(ops: &[Binary], seed: u64) {
     let mut rng = Rng::new(seed);
     for op in ops {
-        for dtype in DType::ALL {
+        for dtype in common::on_device(DType::ALL) {
             for case in cases(dtype) {
                 check_binary(op, &mut rng, case, (dtype, dtype));
             }
@@ -411,8 +410,8 @@ type ScalarCheck = (&'static str, Tensor, DType, fn(f64) -> f64);
 fn promotion_scalars_and_operators() -> Result<()> {
     // Every pair of dtypes promotes like torch.promote_types (or fails naming both).
     let mut rng = Rng::new(4);
-    for da in DType::ALL {
-        for db in DType::ALL {
+    for da in common::on_device(DType::ALL) {
+        for db in common::on_device(DType::ALL) {
             let a = common::tensor(da, &[1.0, 0.0], &[2]);
             let c = common::tensor(db, &[1.0], &[1]);
             match da.promote(db) {
@@ -449,7 +448,7 @@ fn promotion_scalars_and_operators() -> Result<()> {
     }
     // Tensor-number ops: a number changes the dtype only when its category is higher.
     let (int, float) = (DType::I64.kind(), DType::F32.kind());
-    for dtype in DType::ALL {
+    for dtype in common::on_device(DType::ALL) {
         let x = input(
             &mut rng,
             dtype,

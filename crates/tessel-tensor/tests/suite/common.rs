@@ -855,3 +855,25 @@ pub(crate) mod nd {
         }
     }
 }
+
+// =====================================================================================
+// The device under test
+// =====================================================================================
+
+/// `dtypes` without those the test device cannot compute (see `Device::supports`). Each
+/// one left out is reported on stderr as `tessel-skip: <test>: <reason>`, the line
+/// `cargo xtask test-gpu` counts, so a skip is never silent.
+pub(crate) fn on_device(dtypes: impl IntoIterator<Item = DType>) -> Vec<DType> {
+    let device = tessel_tensor::Device::default();
+    dtypes
+        .into_iter()
+        .filter(|&dtype| {
+            let ok = device.supports(dtype);
+            if !ok {
+                let test = std::thread::current().name().unwrap_or("?").to_string();
+                eprintln!("tessel-skip: {test}: {dtype} is not supported on {device}");
+            }
+            ok
+        })
+        .collect()
+}

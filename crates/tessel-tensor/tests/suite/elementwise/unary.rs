@@ -1,7 +1,7 @@
 //! Unary ops, selection, clamping and conversions (part of the `elementwise` suite).
 
 use super::{Input, b, common, float_result, input, stored, view_input};
-use common::{Domain, Layout, Rng};
+use crate::common::{Domain, Layout, Rng};
 use tessel_tensor::{DType, Result, Tensor};
 
 // =====================================================================================
@@ -96,7 +96,7 @@ fn unary_inputs(rng: &mut Rng, dtype: DType, domain: Domain) -> Vec<(String, Inp
 fn run_unary_table(ops: &[Unary], seed: u64) {
     let mut rng = Rng::new(seed);
     for op in ops {
-        for dtype in DType::ALL {
+        for dtype in common::on_device(DType::ALL) {
             for (case, x) in unary_inputs(&mut rng, dtype, op.domain) {
                 let what = format!("{} {dtype} {case}", op.name);
                 let Some(result) = (op.result)(dtype) else {
@@ -255,7 +255,7 @@ fn unary_exact() -> Result<()> {
 #[test]
 fn where_cond() -> Result<()> {
     let mut rng = Rng::new(8);
-    for dtype in DType::ALL {
+    for dtype in common::on_device(DType::ALL) {
         // where(cond [7, 1, 3], x [13, 1], y [3]).
         let cond = input(&mut rng, DType::Bool, &[7, 1, 3], common::DEFAULT, false);
         let x = input(&mut rng, dtype, &[13, 1], common::DEFAULT, true);
@@ -337,7 +337,7 @@ fn clamp_ref(v: f64, lo: f64, hi: f64) -> f64 {
 #[test]
 fn clamp() -> Result<()> {
     let mut rng = Rng::new(10);
-    for dtype in DType::ALL {
+    for dtype in common::on_device(DType::ALL) {
         let x = input(&mut rng, dtype, &[5, 9], common::DEFAULT, true);
         // Integer bounds keep the dtype (bool becomes i64); float bounds give f32 on
         // integers. Bounds convert to the result dtype.
@@ -455,7 +455,7 @@ fn from_bits(dtype: DType, bits: u64) -> f64 {
 fn cast_and_bitcast() -> Result<()> {
     let mut rng = Rng::new(9);
     let domain = Domain::new((-300.0, 300.0), (-300, 300)).quantized(0.125);
-    for from in DType::ALL {
+    for from in common::on_device(DType::ALL) {
         // Fractions, negatives, values past every integer range, and the float specials.
         let mut x = input(&mut rng, from, &[5, 7], domain, false);
         if from.is_float() {
@@ -478,7 +478,7 @@ fn cast_and_bitcast() -> Result<()> {
         // Casts read a transposed view.
         let view = x.t.permute(&[1, 0])?;
         let logical: Vec<f64> = (0..35).map(|k| x.values[(k % 5) * 7 + k / 5]).collect();
-        for to in DType::ALL {
+        for to in common::on_device(DType::ALL) {
             let what = format!("cast {from} -> {to}");
             let out = view.cast(to);
             assert_eq!((out.dtype(), out.dims()), (to, vec![7, 5]), "{what}");

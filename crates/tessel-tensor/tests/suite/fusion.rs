@@ -2,10 +2,8 @@
 //! realize: each result is also checked against an f64 reference, so a fusion that drops
 //! work shows up as a wrong value, not only as a count.
 
-mod common;
-
-use common::nd::{Nd, assert_nd, reduce_tol};
-use common::{Domain, Rng};
+use crate::common::nd::{Nd, assert_nd, reduce_tol};
+use crate::common::{Domain, Rng};
 use tessel_tensor::{DType, Result, Tensor};
 
 fn random(seed: u64, dims: &[usize]) -> (Tensor, Nd) {
