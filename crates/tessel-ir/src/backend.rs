@@ -25,6 +25,8 @@ pub struct BufferId(pub u64);
 pub struct ProgramId(pub u64);
 
 /// What a device can do.
+// Capabilities are independent yes/no facts, so bools are the honest type here.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Features {
     /// Arithmetic in f16 (storage of f16 works everywhere).

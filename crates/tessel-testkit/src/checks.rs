@@ -1,0 +1,611 @@
+//! The checks beyond single ops: vectors, barriers, symbolic launches, the sample kernels
+//! against values computed directly in Rust, the program and buffer life cycle, and the
+//! error paths every backend shares.
+
+use std::time::Duration;
+
+use tessel_ir::{Access, BackendError, Inst, KernelBuilder, Mem, samples};
+use tessel_shape::{BinaryOp, Bindings, DType, Expr, TernaryOp, UnaryOp, Var};
+
+use crate::data::{Rng, add_in_rust, agrees, f32_bytes, f32_values, op_data, random_elements};
+use crate::{Conformance, Op, interpret};
+
+/// Elements per buffer of the vector kernels.
+const N: usize = 4096;
+
+/// Equal element by element, or NaN in both, for elements of `dtype`.
+fn same(dtype: DType, a: &[u8], b: &[u8]) -> bool {
+    let size = dtype.size_bytes();
+    a.len() == b.len()
+        && a.chunks(size)
+            .zip(b.chunks(size))
+            .all(|(x, y)| agrees(dtype, 0, x, y))
+}
+
+impl Conformance<'_> {
+    /// Vector loads and stores of width 4, vector arithmetic, casts, comparisons, lane
+    /// extraction and splats.
+    pub fn vectors_match_the_interpreter(&self) {
+        let mut kb = KernelBuilder::new("vectors");
+        let x = kb.buffer("x", DType::F32, N, Access::Read);
+        let y = kb.buffer("y", DType::F32, N, Access::Read);
+        let sums = kb.buffer("sums", DType::F32, N, Access::Write);
+        let halves = kb.buffer("halves", DType::F16, N, Access::Write);
+        let flags = kb.buffer("flags", DType::Bool, N, Access::Write);
+        let splat = kb.buffer("splat", DType::F32, N, Access::Write);
+        kb.grid([N as i64 / 4 / 64, 1, 1], [64, 1, 1]);
+        let g = kb.global_id(0, DType::I32);
+        let four = kb.constant_as(4, DType::I32);
+        let i = kb.mul(g, four);
+        let (a, b) = (kb.load_vec(x, i, 4), kb.load_vec(y, i, 4));
+        let sum = kb.add(a, b);
+        kb.store(sums, i, sum);
+        let half = kb.cast(sum, DType::F16);
+        let half = kb.binary(BinaryOp::Max, half, half);
+        kb.store(halves, i, half);
+        let flag = kb.lt(a, b);
+        kb.store(flags, i, flag);
+        let lane = kb.extract(sum, 2);
+        let v = kb.vectorize(vec![lane; 4]);
+        let v = kb.ternary(TernaryOp::MulAdd, v, a, b);
+        kb.store(splat, i, v);
+        let kernel = kb.build().unwrap();
+        let mut rng = Rng(300);
+        let mut buffers = vec![
+            op_data(&mut rng, DType::F32, N),
+            op_data(&mut rng, DType::F32, N),
+        ];
+        let outputs = [DType::F32, DType::F16, DType::Bool, DType::F32];
+        buffers.extend(outputs.map(|d| vec![0; N * d.size_bytes()]));
+        let want = interpret(&kernel, &buffers, &Bindings::new());
+        let Some(got) = self.execute_or_skip(
+            "vectors",
+            None,
+            &[DType::F32, DType::F16, DType::Bool],
+            &kernel,
+            &buffers,
+            &Bindings::new(),
+        ) else {
+            return;
+        };
+        for (k, dtype) in outputs.into_iter().enumerate() {
+            assert!(
+                same(dtype, &got[2 + k], &want[2 + k]),
+                "{}: vectors: output {} ({dtype}) differs from the interpreter",
+                self.label(),
+                2 + k
+            );
+        }
+    }
+
+    /// A 2-D workgroup where a float value and a register array live across barriers, and
+    /// a loop containing barriers runs to a bound loaded from memory (the CPU backend's
+    /// loop fission).
+    pub fn barriers_in_loops_match_the_interpreter(&self) {
+        let (lx, ly) = (8i64, 16i64);
+        let len = 2 * lx * ly;
+        let mut kb = KernelBuilder::new("barrier_loop");
+        let x = kb.buffer("x", DType::F32, len, Access::Read);
+        let count = kb.buffer("count", DType::I32, 1, Access::Read);
+        let out = kb.buffer("out", DType::F32, len, Access::Write);
+        kb.grid([2, 1, 1], [lx, ly, 1]);
+        let scratch = kb.local(DType::F32, (lx * ly) as usize);
+        let acc = kb.reg(DType::F32, 2);
+        let (tx, ty) = (kb.local_id(0, DType::I32), kb.local_id(1, DType::I32));
+        let g = kb.group_id(0, DType::I32);
+        let (lx_v, ly_v) = (
+            kb.constant_as(lx, DType::I32),
+            kb.constant_as(ly, DType::I32),
+        );
+        let slot = kb.ternary(TernaryOp::MulAdd, ty, lx_v, tx);
+        let base = kb.mul(g, ly_v);
+        let row = kb.add(base, ty);
+        let flat = kb.ternary(TernaryOp::MulAdd, row, lx_v, tx);
+        let v = kb.load(x, flat);
+        let two = kb.constant(2.0f32);
+        let w = kb.mul(v, two);
+        let zero = kb.constant_as(0, DType::I32);
+        kb.store(acc, zero, w);
+        let steps = kb.load(count, zero);
+        kb.store(scratch, slot, v);
+        kb.barrier();
+        kb.range(zero, steps, |kb, r| {
+            let shifted = kb.add(tx, r);
+            let seven = kb.constant_as(lx - 1, DType::I32);
+            let neighbour = kb.binary(BinaryOp::And, shifted, seven);
+            let at = kb.ternary(TernaryOp::MulAdd, ty, lx_v, neighbour);
+            let a = kb.load(scratch, at);
+            let old = kb.load(acc, zero);
+            let new = kb.add(old, a);
+            kb.store(acc, zero, new);
+            kb.barrier();
+            kb.store(scratch, slot, new);
+            kb.barrier();
+        });
+        let total = kb.load(acc, zero);
+        let total = kb.add(total, w);
+        let total = kb.add(total, v);
+        kb.store(out, flat, total);
+        let kernel = kb.build().unwrap();
+        let buffers = vec![
+            f32_bytes(&Rng(400).f32s(len as usize)),
+            3i32.to_le_bytes().to_vec(),
+            vec![0; len as usize * 4],
+        ];
+        let want = interpret(&kernel, &buffers, &Bindings::new());
+        assert_ne!(want[2], buffers[2], "the kernel wrote nothing");
+        let got = self.ok(
+            self.execute(&kernel, &buffers, &Bindings::new()),
+            "barrier_loop",
+        );
+        assert_eq!(got[2], want[2], "{}: barrier_loop", self.label());
+    }
+
+    /// Workgroup counts and sizes bound at launch (1, 7 and 64 invocations per workgroup),
+    /// a guard for the ragged last workgroup, and `exp` and `sqrt` in the guarded body.
+    pub fn symbolic_local_sizes_match_the_interpreter(&self) {
+        let l = Var::new("l", 1, 64).unwrap();
+        let len = 1000;
+        let mut kb = KernelBuilder::new("symbolic_local");
+        let x = kb.buffer("x", DType::F32, len, Access::Read);
+        let exps = kb.buffer("exps", DType::F32, len, Access::Write);
+        let roots = kb.buffer("roots", DType::F32, len, Access::Write);
+        kb.grid(
+            [
+                Expr::constant(len).ceil_div(Expr::from(l)),
+                Expr::constant(1),
+                Expr::constant(1),
+            ],
+            [Expr::from(l), Expr::constant(1), Expr::constant(1)],
+        );
+        let i = kb.global_id(0, DType::I32);
+        let n = kb.constant_as(len, DType::I32);
+        let in_range = kb.lt(i, n);
+        kb.if_(in_range, |kb| {
+            let v = kb.load(x, i);
+            let e = kb.unary(UnaryOp::Exp, v);
+            kb.store(exps, i, e);
+            let a = kb.unary(UnaryOp::Abs, v);
+            let r = kb.unary(UnaryOp::Sqrt, a);
+            kb.store(roots, i, r);
+        });
+        let kernel = kb.build().unwrap();
+        let x_data = f32_bytes(&Rng(500).f32s(len as usize));
+        let (exp_ulps, sqrt_ulps) = (
+            (self.tolerance.ulps)(Op::Unary(UnaryOp::Exp), DType::F32, DType::F32),
+            (self.tolerance.ulps)(Op::Unary(UnaryOp::Sqrt), DType::F32, DType::F32),
+        );
+        for local in [1, 7, 64] {
+            let buffers = vec![
+                x_data.clone(),
+                vec![0; len as usize * 4],
+                vec![0; len as usize * 4],
+            ];
+            let dims = Bindings::new().with(l, local);
+            let want = interpret(&kernel, &buffers, &dims);
+            let got = self.ok(
+                self.execute(&kernel, &buffers, &dims),
+                &format!("symbolic_local with local = {local}"),
+            );
+            for (k, ulps) in [(1, exp_ulps), (2, sqrt_ulps)] {
+                assert_ne!(
+                    got[k],
+                    buffers[k],
+                    "{}: the kernel wrote nothing",
+                    self.label()
+                );
+                for (e, (g, w)) in got[k].chunks(4).zip(want[k].chunks(4)).enumerate() {
+                    assert!(
+                        agrees(DType::F32, ulps, g, w),
+                        "{}: symbolic_local with local = {local}: output {k} element {e}: \
+                         device {g:02x?}, interpreter {w:02x?} (allowed: {ulps} ulps)",
+                        self.label()
+                    );
+                }
+            }
+        }
+    }
+
+    /// `a * b + c` stays two roundings, as in the reference (C-family languages may
+    /// contract it into a fused multiply-add unless told not to).
+    pub fn products_and_sums_are_not_fused(&self) {
+        let mut kb = KernelBuilder::new("unfused");
+        let [x, y, z] = ["x", "y", "z"].map(|n| kb.buffer(n, DType::F32, N, Access::Read));
+        let out = kb.buffer("out", DType::F32, N, Access::Write);
+        kb.grid([N as i64 / 64, 1, 1], [64, 1, 1]);
+        let i = kb.global_id(0, DType::I32);
+        let [a, b, c] = [x, y, z].map(|buf| kb.load(buf, i));
+        let p = kb.mul(a, b);
+        let s = kb.add(p, c);
+        kb.store(out, i, s);
+        let kernel = kb.build().unwrap();
+        let mut rng = Rng(600);
+        // Products whose rounding error the sum exposes: c = -round(a * b).
+        let (a, b) = (rng.f32s(N), rng.f32s(N));
+        let c: Vec<f32> = a.iter().zip(&b).map(|(x, y)| -(x * y)).collect();
+        let buffers = [f32_bytes(&a), f32_bytes(&b), f32_bytes(&c), vec![0; N * 4]];
+        let got = self.ok(self.execute(&kernel, &buffers, &Bindings::new()), "unfused");
+        // Unfused, every result is exactly zero; fused, most are the product's error.
+        assert!(
+            got[3].iter().all(|&byte| byte == 0),
+            "{}: a * b + c was fused",
+            self.label()
+        );
+    }
+
+    /// `samples::vector_add` on every dtype, against Rust's `+` (wrapping for integers,
+    /// `or` for `bool`), into an output buffer filled with garbage.
+    pub fn vector_add_every_dtype(&self) {
+        let n = 1000;
+        for dtype in DType::ALL {
+            let mut rng = Rng(dtype as u64 + 1);
+            let a = random_elements(&mut rng, dtype, n);
+            let b = random_elements(&mut rng, dtype, n);
+            let kernel = samples::vector_add(dtype, n, 64).unwrap();
+            let out = vec![0xAB; n * dtype.size_bytes()];
+            let what = format!("vector_add on {dtype}");
+            if let Some(result) = self.execute_or_skip(
+                &what,
+                None,
+                &[dtype],
+                &kernel,
+                &[a.clone(), b.clone(), out],
+                &Bindings::new(),
+            ) {
+                assert_eq!(
+                    result[2],
+                    add_in_rust(dtype, &a, &b),
+                    "{}: {what}",
+                    self.label()
+                );
+            }
+        }
+    }
+
+    /// `samples::permuted_copy`: a 3-D transpose through index arithmetic.
+    pub fn permuted_copy(&self) {
+        let (shape, perm) = ([5, 7, 9], [2, 0, 1]);
+        let total = shape.iter().product::<usize>();
+        let x = Rng(7).f32s(total);
+        // out[o0, o1, o2] = x[i] where input axis perm[j] has coordinate o_j.
+        let out_shape = perm.map(|p| shape[p]);
+        let mut expected = Vec::with_capacity(total);
+        for o0 in 0..out_shape[0] {
+            for o1 in 0..out_shape[1] {
+                for o2 in 0..out_shape[2] {
+                    let mut at = [0; 3];
+                    for (j, o) in [o0, o1, o2].into_iter().enumerate() {
+                        at[perm[j]] = o;
+                    }
+                    expected.push(x[(at[0] * shape[1] + at[1]) * shape[2] + at[2]]);
+                }
+            }
+        }
+        let kernel = samples::permuted_copy(shape, perm).unwrap();
+        let buffers = [f32_bytes(&x), vec![0; total * 4]];
+        let result = self.ok(
+            self.execute(&kernel, &buffers, &Bindings::new()),
+            "permuted_copy",
+        );
+        assert_eq!(f32_values(&result[1]), expected, "{}", self.label());
+    }
+
+    /// `samples::row_sum`: a loop with a register accumulator, bit for bit against the
+    /// same left-to-right sum in Rust.
+    pub fn row_sum(&self) {
+        let (rows, cols) = (100, 37);
+        let x = Rng(11).f32s(rows * cols);
+        // Left to right in f32, as the kernel sums: the same roundings, so the same bits.
+        let expected: Vec<f32> = x
+            .chunks(cols)
+            .map(|row| row.iter().fold(0.0f32, |acc, v| acc + v))
+            .collect();
+        let kernel = samples::row_sum(rows, cols, DType::F32).unwrap();
+        let buffers = [f32_bytes(&x), vec![0; rows * 4]];
+        let result = self.ok(self.execute(&kernel, &buffers, &Bindings::new()), "row_sum");
+        assert_eq!(f32_values(&result[1]), expected, "{}", self.label());
+    }
+
+    /// `samples::tree_reduce`: pairwise halving through local memory with barriers, bit for
+    /// bit against the same order in Rust.
+    pub fn tree_reduce_with_barriers(&self) {
+        let (n, local) = (1000, 64);
+        let x = Rng(13).f32s(n);
+        let groups = n.div_ceil(local);
+        // The kernel's own order: pairwise halving within each workgroup, zeros past n.
+        let expected: Vec<f32> = (0..groups)
+            .map(|g| {
+                let mut scratch: Vec<f32> = (0..local)
+                    .map(|l| x.get(g * local + l).copied().unwrap_or(0.0))
+                    .collect();
+                let mut stride = local / 2;
+                while stride > 0 {
+                    for l in 0..stride {
+                        scratch[l] += scratch[l + stride];
+                    }
+                    stride /= 2;
+                }
+                scratch[0]
+            })
+            .collect();
+        let kernel = samples::tree_reduce(n, local).unwrap();
+        let buffers = [f32_bytes(&x), vec![0; groups * 4]];
+        let result = self.ok(
+            self.execute(&kernel, &buffers, &Bindings::new()),
+            "tree_reduce",
+        );
+        assert_eq!(f32_values(&result[1]), expected, "{}", self.label());
+    }
+
+    /// `samples::tiled_matmul`: tiles in local memory, bit for bit against the kernel's own
+    /// order (one fused multiply-add per step, `k` ascending).
+    pub fn tiled_matmul_with_local_memory(&self) {
+        let (m, n, k, tile) = (64, 64, 64, 16);
+        let mut rng = Rng(17);
+        let (a, b) = (rng.f32s(m * k), rng.f32s(k * n));
+        let mut expected = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                expected[i * n + j] =
+                    (0..k).fold(0.0f32, |acc, p| a[i * k + p].mul_add(b[p * n + j], acc));
+            }
+        }
+        let kernel = samples::tiled_matmul(m, n, k, tile).unwrap();
+        let buffers = [f32_bytes(&a), f32_bytes(&b), vec![0; m * n * 4]];
+        let c = self.ok(
+            self.execute(&kernel, &buffers, &Bindings::new()),
+            "tiled_matmul",
+        );
+        assert_eq!(f32_values(&c[2]), expected, "{}", self.label());
+    }
+
+    /// One program with a dynamic length serves two launches of different lengths;
+    /// compiling it again gives a program of its own, and each is released exactly once.
+    /// (A backend's own test can count the compiles around this check.)
+    pub fn dynamic_dims_compile_once(&self) {
+        let (b, device) = (self.backend, self.device);
+        let var = Var::new("n", 1, 1 << 20).unwrap();
+        let kernel = samples::dynamic_vector_add(var, 64).unwrap();
+        let program = self.ok(b.compile(device, &kernel), "compile");
+        for n in [1000, 4097] {
+            let mut rng = Rng(n as u64);
+            let (x, y) = (rng.f32s(n), rng.f32s(n));
+            let ids: Vec<_> = [f32_bytes(&x), f32_bytes(&y), vec![0; n * 4]]
+                .iter()
+                .map(|data| {
+                    let id = self.ok(b.alloc(device, data.len()), "alloc");
+                    self.ok(b.write(id, 0, data), "write");
+                    id
+                })
+                .collect();
+            self.ok(
+                b.launch(program, &ids, &Bindings::new().with(var, n as i64)),
+                "launch",
+            );
+            self.ok(b.synchronize(device), "synchronize");
+            let mut out = vec![0; n * 4];
+            self.ok(b.read(ids[2], 0, &mut out), "read");
+            let expected: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+            assert_eq!(f32_values(&out), expected, "{}: n = {n}", self.label());
+            for id in ids {
+                self.ok(b.free(id), "free");
+            }
+        }
+        let again = self.ok(b.compile(device, &kernel), "compile again");
+        self.ok(b.release(again), "release");
+        self.ok(b.release(program), "release");
+        assert!(
+            b.release(program).is_err(),
+            "{}: a program released twice",
+            self.label()
+        );
+    }
+
+    /// The same buffer bound to two parameters: `out = a + b` with `out` and `a` one
+    /// buffer, an in-place update.
+    pub fn one_buffer_bound_twice(&self) {
+        let (b, device) = (self.backend, self.device);
+        let n = 300;
+        let kernel = samples::vector_add(DType::I32, n, 64).unwrap();
+        let x_values: Vec<i32> = (0..n as i32).collect();
+        let y_values: Vec<i32> = (0..n as i32).map(|i| 1000 * i).collect();
+        let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let program = self.ok(b.compile(device, &kernel), "compile");
+        let (x, y) = (
+            self.ok(b.alloc(device, n * 4), "alloc"),
+            self.ok(b.alloc(device, n * 4), "alloc"),
+        );
+        self.ok(b.write(x, 0, &bytes(&x_values)), "write");
+        self.ok(b.write(y, 0, &bytes(&y_values)), "write");
+        self.ok(b.launch(program, &[x, y, x], &Bindings::new()), "launch");
+        let mut out = vec![0; n * 4];
+        self.ok(b.read(x, 0, &mut out), "read");
+        let expected: Vec<i32> = x_values.iter().zip(&y_values).map(|(p, q)| p + q).collect();
+        assert_eq!(out, bytes(&expected), "{}", self.label());
+        for id in [x, y] {
+            self.ok(b.free(id), "free");
+        }
+        self.ok(b.release(program), "release");
+    }
+
+    /// `time` runs the launch and measures a positive, plausible duration.
+    pub fn launches_are_timed(&self) {
+        let (b, device) = (self.backend, self.device);
+        let n = 1 << 16;
+        let kernel = samples::vector_add(DType::F32, n, 64).unwrap();
+        let program = self.ok(b.compile(device, &kernel), "compile");
+        let ids: Vec<_> = (0..3)
+            .map(|_| self.ok(b.alloc(device, n * 4), "alloc"))
+            .collect();
+        let data = f32_bytes(&Rng(19).f32s(n));
+        self.ok(b.write(ids[0], 0, &data), "write");
+        self.ok(b.write(ids[1], 0, &data), "write");
+        let elapsed = self.ok(b.time(program, &ids, &Bindings::new()), "time");
+        assert!(
+            elapsed > Duration::ZERO && elapsed.as_secs() < 60,
+            "{}: {elapsed:?}",
+            self.label()
+        );
+        let mut out = vec![0; n * 4];
+        self.ok(b.read(ids[2], 0, &mut out), "read");
+        let doubled: Vec<f32> = f32_values(&data).iter().map(|x| x + x).collect();
+        assert_eq!(f32_values(&out), doubled, "{}", self.label());
+        for id in ids {
+            self.ok(b.free(id), "free");
+        }
+        self.ok(b.release(program), "release");
+    }
+
+    /// A kernel the verifier rejects is a `Compile` error naming the kernel, with the
+    /// verifier's message as its log.
+    pub fn kernels_failing_verification_are_compile_errors(&self) {
+        let mut kb = KernelBuilder::new("writes_read_only");
+        kb.buffer("a", DType::F32, 4, Access::Read);
+        let i = kb.constant_as(0, DType::I32);
+        let x = kb.constant(1.0f32);
+        kb.push(Inst::Store {
+            mem: Mem::Global(0),
+            index: i,
+            value: x,
+        });
+        let kernel = kb.finish_unverified();
+        let label = self.label();
+        let err = self.fails(
+            self.backend.compile(self.device, &kernel),
+            "compiling an invalid kernel",
+        );
+        let BackendError::Compile {
+            kernel: name, log, ..
+        } = &err
+        else {
+            panic!("{label}: {err:?}")
+        };
+        assert_eq!(name, "writes_read_only", "{label}");
+        assert!(log.contains("declared Read"), "{label}: {log}");
+    }
+
+    /// Kernel names are free text; generated code must not depend on them being
+    /// identifiers.
+    pub fn any_kernel_name_compiles(&self) {
+        let mut kernel = samples::vector_add(DType::I8, 10, 4).unwrap();
+        "add */ int #define x\n \"quoted\" é".clone_into(&mut kernel.name);
+        let (a, b) = (vec![1u8; 10], vec![2u8; 10]);
+        let out = self.ok(
+            self.execute(&kernel, &[a, b, vec![0; 10]], &Bindings::new()),
+            "a kernel with an odd name",
+        );
+        assert_eq!(out[2], vec![3u8; 10], "{}", self.label());
+    }
+
+    /// A launch with a buffer too small for its parameter, too few buffers, or an unbound
+    /// dim is an `InvalidArgument` naming the problem.
+    pub fn too_small_buffers_are_rejected(&self) {
+        let label = self.label();
+        let kernel = samples::vector_add(DType::F32, 100, 64).unwrap();
+        let err = self.fails(
+            self.execute(
+                &kernel,
+                &[vec![0; 400], vec![0; 399], vec![0; 400]],
+                &Bindings::new(),
+            ),
+            "a launch with a too small buffer",
+        );
+        let BackendError::InvalidArgument(msg) = &err else {
+            panic!("{label}: {err:?}")
+        };
+        for part in ["vector_add", "`b`", "400 bytes", "399 bytes"] {
+            assert!(msg.contains(part), "{label}: {msg}");
+        }
+        let err = self.fails(
+            self.execute(&kernel, &[vec![0; 400], vec![0; 400]], &Bindings::new()),
+            "a launch with too few buffers",
+        );
+        assert!(
+            matches!(err, BackendError::InvalidArgument(_)),
+            "{label}: {err:?}"
+        );
+        let var = Var::new("n", 1, 1 << 20).unwrap();
+        let dynamic = samples::dynamic_vector_add(var, 64).unwrap();
+        let err = self.fails(
+            self.execute(&dynamic, &vec![vec![0; 400]; 3], &Bindings::new()),
+            "a launch with an unbound dim",
+        );
+        assert!(
+            matches!(err, BackendError::InvalidArgument(_)),
+            "{label}: {err:?}"
+        );
+    }
+
+    /// Writes at offsets, reads of a tail, copies (also onto itself), range checks, empty
+    /// buffers, use after free, huge allocations, out-of-range devices, and a plausible
+    /// device description.
+    pub fn memory_and_transfers_are_checked(&self) {
+        let (cl, device, name) = (self.backend, self.device, self.label());
+        let (a, b) = (
+            self.ok(cl.alloc(device, 100), "alloc"),
+            self.ok(cl.alloc(device, 50), "alloc"),
+        );
+        self.ok(cl.write(a, 0, &[7; 100]), "write");
+        self.ok(cl.write(a, 10, &[9; 5]), "write at an offset");
+        self.ok(cl.copy(a, b, 50), "copy");
+        let mut out = [0; 50];
+        self.ok(cl.read(b, 0, &mut out), "read");
+        let mut expected = [7; 50];
+        expected[10..15].fill(9);
+        assert_eq!(out, expected, "{name}");
+        let mut tail = [0; 3];
+        self.ok(cl.read(a, 97, &mut tail), "read at an offset");
+        assert_eq!(tail, [7; 3], "{name}");
+        self.ok(cl.copy(a, a, 100), "copy onto itself");
+        assert!(cl.copy(a, b, 51).is_err(), "{name}: copy past the end");
+        assert!(
+            cl.write(a, 90, &[0; 11]).is_err(),
+            "{name}: write past the end"
+        );
+        assert!(
+            cl.read(a, usize::MAX, &mut [0; 2]).is_err(),
+            "{name}: read at an overflowing offset"
+        );
+        // Empty buffers and transfers are fine.
+        let empty = self.ok(cl.alloc(device, 0), "alloc of 0 bytes");
+        self.ok(cl.write(empty, 0, &[]), "empty write");
+        self.ok(cl.read(empty, 0, &mut []), "empty read");
+        self.ok(cl.free(empty), "free");
+        self.ok(cl.free(a), "free");
+        assert!(
+            matches!(
+                cl.read(a, 0, &mut [0; 1]),
+                Err(BackendError::InvalidArgument(_))
+            ),
+            "{name}: read after free"
+        );
+        assert!(cl.free(a).is_err(), "{name}: double free");
+        self.ok(cl.free(b), "free");
+        for bytes in [1 << 60, 1 << 62, usize::MAX] {
+            let err = self.fails(cl.alloc(device, bytes), &format!("alloc of {bytes} bytes"));
+            assert!(
+                matches!(err, BackendError::OutOfMemory { requested, .. } if requested == bytes),
+                "{name}: {err:?}"
+            );
+        }
+        let info = self.info();
+        assert!(
+            info.compute_units >= 1
+                && info.max_workgroup_size >= 1
+                && info.memory_bytes > 0
+                && info.local_memory_bytes > 0
+                && !info.name.is_empty(),
+            "{name}: {info:?}"
+        );
+        self.ok(cl.synchronize(device), "synchronize");
+        let count = cl.devices().len();
+        assert!(
+            matches!(cl.alloc(count, 16), Err(BackendError::InvalidArgument(_))),
+            "{name}: alloc on device {count} of {count}"
+        );
+        assert!(
+            matches!(cl.synchronize(count), Err(BackendError::InvalidArgument(_))),
+            "{name}: synchronize on device {count} of {count}"
+        );
+    }
+}
