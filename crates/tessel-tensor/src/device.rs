@@ -90,6 +90,15 @@ impl Device {
         self.info().is_ok_and(|info| info.features.supports(dtype))
     }
 
+    /// Waits until every kernel launched on the device has finished (as
+    /// `torch.cuda.synchronize()`): realizing returns once the work is queued, reading data
+    /// waits by itself, and timing code calls this.
+    pub fn synchronize(&self) -> Result<()> {
+        let backend = crate::runtime::runtime().backend(*self)?;
+        backend.synchronize(self.ordinal)?;
+        Ok(())
+    }
+
     /// Parses `cpu`, `opencl`, `opencl:1`, ... (a backend name, optionally `:ordinal`).
     ///
     /// ```

@@ -1,0 +1,188 @@
+//! The GPU comparison bench: the baseline workloads on every device given, timed around
+//! realize + `Device::synchronize` (host overhead included, as a user sees it), median of
+//! several runs after a warm-up that compiles. `benches/gpu_torch.py` times the same
+//! workloads with PyTorch on the same GPU; `benches/gpu.sh` runs both (see README.md there).
+//!
+//! ```text
+//! cargo bench -p tessel-benches --bench gpu --features cuda,wgpu -- --devices cuda,wgpu,cpu
+//! ```
+//!
+//! Options: `--devices LIST` (default: every device found), `--small` (sizes divided by
+//! 16, for a quick check on a CPU), `--only NAME[,NAME]` (workloads by name).
+
+use std::time::{Duration, Instant};
+
+use tessel_tensor::{Device, Result, Tensor};
+
+/// One workload: builds its output from its inputs, and says how much work it is.
+struct Workload {
+    name: &'static str,
+    /// What the throughput figure counts: `"GB/s"` (bytes read + written once) or
+    /// `"TFLOP/s"`.
+    unit: &'static str,
+    /// The work per run in that unit's base (bytes or flops).
+    amount: f64,
+    inputs: Vec<Vec<usize>>,
+    run: fn(&[Tensor]) -> Result<Tensor>,
+}
+
+fn workloads(scale: usize) -> Vec<Workload> {
+    let n = (256 << 20) / scale;
+    let rows = 16384 / scale.isqrt();
+    let soft = 8192 / scale.isqrt();
+    let m = 4096 / scale.isqrt();
+    let small_m = 1024 / scale.isqrt();
+    vec![
+        Workload {
+            name: "chain8 f32 (8 fused elementwise ops)",
+            unit: "GB/s",
+            amount: 2.0 * 4.0 * n as f64,
+            inputs: vec![vec![n]],
+            run: |x| chain8(&x[0]),
+        },
+        Workload {
+            name: "sum last axis f32",
+            unit: "GB/s",
+            amount: 4.0 * (rows * rows + rows) as f64,
+            inputs: vec![vec![rows, rows]],
+            run: |x| x[0].sum(&[-1], false),
+        },
+        Workload {
+            name: "softmax rows f32",
+            unit: "GB/s",
+            amount: 2.0 * 4.0 * (soft * soft) as f64,
+            inputs: vec![vec![soft, soft]],
+            run: |x| x[0].softmax(-1),
+        },
+        Workload {
+            name: "matmul f32 (large)",
+            unit: "TFLOP/s",
+            amount: 2.0 * (m * m * m) as f64,
+            inputs: vec![vec![m, m], vec![m, m]],
+            run: |x| x[0].matmul(&x[1]),
+        },
+        Workload {
+            name: "matmul f32 (1024)",
+            unit: "TFLOP/s",
+            amount: 2.0 * (small_m * small_m * small_m) as f64,
+            inputs: vec![vec![small_m, small_m], vec![small_m, small_m]],
+            run: |x| x[0].matmul(&x[1]),
+        },
+    ]
+}
+
+/// Eight elementwise ops that no rewrite folds together; PyTorch eager runs them as eight
+/// kernels, Tessel fuses them into one.
+fn chain8(x: &Tensor) -> Result<Tensor> {
+    let y = x
+        .mul(1.5)?
+        .add(0.25)?
+        .relu()
+        .mul(x)?
+        .sub(0.5)?
+        .abs()?
+        .add(x)?;
+    y.neg()
+}
+
+/// Cheap, reproducible data in `[-1, 1)`.
+fn data(len: usize, seed: u32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(747_796_405).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// The median time of `runs` runs of `w` on `device`, after two warm-up runs.
+fn time(w: &Workload, device: Device, runs: usize) -> Result<Duration> {
+    let inputs = w
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, dims)| {
+            let t = Tensor::from_vec(data(dims.iter().product(), i as u32), dims.as_slice())?
+                .to(&device)?;
+            t.realize()?;
+            Ok(t)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    device.synchronize()?;
+    let mut times = Vec::new();
+    for k in 0..runs + 2 {
+        let start = Instant::now();
+        let out = (w.run)(&inputs)?;
+        out.realize()?;
+        device.synchronize()?;
+        if k >= 2 {
+            times.push(start.elapsed());
+        }
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let scale = if args.iter().any(|a| a == "--small") {
+        16
+    } else {
+        1
+    };
+    let devices: Vec<Device> = match value("--devices") {
+        Some(list) => match list.split(',').map(Device::parse).collect() {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("gpu bench: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        None => Device::all(),
+    };
+    let only = value("--only");
+    let mut table = String::from(
+        "workload                                 device    median ms    throughput\n",
+    );
+    for w in workloads(scale) {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|n| w.name.starts_with(n)))
+        {
+            continue;
+        }
+        for &device in &devices {
+            let runs = if w.amount > 1e11 { 5 } else { 10 };
+            let line = match time(&w, device, runs) {
+                Ok(t) => {
+                    let per_s = w.amount / t.as_secs_f64();
+                    let value = if w.unit == "GB/s" {
+                        per_s / 1e9
+                    } else {
+                        per_s / 1e12
+                    };
+                    format!(
+                        "{:<40} {:<9} {:>9.3}    {value:>8.2} {}",
+                        w.name,
+                        device.to_string(),
+                        t.as_secs_f64() * 1e3,
+                        w.unit
+                    )
+                }
+                Err(e) => format!("{:<40} {:<9} error: {e}", w.name, device.to_string()),
+            };
+            eprintln!("{line}");
+            table.push_str(&line);
+            table.push('\n');
+        }
+    }
+    println!("\n{table}");
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,59 @@
+"""The GPU comparison bench's PyTorch side: the same workloads as benches/gpu.rs, timed
+with CUDA events (median of several runs after a warm-up), plus the device's copy
+bandwidth, which the elementwise and reduction figures are measured against.
+
+    python3 benches/gpu_torch.py
+"""
+import torch
+
+torch.backends.cuda.matmul.allow_tf32 = False  # f32 matmul in true f32, as Tessel's
+dev = "cuda"
+
+
+def time_ms(fn, runs=10):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def chain8(x):
+    y = (x * 1.5 + 0.25).relu() * x
+    return -((y - 0.5).abs() + x)
+
+
+n = 256 << 20
+x = torch.rand(n, device=dev) * 2 - 1
+out = torch.empty_like(x)
+rows = [("device copy f32 (256M)", time_ms(lambda: out.copy_(x)), 2 * 4 * n, "GB/s")]
+rows.append(("chain8 f32 eager", time_ms(lambda: chain8(x)), 2 * 4 * n, "GB/s"))
+try:
+    compiled = torch.compile(chain8)
+    rows.append(("chain8 f32 torch.compile", time_ms(lambda: compiled(x)), 2 * 4 * n, "GB/s"))
+except Exception as e:  # no compiler toolchain on the host
+    print(f"torch.compile unavailable: {e}")
+del x, out
+a = torch.rand(16384, 16384, device=dev)
+rows.append(("sum last axis f32", time_ms(lambda: a.sum(-1)), 4 * (16384 * 16384 + 16384), "GB/s"))
+del a
+s = torch.rand(8192, 8192, device=dev)
+rows.append(("softmax rows f32", time_ms(lambda: s.softmax(-1)), 2 * 4 * 8192 * 8192, "GB/s"))
+del s
+for m in (4096, 1024):
+    p, q = torch.rand(m, m, device=dev), torch.rand(m, m, device=dev)
+    rows.append((f"matmul f32 {m}", time_ms(lambda: p @ q), 2 * m**3, "TFLOP/s"))
+
+print(f"\n{'workload (PyTorch ' + torch.__version__ + ')':<40} {'median ms':>10}    throughput")
+for name, ms, amount, unit in rows:
+    per_s = amount / (ms / 1e3)
+    value = per_s / 1e9 if unit == "GB/s" else per_s / 1e12
+    print(f"{name:<40} {ms:>10.3f}    {value:>8.2f} {unit}")
