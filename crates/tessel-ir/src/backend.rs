@@ -61,7 +61,7 @@ pub struct DeviceInfo {
     pub name: String,
     /// Global memory, in bytes.
     pub memory_bytes: u64,
-    /// Compute units (cores, SMs, CUs).
+    /// Compute units (cores, SMs, CUs); 0 where the API cannot tell (wgpu).
     pub compute_units: u32,
     /// The most invocations in one workgroup.
     pub max_workgroup_size: u32,
