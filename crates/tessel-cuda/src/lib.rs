@@ -1,1 +1,775 @@
-//! Tessel's CUDA backend (being written).
+//! Tessel's CUDA backend: kernels rendered in CUDA C++ ([`tessel_ir::codegen::CUDA`]),
+//! compiled by NVRTC to CUBIN for the device's exact architecture, and run through the CUDA
+//! driver API on every NVIDIA GPU the system has.
+//!
+//! ```no_run
+//! use tessel_cuda::CudaBackend;
+//! use tessel_ir::{Backend, samples};
+//! use tessel_shape::{Bindings, DType};
+//!
+//! let cuda = CudaBackend::new();
+//! if cuda.devices().is_empty() {
+//!     return Ok(()); // no driver or no GPU here
+//! }
+//! let kernel = samples::vector_add(DType::F32, 1024, 64)?;
+//! let program = cuda.compile(0, &kernel)?;
+//! let [a, b, out] = [0; 3].map(|_| cuda.alloc(0, 4096).unwrap());
+//! cuda.write(a, 0, &[0; 4096])?;
+//! cuda.write(b, 0, &[0; 4096])?;
+//! cuda.launch(program, &[a, b, out], &Bindings::new())?;
+//! let mut result = vec![0u8; 4096];
+//! cuda.read(out, 0, &mut result)?; // waits for the launch
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Installing and choosing devices
+//!
+//! Nothing links against CUDA at build time: cudarc's `dynamic-loading` opens the driver
+//! (`libcuda.so.1`) and NVRTC on first use, so this crate builds anywhere. Without a driver,
+//! with a driver older than CUDA 13.0, or without a GPU the backend has **zero devices**,
+//! logged at debug level; it never panics. A driver without NVRTC still lists its devices,
+//! and [`Backend::compile`] then fails with [`BackendError::Unsupported`] naming every place
+//! searched.
+//!
+//! NVRTC is found on the loader path (`LD_LIBRARY_PATH`, `ldconfig`), else in
+//! `$CUDA_PATH/lib64` (and `$CUDA_HOME`, `$CUDA_ROOT`), `/usr/local/cuda/lib64`, the
+//! system library folders, and the Python wheels' `site-packages/nvidia/cu13/lib` and
+//! `site-packages/nvidia/cuda_nvrtc/lib` (of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `~/.local`
+//! and the system's Pythons), where there is only a versioned `libnvrtc.so.13`. It is
+//! opened by absolute path, after its `libnvrtc-builtins`, and kept open.
+//!
+//! | Variable | Effect |
+//! |---|---|
+//! | `TESSEL_CUDA_DEVICE` | uses only the device of this ordinal (`0`, `1`, ...) |
+//! | `TESSEL_NVRTC_PATH` | the NVRTC library, or the folder holding it, to use instead of searching |
+//! | `TESSEL_CACHE_DIR` | the cache root: compiled kernels go to its `cuda/` folder (default `$XDG_CACHE_HOME/tessel/cuda`, else `~/.cache/tessel/cuda`) |
+//! | `CUDA_PATH`, `CUDA_HOME` | CUDA toolkit roots searched for NVRTC |
+//!
+//! # How it runs
+//!
+//! - **Per device**: its primary context and one non-blocking stream. Every command goes to
+//!   that stream, so commands on one device run in submission order.
+//! - **Memory**: a caching allocator: blocks are rounded to size classes and freed blocks are
+//!   kept per device for reuse (safe without waiting, since the one stream orders every
+//!   use). When the driver runs out of memory the cache is returned to it and the
+//!   allocation retried once; then [`BackendError::OutOfMemory`]. [`Backend::write`] copies
+//!   the data into pinned staging memory and returns while the device copies it;
+//!   [`Backend::read`] waits for earlier work and the copy; [`Backend::copy`] is queued.
+//! - **Programs**: rendered with [`CUDA`](tessel_ir::codegen::CUDA), compiled by NVRTC with
+//!   `--gpu-architecture=sm_XY --fmad=false --ftz=false --prec-div=true --prec-sqrt=true
+//!   --std=c++17` to CUBIN (no PTX, so a newer NVRTC than the driver is fine), and cached in
+//!   memory and on disk, keyed by the source, the options, NVRTC's and the driver's versions
+//!   and this crate's version. A failed compile is [`BackendError::Compile`] with NVRTC's
+//!   log.
+//! - **Launches** check every buffer against the kernel's parameters
+//!   ([`tessel_ir::LaunchArgs`]) and the grid against the device's limits, then queue the
+//!   kernel with `groups` blocks of `local` threads, the buffers' device pointers and then
+//!   the dims by value as arguments, and return; [`Backend::synchronize`] waits.
+//!   [`Backend::time`] brackets its launch with CUDA events on the stream.
+//!
+//! # Numerics
+//!
+//! Bit-identical to the reference interpreter for every op except CUDA's built-in
+//! transcendentals (`exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tan`, `tanh`, `pow`, and
+//! `erf` through `exp`), which are within the CUDA Programming Guide's ulp bounds. `f16` and
+//! `bf16` compute in `float` and round after every op, as the reference does.
+
+mod device;
+mod ffi;
+mod memory;
+mod nvrtc;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cudarc::driver::result::DriverError;
+use rustc_hash::FxHashMap;
+use tessel_ir::codegen::{self, CUDA, CodegenError};
+use tessel_ir::{
+    Backend, BackendError, BufferId, DeviceInfo, Kernel, LaunchArgs, Param, ProgramId, verify,
+};
+use tessel_shape::Bindings;
+
+use crate::device::{CudaDevice, lock};
+use crate::ffi::{ArgSlot, Event, Module};
+
+/// How a [`CudaBackend`] is set up.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CudaConfig {
+    /// Only the device of this ordinal; `None` for all.
+    pub device: Option<usize>,
+    /// Where compiled kernels are cached on disk; `None` keeps them in memory only.
+    pub cache_dir: Option<PathBuf>,
+    /// The NVRTC library (or its folder) to load instead of searching. NVRTC is loaded once
+    /// per process: only the first backend to compile decides.
+    pub nvrtc_path: Option<PathBuf>,
+}
+
+impl CudaConfig {
+    /// The configuration from the environment: `$TESSEL_CUDA_DEVICE`, `$TESSEL_NVRTC_PATH`,
+    /// and the disk cache in `$TESSEL_CACHE_DIR/cuda` (else `$XDG_CACHE_HOME/tessel/cuda`,
+    /// else `$HOME/.cache/tessel/cuda`, else the temporary directory's `tessel/cuda`).
+    pub fn from_env() -> CudaConfig {
+        let var = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let root = var("TESSEL_CACHE_DIR")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessel")))
+            .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessel")))
+            .unwrap_or_else(|| std::env::temp_dir().join("tessel"));
+        let device = std::env::var("TESSEL_CUDA_DEVICE").ok().and_then(|v| {
+            let v = v.trim();
+            if v.is_empty() {
+                return None;
+            }
+            let parsed = v.parse().ok();
+            if parsed.is_none() {
+                tracing::warn!(
+                    "tessel-cuda: TESSEL_CUDA_DEVICE={v} is not an ordinal; using every device"
+                );
+            }
+            parsed
+        });
+        CudaConfig {
+            device,
+            cache_dir: Some(root.join("cuda")),
+            nvrtc_path: var("TESSEL_NVRTC_PATH"),
+        }
+    }
+}
+
+/// Counters of what a [`CudaBackend`] did, for tests and diagnostics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaStats {
+    /// Kernels compiled by NVRTC.
+    pub compiles: u64,
+    /// Kernels loaded from the disk cache.
+    pub disk_hits: u64,
+    /// Kernels whose module was already loaded.
+    pub memory_hits: u64,
+    /// Kernel launches queued.
+    pub launches: u64,
+    /// Allocations answered from the memory cache.
+    pub pool_reuses: u64,
+    /// Allocations that went to the driver.
+    pub driver_allocs: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    compiles: AtomicU64,
+    disk_hits: AtomicU64,
+    memory_hits: AtomicU64,
+    launches: AtomicU64,
+}
+
+/// A live buffer; its block returns to its device's pool when the last reference drops.
+struct DeviceBuffer {
+    device: Arc<CudaDevice>,
+    /// The size asked for.
+    bytes: usize,
+    ptr: u64,
+    class: usize,
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        lock(&self.device.pool).release(self.ptr, self.class);
+    }
+}
+
+/// A compiled kernel.
+struct Program {
+    kernel: Kernel,
+    device: Arc<CudaDevice>,
+    module: Arc<Module>,
+    /// The most threads per block this kernel runs with.
+    max_threads: u32,
+}
+
+/// The CUDA backend. See the [crate docs](crate).
+pub struct CudaBackend {
+    config: CudaConfig,
+    infos: Vec<DeviceInfo>,
+    driver_version: i32,
+    // Fields drop in order: programs, modules and buffers before the devices.
+    programs: Mutex<FxHashMap<ProgramId, Arc<Program>>>,
+    next_program: AtomicU64,
+    modules: Mutex<FxHashMap<(usize, u128), Arc<Module>>>,
+    buffers: Mutex<FxHashMap<BufferId, Arc<DeviceBuffer>>>,
+    next_buffer: AtomicU64,
+    counters: Counters,
+    devices: Vec<Arc<CudaDevice>>,
+}
+
+impl Default for CudaBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CudaBackend {
+    /// A backend configured from the environment ([`CudaConfig::from_env`]).
+    pub fn new() -> Self {
+        Self::with_config(CudaConfig::from_env())
+    }
+
+    /// A backend with an explicit configuration (tests use this: environment variables are
+    /// process-wide, so tests that set them race).
+    pub fn with_config(config: CudaConfig) -> Self {
+        let found = device::discover(config.device);
+        let devices: Vec<Arc<CudaDevice>> = found.devices.into_iter().map(Arc::new).collect();
+        CudaBackend {
+            infos: devices.iter().map(|d| d.info.clone()).collect(),
+            driver_version: found.driver_version,
+            config,
+            programs: Mutex::default(),
+            next_program: AtomicU64::new(1),
+            modules: Mutex::default(),
+            buffers: Mutex::default(),
+            next_buffer: AtomicU64::new(1),
+            counters: Counters::default(),
+            devices,
+        }
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &CudaConfig {
+        &self.config
+    }
+
+    /// What the backend has done so far.
+    pub fn stats(&self) -> CudaStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (mut pool_reuses, mut driver_allocs) = (0, 0);
+        for dev in &self.devices {
+            let pool = lock(&dev.pool);
+            pool_reuses += pool.reuses;
+            driver_allocs += pool.driver_allocs;
+        }
+        CudaStats {
+            compiles: get(&self.counters.compiles),
+            disk_hits: get(&self.counters.disk_hits),
+            memory_hits: get(&self.counters.memory_hits),
+            launches: get(&self.counters.launches),
+            pool_reuses,
+            driver_allocs,
+        }
+    }
+
+    /// Device `device`'s compute capability, `(major, minor)`.
+    pub fn compute_capability(&self, device: usize) -> Option<(i32, i32)> {
+        self.devices.get(device).map(|d| d.capability)
+    }
+
+    /// The CUDA version the driver supports (`1000 * major + 10 * minor`), 0 without one.
+    pub fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+
+    /// NVRTC's version, loading it if needed; `Err` says where it was looked for.
+    pub fn nvrtc_version(&self) -> Result<(i32, i32), BackendError> {
+        self.nvrtc().map(|n| n.version)
+    }
+
+    /// The CUDA C++ source [`Backend::compile`] would build for `kernel`.
+    pub fn source(&self, kernel: &Kernel) -> Result<String, BackendError> {
+        render(kernel)
+    }
+
+    /// The ordinal the driver gives device `device` (they differ when `TESSEL_CUDA_DEVICE`
+    /// selects one).
+    pub fn ordinal(&self, device: usize) -> Option<usize> {
+        self.devices.get(device).map(|d| d.ordinal)
+    }
+
+    /// Where NVRTC was loaded from (`None`: by name, through the loader path), loading it if
+    /// needed; `Err` says where it was looked for.
+    pub fn nvrtc_path(&self) -> Result<Option<PathBuf>, BackendError> {
+        self.nvrtc().map(|n| n.path.clone())
+    }
+
+    /// Compiles CUDA C++ `source` for `device` with NVRTC and the same options as
+    /// [`Backend::compile`], without loading it: for checking hand-written or modified
+    /// kernels. A failure is [`BackendError::Compile`] with NVRTC's log, attributed to
+    /// `name`.
+    pub fn build_source(
+        &self,
+        device: usize,
+        name: &str,
+        source: &str,
+    ) -> Result<(), BackendError> {
+        let dev = self.device(device)?;
+        self.nvrtc()?;
+        let options = nvrtc::options(dev.capability);
+        let compiled = ffi::nvrtc_compile(source, name, &options);
+        compiled
+            .cubin
+            .map(drop)
+            .map_err(|why| BackendError::Compile {
+                kernel: name.to_owned(),
+                code: source.to_owned(),
+                log: format!("{why} (options: {})\n{}", options.join(" "), compiled.log),
+            })
+    }
+
+    /// Bytes of freed device memory kept for reuse on `device`.
+    pub fn cached_bytes(&self, device: usize) -> usize {
+        self.devices
+            .get(device)
+            .map_or(0, |d| lock(&d.pool).cached_bytes)
+    }
+
+    /// Returns the freed memory kept for reuse on every device to the driver.
+    pub fn trim(&self) -> Result<(), BackendError> {
+        for dev in &self.devices {
+            lock(&dev.pool)
+                .trim(&dev.ctx, &dev.stream)
+                .map_err(|e| dev.lost("cuMemFree", e))?;
+        }
+        Ok(())
+    }
+
+    fn nvrtc(&self) -> Result<&'static nvrtc::Nvrtc, BackendError> {
+        nvrtc::nvrtc(self.config.nvrtc_path.as_deref()).map_err(|what| BackendError::Unsupported {
+            backend: "cuda",
+            what,
+        })
+    }
+
+    fn device(&self, device: usize) -> Result<&Arc<CudaDevice>, BackendError> {
+        self.devices.get(device).ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "the cuda backend has {} device(s), not device {device}",
+                self.devices.len()
+            ))
+        })
+    }
+
+    fn buffer(&self, id: BufferId) -> Result<Arc<DeviceBuffer>, BackendError> {
+        lock(&self.buffers).get(&id).cloned().ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "buffer {} is not a live buffer of the cuda backend",
+                id.0
+            ))
+        })
+    }
+
+    fn program(&self, id: ProgramId) -> Result<Arc<Program>, BackendError> {
+        lock(&self.programs).get(&id).cloned().ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "program {} is not a live program of the cuda backend",
+                id.0
+            ))
+        })
+    }
+
+    /// The loaded module for `source` on `dev`: from memory, the disk cache, or NVRTC.
+    fn module(
+        &self,
+        dev: &CudaDevice,
+        kernel: &Kernel,
+        source: &str,
+    ) -> Result<Arc<Module>, BackendError> {
+        let nvrtc = self.nvrtc()?;
+        let options = nvrtc::options(dev.capability);
+        let key = nvrtc::cache_key(source, &options, nvrtc.version, self.driver_version);
+        if let Some(module) = lock(&self.modules).get(&(dev.index, key)) {
+            self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::clone(module));
+        }
+        let entry = codegen::entry_name(kernel);
+        let dir = self.config.cache_dir.as_deref();
+        let cached = dir
+            .and_then(|d| nvrtc::read_cached(d, key))
+            .and_then(|cubin| match Module::load(&dev.ctx, &cubin, &entry) {
+                Ok(module) => Some(module),
+                Err(e) => {
+                    tracing::debug!(
+                        "tessel-cuda: ignoring a cached kernel that fails to load: {e}"
+                    );
+                    None
+                }
+            });
+        let module = if let Some(module) = cached {
+            self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
+            module
+        } else {
+            // No lock is held while NVRTC compiles, which may take a second.
+            let started = std::time::Instant::now();
+            let compiled = ffi::nvrtc_compile(source, &kernel.name, &options);
+            let fail = |why: String| BackendError::Compile {
+                kernel: kernel.name.clone(),
+                code: source.to_owned(),
+                log: why,
+            };
+            let cubin = compiled.cubin.map_err(|why| {
+                fail(format!(
+                    "{why} (options: {})\n{}",
+                    options.join(" "),
+                    compiled.log
+                ))
+            })?;
+            if !compiled.log.is_empty() {
+                tracing::debug!(kernel = %kernel.name, "tessel-cuda: NVRTC log:\n{}", compiled.log);
+            }
+            tracing::debug!(kernel = %kernel.name, elapsed = ?started.elapsed(), "tessel-cuda: compiled");
+            self.counters.compiles.fetch_add(1, Ordering::Relaxed);
+            if let Some(dir) = dir {
+                nvrtc::write_cached(dir, key, &cubin, source);
+            }
+            Module::load(&dev.ctx, &cubin, &entry).map_err(fail)?
+        };
+        let module = Arc::new(module);
+        lock(&self.modules).insert((dev.index, key), Arc::clone(&module));
+        Ok(module)
+    }
+
+    /// Checks a launch and queues it; `None` when the grid is empty (nothing to run).
+    fn enqueue(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        timed: bool,
+    ) -> Result<Option<(Event, Event, Arc<CudaDevice>)>, BackendError> {
+        let program = self.program(program)?;
+        let kernel = &program.kernel;
+        let dev = &program.device;
+        let bound = buffers
+            .iter()
+            .map(|&id| self.buffer(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some((id, b)) = buffers
+            .iter()
+            .zip(&bound)
+            .find(|(_, b)| b.device.index != dev.index)
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "kernel `{}` was compiled for cuda device {}, but buffer {} is on device {}",
+                kernel.name, dev.index, id.0, b.device.index
+            )));
+        }
+        let sizes: Vec<usize> = bound.iter().map(|b| b.bytes).collect();
+        let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
+        let Some((grid, block)) = launch_dims(&program, &args)? else {
+            return Ok(None);
+        };
+        // One slot per parameter: device pointers, then dims in their dtype's width.
+        let (mut next_buffer, mut next_dim) = (bound.iter(), args.dims.iter());
+        let mut slots: Vec<ArgSlot> = kernel
+            .params
+            .iter()
+            .map(|p| {
+                let mut slot = ArgSlot::default();
+                match p {
+                    Param::Buffer { .. } => {
+                        let ptr = next_buffer.next().map_or(0, |b| b.ptr);
+                        slot.0 = ptr.to_ne_bytes();
+                    }
+                    Param::Dim { dtype, .. } => {
+                        let value = next_dim.next().copied().unwrap_or(0);
+                        let bytes = scalar_bytes(value, dtype.size_bytes());
+                        slot.0[..bytes.len()].copy_from_slice(&bytes);
+                    }
+                }
+                slot
+            })
+            .collect();
+        let failed = |call: &str, e: &DriverError| BackendError::Launch {
+            kernel: kernel.name.clone(),
+            reason: format!("{call} failed: {e}"),
+        };
+        let events = if timed {
+            let start = Event::new(&dev.ctx, true).map_err(|e| failed("cuEventCreate", &e))?;
+            let end = Event::new(&dev.ctx, true).map_err(|e| failed("cuEventCreate", &e))?;
+            start
+                .record(&dev.ctx, &dev.stream)
+                .map_err(|e| failed("cuEventRecord", &e))?;
+            Some((start, end))
+        } else {
+            None
+        };
+        program
+            .module
+            .launch(&dev.ctx, &dev.stream, grid, block, &mut slots)
+            .map_err(|e| failed("cuLaunchKernel", &e))?;
+        self.counters.launches.fetch_add(1, Ordering::Relaxed);
+        let Some((start, end)) = events else {
+            return Ok(None);
+        };
+        end.record(&dev.ctx, &dev.stream)
+            .map_err(|e| failed("cuEventRecord", &e))?;
+        Ok(Some((start, end, Arc::clone(dev))))
+    }
+}
+
+/// A launch's grid (blocks per axis) and block (threads per axis).
+type LaunchDims = ([u32; 3], [u32; 3]);
+
+/// A launch's grid and block sizes, or `None` when it runs nothing.
+fn launch_dims(program: &Program, args: &LaunchArgs) -> Result<Option<LaunchDims>, BackendError> {
+    if args.groups == 0 || args.grid[3..].contains(&0) {
+        return Ok(None);
+    }
+    let info = &program.device.info;
+    let too_large = |reason: String| BackendError::Launch {
+        kernel: program.kernel.name.clone(),
+        reason,
+    };
+    let mut grid = [0u32; 3];
+    let mut block = [0u32; 3];
+    for axis in 0..3 {
+        let (g, l) = (args.grid[axis], args.grid[3 + axis]);
+        if g as u64 > info.max_groups[axis] {
+            return Err(too_large(format!(
+                "{g} workgroups along axis {axis} exceed the device's limit of {}",
+                info.max_groups[axis]
+            )));
+        }
+        if l > i64::from(info.max_local_size[axis]) {
+            return Err(too_large(format!(
+                "the local size {l} along axis {axis} exceeds the device's limit of {}",
+                info.max_local_size[axis]
+            )));
+        }
+        grid[axis] = g as u32;
+        block[axis] = l as u32;
+    }
+    let threads: i64 = args.grid[3..].iter().product();
+    if threads > i64::from(program.max_threads) {
+        return Err(too_large(format!(
+            "workgroups of {threads} invocations exceed this kernel's limit of {} on {}",
+            program.max_threads, info.name
+        )));
+    }
+    Ok(Some((grid, block)))
+}
+
+/// `kernel` in CUDA C++, with codegen errors as backend errors.
+fn render(kernel: &Kernel) -> Result<String, BackendError> {
+    codegen::render(kernel, &CUDA).map_err(|e| match e {
+        CodegenError::Verify(e) => BackendError::Compile {
+            kernel: kernel.name.clone(),
+            code: kernel.to_string(),
+            log: e.to_string(),
+        },
+        other => BackendError::Unsupported {
+            backend: "cuda",
+            what: other.to_string(),
+        },
+    })
+}
+
+/// The `size` low bytes of `value` in host order: a dim argument of a `size`-byte type.
+fn scalar_bytes(value: i64, size: usize) -> Vec<u8> {
+    match size {
+        1 => (value as u8).to_ne_bytes().to_vec(),
+        2 => (value as u16).to_ne_bytes().to_vec(),
+        4 => (value as u32).to_ne_bytes().to_vec(),
+        _ => (value as u64).to_ne_bytes().to_vec(),
+    }
+}
+
+/// Checks that `offset..offset + len` lies within a buffer of `size` bytes.
+fn check_range(
+    what: &str,
+    id: BufferId,
+    offset: usize,
+    len: usize,
+    size: usize,
+) -> Result<(), BackendError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(BackendError::InvalidArgument(format!(
+            "{what} of {len} bytes at offset {offset} is outside buffer {} of {size} bytes",
+            id.0
+        ))),
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn devices(&self) -> &[DeviceInfo] {
+        &self.infos
+    }
+
+    fn alloc(&self, device: usize, bytes: usize) -> Result<BufferId, BackendError> {
+        let dev = self.device(device)?;
+        let oom = || BackendError::OutOfMemory {
+            device: dev.info.name.clone(),
+            requested: bytes,
+        };
+        if bytes as u64 > dev.info.memory_bytes {
+            return Err(oom());
+        }
+        let (ptr, class) = lock(&dev.pool)
+            .alloc(&dev.ctx, &dev.stream, bytes)
+            .map_err(|e| {
+                if ffi::is_out_of_memory(e) {
+                    oom()
+                } else {
+                    dev.lost("cuMemAlloc", e)
+                }
+            })?;
+        let id = BufferId(self.next_buffer.fetch_add(1, Ordering::Relaxed));
+        let buffer = DeviceBuffer {
+            device: Arc::clone(dev),
+            bytes,
+            ptr,
+            class,
+        };
+        lock(&self.buffers).insert(id, Arc::new(buffer));
+        Ok(id)
+    }
+
+    fn free(&self, buffer: BufferId) -> Result<(), BackendError> {
+        // The block returns to the pool when the last reference (a launch being queued on
+        // another thread may hold one) drops.
+        lock(&self.buffers)
+            .remove(&buffer)
+            .map(drop)
+            .ok_or_else(|| {
+                BackendError::InvalidArgument(format!(
+                    "buffer {} is not a live buffer of the cuda backend",
+                    buffer.0
+                ))
+            })
+    }
+
+    fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        let b = self.buffer(buffer)?;
+        check_range("write", buffer, offset, data.len(), b.bytes)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let dev = &b.device;
+        lock(&dev.staging)
+            .write(&dev.ctx, &dev.stream, b.ptr + offset as u64, data)
+            .map_err(|e| dev.lost("cuMemcpyHtoDAsync", e))
+    }
+
+    fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        let b = self.buffer(buffer)?;
+        check_range("read", buffer, offset, out.len(), b.bytes)?;
+        let dev = &b.device;
+        if out.is_empty() {
+            // Nothing to copy, but the caller may rely on the wait.
+            return dev
+                .stream
+                .synchronize(&dev.ctx)
+                .map_err(|e| dev.lost("cuStreamSynchronize", e));
+        }
+        ffi::copy_to_host(&dev.ctx, &dev.stream, b.ptr + offset as u64, out)
+            .map_err(|e| dev.lost("cuMemcpyDtoHAsync", e))
+    }
+
+    fn copy(&self, src: BufferId, dst: BufferId, bytes: usize) -> Result<(), BackendError> {
+        let (from, to) = (self.buffer(src)?, self.buffer(dst)?);
+        check_range("copy source", src, 0, bytes, from.bytes)?;
+        check_range("copy destination", dst, 0, bytes, to.bytes)?;
+        if from.device.index != to.device.index {
+            return Err(BackendError::InvalidArgument(format!(
+                "copy from buffer {} on cuda device {} to buffer {} on device {}: copies stay \
+                 on one device; read to the host and write instead",
+                src.0, from.device.index, dst.0, to.device.index
+            )));
+        }
+        if src == dst || bytes == 0 {
+            return Ok(());
+        }
+        let dev = &from.device;
+        ffi::copy_on_device(&dev.ctx, &dev.stream, to.ptr, from.ptr, bytes)
+            .map_err(|e| dev.lost("cuMemcpyDtoDAsync", e))
+    }
+
+    fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
+        let dev = self.device(device)?;
+        verify(kernel).map_err(|e| BackendError::Compile {
+            kernel: kernel.name.clone(),
+            code: kernel.to_string(),
+            log: e.to_string(),
+        })?;
+        let source = render(kernel)?;
+        let module = self.module(dev, kernel, &source)?;
+        let max_threads = module
+            .max_threads_per_block()
+            .map_or(dev.info.max_workgroup_size, |n| {
+                u32::try_from(n).unwrap_or(0)
+            });
+        let id = ProgramId(self.next_program.fetch_add(1, Ordering::Relaxed));
+        let program = Program {
+            kernel: kernel.clone(),
+            device: Arc::clone(dev),
+            module,
+            max_threads,
+        };
+        lock(&self.programs).insert(id, Arc::new(program));
+        Ok(id)
+    }
+
+    fn launch(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+    ) -> Result<(), BackendError> {
+        self.enqueue(program, buffers, dims, false).map(drop)
+    }
+
+    fn time(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+    ) -> Result<Duration, BackendError> {
+        let Some((start, end, dev)) = self.enqueue(program, buffers, dims, true)? else {
+            return Ok(Duration::ZERO);
+        };
+        let result = end
+            .synchronize(&dev.ctx)
+            .and_then(|()| start.elapsed_ms(&dev.ctx, &end));
+        start.destroy(&dev.ctx);
+        end.destroy(&dev.ctx);
+        let ms = result.map_err(|e| dev.lost("cuEventElapsedTime", e))?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1000.0))
+    }
+
+    fn synchronize(&self, device: usize) -> Result<(), BackendError> {
+        let dev = self.device(device)?;
+        dev.stream
+            .synchronize(&dev.ctx)
+            .map_err(|e| dev.lost("cuStreamSynchronize", e))
+    }
+
+    fn release(&self, program: ProgramId) -> Result<(), BackendError> {
+        lock(&self.programs)
+            .remove(&program)
+            .map(drop)
+            .ok_or_else(|| {
+                BackendError::InvalidArgument(format!(
+                    "program {} is not a live program of the cuda backend",
+                    program.0
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scalar_bytes;
+
+    #[test]
+    fn scalars_keep_their_low_bytes() {
+        assert_eq!(scalar_bytes(-1, 1), vec![0xff]);
+        assert_eq!(scalar_bytes(0x1234, 2), 0x1234u16.to_ne_bytes().to_vec());
+        assert_eq!(scalar_bytes(-2, 8), (-2i64).to_ne_bytes().to_vec());
+    }
+}

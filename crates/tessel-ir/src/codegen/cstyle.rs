@@ -252,3 +252,83 @@ fn opencl_type_name_no_fp64(dtype: DType) -> Option<&'static str> {
         opencl_type_name(dtype)
     }
 }
+
+/// CUDA C++ as NVRTC compiles it: one CUDA thread per invocation ([`Launch::Native`]).
+///
+/// - Kernels are `extern "C" __global__` functions (C linkage, so the host finds them by
+///   [`entry_name`](super::entry_name)) taking the buffer parameters as plain pointers in
+///   order (`const` when read-only), then the dims by value in their dtype. Never
+///   `__restrict__`: the runtime may bind one buffer to two parameters.
+/// - The host launches `groups` blocks of `local` threads, so `blockIdx` and `threadIdx`
+///   are the IR's workgroup and local ids; workgroup-local arrays are `__shared__`, the
+///   barrier is `__syncthreads()`.
+/// - NVRTC has no C library headers, so the prelude typedefs the fixed-width integer types
+///   itself (`long long` is 64 bits on every CUDA platform) and defines `INFINITY` from its
+///   bits where no header did. `bool` is C++'s; `bool` buffers are bytes.
+/// - Math functions are CUDA's device built-ins, named as in C (`sqrtf`, `sqrt`).
+///   `f16`/`bf16` are held as `unsigned short` bits and computed on in `float` through the
+///   portable helpers (exact, and no `cuda_fp16.h` needed); `f64` and 64-bit integers are
+///   native.
+/// - Helpers are `static __device__ __forceinline__` functions: device code may call only
+///   `__device__` functions, and `static` keeps them out of the module's symbol table.
+/// - Signed overflow: CUDA C++ has no `-fwrapv`, but the emitted code never overflows a
+///   signed type (integer `+ - * neg mad` and left shifts run in unsigned types; division,
+///   remainder and float-to-integer casts are guarded), so it needs none.
+///
+/// The host must compile with `--fmad=false` (NVRTC contracts `a * b + c` into an `fma` by
+/// default, one rounding where the reference does two) and never with `--use_fast_math`;
+/// `--ftz=false --prec-div=true --prec-sqrt=true` (NVRTC's defaults) keep subnormals and
+/// correctly rounded `float` `/` and `sqrtf`. Then every op is bit-identical to the
+/// interpreter except CUDA's transcendentals (`exp`, `exp2`, `log`, `log2`, `sin`, `cos`,
+/// `tan`, `tanh`, `pow`, and `erf` through `exp`), which are within the ulp bounds of the
+/// CUDA C++ Programming Guide.
+pub const CUDA: CStyle = CStyle {
+    name: "cuda",
+    launch: Launch::Native,
+    prelude: CUDA_PRELUDE,
+    helper_prefix: "static __device__ __forceinline__ ",
+    kernel_prefix: "extern \"C\" __global__ ",
+    buffer_qualifier: "",
+    local_qualifier: "__shared__ ",
+    barrier: "__syncthreads();",
+    group_id: cuda_group_id,
+    local_id: cuda_local_id,
+    type_name: c_type_name,
+    bool_storage: "uint8_t",
+    f32_math_suffix: "f",
+    f64_math_suffix: "",
+    f16_builtins: None,
+};
+
+/// NVRTC compiles without the C library's headers: the `<stdint.h>` names are defined here
+/// (the same types `<stdint.h>` gives on every platform CUDA supports), and `INFINITY`,
+/// which `<math.h>` would define, from its bits.
+const CUDA_PRELUDE: &str = "\
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+";
+
+fn cuda_group_id(axis: u8) -> String {
+    format!("blockIdx.{}", axis_letter(axis))
+}
+
+fn cuda_local_id(axis: u8) -> String {
+    format!("threadIdx.{}", axis_letter(axis))
+}
+
+fn axis_letter(axis: u8) -> char {
+    match axis {
+        0 => 'x',
+        1 => 'y',
+        _ => 'z',
+    }
+}

@@ -2,8 +2,8 @@
 //!
 //! [`render`] prints a verified [`Kernel`] in a [`CStyle`] dialect. Dialects are data
 //! (see [`CStyle`]): [`C`] for the CPU backend, [`OPENCL`] and [`OPENCL_NO_FP64`] for the
-//! OpenCL backend; CUDA C later, as another `CStyle` value that overrides names, qualifiers
-//! and a few hooks, never the emitter.
+//! OpenCL backend, [`CUDA`] for the CUDA backend; each overrides names, qualifiers and a few
+//! hooks, never the emitter.
 //!
 //! # Semantics
 //!
@@ -90,6 +90,48 @@
 //! bit-identical to the interpreter except the built-in transcendentals (`exp`, `exp2`,
 //! `log`, `log2`, `sin`, `cos`, `tan`, `tanh`, `pow`, and `erf` through the `exp` it calls),
 //! which are within OpenCL's ulp bounds rather than equal to the host's libm.
+//!
+//! # The CUDA C++ dialect ([`CUDA`])
+//!
+//! CUDA C++ as NVRTC compiles it, one thread per invocation:
+//!
+//! ```text
+//! extern "C" __global__ void tessel_k(const float *b0_x, float *b1_out, const int32_t d2)
+//! ```
+//!
+//! - Buffers are plain pointers in parameter order (`const` when read-only; never
+//!   `__restrict__`, since one buffer may be bound to two parameters), then each
+//!   `Param::Dim` by value. The host launches `groups` blocks of `local` threads, so
+//!   `blockIdx` and `threadIdx` are the IR's ids; `DefineLocal` is `__shared__`, `Barrier`
+//!   is `__syncthreads()`.
+//! - NVRTC has no libc headers: the prelude typedefs `uint8_t`..`int64_t` and defines
+//!   `INFINITY`. Helpers are `static __device__ __forceinline__`. Math functions are CUDA's
+//!   built-ins with C's names (`sqrtf`, `sqrt`); `f64` and 64-bit integers are native;
+//!   `f16`/`bf16` are `unsigned short` bits computed on in `float` through the portable
+//!   helpers, as in C.
+//! - The emitted code never overflows a signed integer (see `exprs.rs`), so CUDA's lack of
+//!   `-fwrapv` changes nothing.
+//!
+//! The host side: compile with `--fmad=false` (NVRTC fuses `a * b + c` by default) and
+//! without `--use_fast_math`, keeping NVRTC's `--ftz=false --prec-div=true
+//! --prec-sqrt=true`. Then every op is bit-identical to the interpreter except CUDA's
+//! transcendentals (the same list as OpenCL's), which are within CUDA's documented ulp bounds.
+//!
+//! # WGSL ([`render_wgsl`])
+//!
+//! WGSL is not a C dialect, so it has its own emitter (`wgsl/`), written to the same
+//! semantics: one `@compute` entry point per kernel with the constant local sizes as
+//! `@workgroup_size`, buffers at `@binding(k)` of group 0 in buffer-parameter order, and
+//! one uniform after them holding the dims and the logical workgroup counts, so that a
+//! grid larger than the device's per-dimension limit is dispatched as a linear range
+//! ([`WgslShader::dispatch`]) and reassembled in the shader. 8- and 16-bit buffers are
+//! packed into `u32` words (atomic read-modify-writes when written), `f16`/`bf16` are
+//! bits computed on in `f32` with integer-only conversions, and 64-bit types need the
+//! target's `int64`/`f64` features ([`WgslTarget`]), else [`CodegenError::UnsupportedOp`].
+//! Integer division, shifts, float-to-integer casts, `max`/`min`, `fmod`, `pow` and every
+//! NaN test are guarded or rewritten as in C; what WGSL cannot promise (`/`, `sqrt` and the
+//! transcendentals are within ulp bounds, not exact; `erf` and the `f64` transcendentals
+//! are refused) is listed at the top of `codegen/wgsl/mod.rs`.
 
 mod cstyle;
 mod emit;
@@ -102,7 +144,7 @@ use tessel_shape::DType;
 pub use wgsl::{WgslBuffer, WgslShader, WgslTarget, render_wgsl};
 
 pub use cstyle::{
-    C, CStyle, HalfBuiltins, Launch, OPENCL, OPENCL_NO_FP64, c_type_name, opencl_type_name,
+    C, CStyle, CUDA, HalfBuiltins, Launch, OPENCL, OPENCL_NO_FP64, c_type_name, opencl_type_name,
 };
 
 use crate::kernel::Kernel;

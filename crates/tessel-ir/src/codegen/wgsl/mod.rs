@@ -1,20 +1,114 @@
 //! WGSL for wgpu: the kernel IR printed as one compute shader, plus the host side of its
 //! ABI (what to bind where, what goes in the uniform, how many workgroups to dispatch).
 //!
-//! SKELETON: the interface below is the contract between this emitter and `tessel-wgpu`.
-//! The rendering itself is being written; until then `render_wgsl` returns `Unsupported`.
-//!
 //! # ABI
 //!
 //! - Bind group 0. The `k`-th `Param::Buffer` of the kernel (counting buffers only) is at
 //!   `@binding(k)`, `var<storage, read>` when the parameter is read-only, else
-//!   `var<storage, read_write>`. Then one `var<uniform>` at binding `buffers.len()`, always
-//!   present, whose bytes [`WgslShader::uniform_bytes`] produces (dim values and the
-//!   logical workgroup counts, so a grid larger than the device's per-dimension limit is
-//!   split across dispatch dimensions and reassembled in the shader).
-//! - Buffers hold the same bytes as on the host (little-endian, `bool` one byte, `f16` and
-//!   `bf16` two); 8- and 16-bit element types are packed into `u32` words in the shader, so
-//!   the backend must allocate every buffer rounded up to a multiple of 4 bytes (at least 4).
+//!   `var<storage, read_write>`. Then one `var<uniform>` at binding `buffers.len()`
+//!   ([`WgslShader::uniform_binding`]), always present, whose bytes
+//!   [`WgslShader::uniform_bytes`] produces.
+//! - Buffers hold the same bytes as on the host (little-endian, `bool` one byte 0 or 1,
+//!   `f16` and `bf16` two bytes of bits). 32- and 64-bit element types are WGSL arrays of
+//!   their own type; 8- and 16-bit element types are packed four or two to a `u32` word
+//!   (`array<u32>` when read-only, `array<atomic<u32>>` when written, see below), so the
+//!   backend must allocate every buffer rounded up to a multiple of 4 bytes (at least 4).
+//! - The uniform is `struct TslUniform { words: array<vec4<u32>, N> }`, read as a flat
+//!   array of `u32` words: words 0, 1, 2 are the logical workgroup counts
+//!   (`LaunchArgs::grid[0..3]`), word 3 their product, words 4..8 zero (word 4 is read
+//!   as an opaque zero, see below), and dim parameter `d` (counting dims only, in
+//!   parameter order) is the two words `8 + 2d` (low) and `9 + 2d` (high) of its value as
+//!   a 64-bit two's complement integer. [`WgslShader::uniform_size`] is `16 * N`, at
+//!   least 32.
+//! - Dispatch: the logical workgroups are numbered linearly, x fastest
+//!   (`x + groups[0] * (y + groups[1] * z)`), and spread over the dispatch's three axes so
+//!   that none exceeds [`WgslShader::max_groups_per_dim`]
+//!   ([`WgslShader::dispatch`]); the shader numbers the dispatched workgroups the same
+//!   way from `workgroup_id` and `num_workgroups`, rebuilds the logical group id from the
+//!   linear number and the logical counts in the uniform, and skips the surplus
+//!   workgroups of the last row. The skip is one `if` around the whole body whose
+//!   condition is workgroup-uniform (it depends only on `workgroup_id`,
+//!   `num_workgroups` and the uniform), so barriers stay in uniform control flow.
+//! - One `@compute` entry point, [`entry_name`](super::entry_name)'s name, with the
+//!   kernel's local sizes as `@workgroup_size` (they must be constants).
+//!
+//! # Values
+//!
+//! - `f32`, `i32`, `u32` and `bool` are native. `u8`/`u16` values are held in `u32` and
+//!   `i8`/`i16` in `i32`, always in canonical form (zero- or sign-extended): every op that
+//!   can leave the range masks or sign-extends its result again.
+//! - `f16` and `bf16` values are their bits in a `u32`; every op converts to `f32` with
+//!   exact integer code, computes there and rounds back to nearest even with integer code,
+//!   as [`Scalar`](tessel_shape::Scalar) does. WGSL's `f16` type and `pack2x16float` are
+//!   not used: the first needs a device feature, the second's rounding is unspecified.
+//! - `i64`/`u64` need [`WgslTarget::int64`] (naga's `i64`/`u64`,
+//!   `Capabilities::SHADER_INT64`); `f64` needs both [`WgslTarget::f64`] and
+//!   [`WgslTarget::int64`] (naga's `f64`, `Capabilities::FLOAT64`), since NaN tests,
+//!   `max`/`min`, `%` and conversions work on its bits. Without them a kernel that uses the
+//!   type fails with [`CodegenError::UnsupportedOp`] naming the first op and dtype.
+//! - Vectors are `array<T, W>` values, and every op on them is written lane by lane.
+//! - Workgroup arrays (`DefineLocal`) and register arrays (`DefineReg`) hold one value per
+//!   element in its WGSL type (no packing: 8- and 16-bit locals take 4 bytes an element).
+//! - Packed buffers: a load reads the word and extracts the element with a shift and a
+//!   mask (sign-extending signed types); a store is `atomicAnd` clearing the element's bits
+//!   then `atomicOr` setting them, so stores by different invocations to neighbouring
+//!   elements of one word never lose each other's bits.
+//!
+//! # Semantics
+//!
+//! Generated code computes what [`Scalar`](tessel_shape::Scalar) computes, with the same
+//! guards as the C-family emitter where WGSL differs: integer `/` and `%` go through
+//! helpers (`a / 0 == a`, `a % 0 == 0`, `MIN / -1 == MIN`), shift amounts are masked to the
+//! width (WGSL rejects over-wide constant shifts), float-to-integer casts saturate with
+//! NaN to 0 explicitly, integer-to-float casts round to nearest even with integer code
+//! (WGSL lets an implementation pick either neighbour), float `max`/`min` let NaN win and
+//! order `-0 < +0`, `%` on floats is an exact `fmod` (musl's algorithm: WGSL's `%` is
+//! `x - y * trunc(x / y)`), `pow` handles C's special cases (zeros, infinities, negative
+//! bases) explicitly and calls WGSL's `pow` only on a positive finite base, and every NaN
+//! test looks at the bits, since WGSL lets implementations assume no NaN in comparisons
+//! (float comparisons are guarded the same way). `mad` on `f16` rounds once, exactly, in
+//! `f32` (the product of two `f16` values is exact there; the sum is rounded to odd with
+//! its error, then to `f16`). Two more precautions, both found on Mesa's lavapipe: float
+//! results whose sign of zero matters (`sign`) are built on the bits, since Vulkan drivers
+//! need not keep signed zeros through float operations; and the two-sum's error terms go
+//! through an XOR with the uniform's zero word, which compilers cannot see through, since
+//! naga marks no operation exact and Mesa rewrites `s - (s - p)` to `p`.
+//!
+//! Differences that remain, which WGSL gives no way around:
+//!
+//! - Float `/`, `sqrt`, `1 / sqrt` are within WGSL's bounds (2.5 ulp for `/`), not
+//!   correctly rounded; `exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tan`, `tanh` and the
+//!   positive-base `pow` are WGSL's built-ins, within their (loose) bounds. Results on
+//!   `f16`/`bf16` are those `f32` results rounded.
+//! - `mad` on `f32` and `f64` is WGSL's `fma`, which GPUs compute fused, but which
+//!   WGSL's accuracy rules allow to round twice (lavapipe does); conversely a driver may
+//!   contract a separate product and sum into one fused operation (naga marks no
+//!   `NoContraction`).
+//! - Devices may flush `f32` subnormals in arithmetic and in built-ins (lavapipe does:
+//!   `log` of a subnormal); bit-level work, conversions of the half types and casts stay
+//!   exact. `sin`, `cos` and `tan` have no accuracy bound outside `[-π, π]` in WGSL.
+//!
+//! Not supported, with [`CodegenError::UnsupportedOp`]:
+//!
+//! - `erf` on every float dtype: the reference computes it in `f64` with an `f64` `exp`,
+//!   and WGSL has no `f64` `exp` that backends can lower (see the next point).
+//! - `exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tan`, `tanh` and `pow` on `f64`: naga's
+//!   validator accepts them, but SPIR-V's `GLSL.std.450` versions are defined for 16- and
+//!   32-bit floats only (and HLSL and MSL have none), so no backend can run them.
+//! - `mad` on `bf16` without `f64`: it rounds once only through `f64` (the product of two
+//!   `bf16` values may underflow `f32`).
+//! - Symbolic local sizes ([`CodegenError::Unsupported`]): `@workgroup_size` must be
+//!   a constant here, and so must fit [`WgslTarget::max_invocations`].
+//!
+//! naga 30's validator does not check that barriers are in uniform control flow; the
+//! emitted code keeps them where the IR verifier proved them uniform. A barrier inside a
+//! block whose bound or condition was loaded from a `read_write` buffer or workgroup
+//! memory is uniform by the verifier's rules but not by the WGSL specification's analysis,
+//! which a stricter compiler (Tint) would reject.
+
+mod emit;
+mod helpers;
+mod ops;
 
 use tessel_shape::DType;
 
@@ -22,10 +116,20 @@ use super::CodegenError;
 use crate::kernel::Kernel;
 use crate::launch::LaunchArgs;
 
+/// The dialect name in errors.
+const DIALECT: &str = "wgsl";
+
+/// Words of the uniform before the dims: the three logical group counts, their product, a
+/// zero the shader's compiler cannot know is zero, and three reserved zeros.
+const HEADER_WORDS: usize = 8;
+
+/// The uniform word that is always zero (see [`HEADER_WORDS`]).
+const ZERO_WORD: usize = 4;
+
 /// What the target device supports, which decides how (and whether) a kernel renders.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgslTarget {
-    /// `wgpu::Features::SHADER_F64`: `f64` values and buffers.
+    /// `wgpu::Features::SHADER_F64`: `f64` values and buffers (together with `int64`).
     pub f64: bool,
     /// `wgpu::Features::SHADER_INT64`: `i64`/`u64` values and buffers.
     pub int64: bool,
@@ -66,27 +170,87 @@ pub struct WgslShader {
 }
 
 impl WgslShader {
-    /// The uniform buffer's contents for one launch.
+    /// The uniform buffer's contents for one launch (see the module docs for the layout):
+    /// `uniform_size` bytes.
     pub fn uniform_bytes(&self, args: &LaunchArgs) -> Vec<u8> {
-        let _ = args;
-        vec![0; self.uniform_size as usize]
+        let mut words = vec![0u32; (self.uniform_size as usize / 4).max(HEADER_WORDS)];
+        // Counts past u32 never launch: `dispatch` rejects them.
+        for (word, &groups) in words.iter_mut().zip(&args.grid[..3]) {
+            *word = groups as u32;
+        }
+        words[3] = args.groups as u32;
+        for (d, &value) in args.dims.iter().enumerate() {
+            let at = HEADER_WORDS + 2 * d;
+            if at + 1 < words.len() {
+                words[at] = value as u32;
+                words[at + 1] = (value >> 32) as u32;
+            }
+        }
+        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes.resize(self.uniform_size as usize, 0);
+        bytes
     }
 
     /// The workgroup counts to dispatch for one launch (each at most
     /// `max_groups_per_dim`; `[0, 0, 0]` when the grid is empty).
+    ///
+    /// The logical workgroups are spread over the axes as evenly as the limit allows: `y * z`
+    /// rows of `x` workgroups, with fewer than `y * z` surplus workgroups in all. Fails when
+    /// the local sizes differ from the shader's, or when the workgroups cannot be numbered
+    /// in a `u32` or do not fit `max_groups_per_dim` cubed.
     pub fn dispatch(&self, args: &LaunchArgs) -> Result<[u32; 3], CodegenError> {
-        let _ = args;
-        Ok([0, 0, 0])
+        let fail = |reason: String| CodegenError::Unsupported {
+            kernel: self.entry_point.clone(),
+            dialect: DIALECT,
+            reason,
+        };
+        let local = [args.grid[3], args.grid[4], args.grid[5]];
+        if local != self.workgroup_size.map(i64::from) {
+            return Err(fail(format!(
+                "the launch's local sizes {local:?} differ from the shader's workgroup size {:?}",
+                self.workgroup_size
+            )));
+        }
+        let total = args.groups;
+        if total == 0 {
+            return Ok([0, 0, 0]);
+        }
+        let Ok(total) = u32::try_from(total) else {
+            return Err(fail(format!(
+                "{total} workgroups {:?} cannot be numbered in a u32; launch fewer, larger ones",
+                &args.grid[..3]
+            )));
+        };
+        let max = u64::from(self.max_groups_per_dim.max(1));
+        let total = u64::from(total);
+        let rows = total.div_ceil(max);
+        let x = total.div_ceil(rows);
+        let y = rows.min(max);
+        let z = rows.div_ceil(y);
+        if z > max || x * y * z > u64::from(u32::MAX) {
+            return Err(fail(format!(
+                "{total} workgroups do not fit a dispatch of at most {max} per dimension"
+            )));
+        }
+        Ok([x as u32, y as u32, z as u32])
     }
 }
 
 /// Renders `kernel` as a WGSL compute shader for `target`, after verifying it.
+///
+/// ```
+/// use tessel_ir::codegen::{WgslTarget, render_wgsl};
+/// use tessel_ir::samples;
+/// use tessel_shape::DType;
+///
+/// let target = WgslTarget { f64: false, int64: false, max_groups_per_dim: 65535, max_invocations: 256 };
+/// let kernel = samples::vector_add(DType::F32, 1000, 64).unwrap();
+/// let shader = render_wgsl(&kernel, &target).unwrap();
+/// assert_eq!(shader.workgroup_size, [64, 1, 1]);
+/// assert_eq!(shader.uniform_binding, 3);
+/// assert!(shader.source.contains("@compute @workgroup_size(64, 1, 1)"));
+/// ```
 pub fn render_wgsl(kernel: &Kernel, target: &WgslTarget) -> Result<WgslShader, CodegenError> {
-    let _ = target;
-    crate::verify::verify(kernel)?;
-    Err(CodegenError::Unsupported {
-        kernel: kernel.name.clone(),
-        dialect: "wgsl",
-        reason: "the WGSL emitter is not written yet".into(),
-    })
+    let defs = crate::verify::verify(kernel)?;
+    emit::Emitter::new(kernel, defs, target)?.render()
 }

@@ -1,0 +1,172 @@
+//! Finding CUDA devices and setting each up: its primary context, one stream, its memory
+//! pool and staging buffer, and what the driver says about it.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use cudarc::driver::result::DriverError;
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use tessel_ir::{BackendError, DeviceInfo, Features};
+
+use crate::ffi::{self, Context, Stream};
+use crate::memory::{Pool, Staging};
+
+/// One device in use.
+pub(crate) struct CudaDevice {
+    /// Its index among this backend's devices.
+    pub(crate) index: usize,
+    /// The driver's ordinal.
+    pub(crate) ordinal: usize,
+    pub(crate) info: DeviceInfo,
+    /// `(major, minor)`.
+    pub(crate) capability: (i32, i32),
+    pub(crate) stream: Stream,
+    pub(crate) pool: Mutex<Pool>,
+    pub(crate) staging: Mutex<Staging>,
+    /// Declared last: dropped after everything that needs it bound.
+    pub(crate) ctx: Context,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl CudaDevice {
+    /// A failed driver call on this device, which leaves it in an unknown state.
+    pub(crate) fn lost(&self, call: &str, e: DriverError) -> BackendError {
+        BackendError::DeviceLost {
+            device: self.info.name.clone(),
+            reason: format!("{call} failed: {e}"),
+        }
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // Work still queued may use the cached blocks and the staging buffer.
+        if let Err(e) = self.stream.synchronize(&self.ctx) {
+            tracing::warn!(
+                "tessel-cuda: {}: final synchronize failed: {e}",
+                self.info.name
+            );
+        }
+        lock(&self.staging).clear(&self.ctx);
+        if let Err(e) = lock(&self.pool).trim(&self.ctx, &self.stream) {
+            tracing::warn!(
+                "tessel-cuda: {}: freeing cached memory failed: {e}",
+                self.info.name
+            );
+        }
+        if self.ctx.bind().is_ok() {
+            self.stream.destroy();
+        }
+    }
+}
+
+/// What discovery found: the devices, the driver's CUDA version, and why there are none
+/// when there are none.
+pub(crate) struct Discovery {
+    pub(crate) devices: Vec<CudaDevice>,
+    pub(crate) driver_version: i32,
+}
+
+/// Every CUDA device, or only ordinal `only`. No driver, no GPU or a failing driver means no
+/// devices (logged), never a panic.
+pub(crate) fn discover(only: Option<usize>) -> Discovery {
+    let none = Discovery {
+        devices: Vec::new(),
+        driver_version: 0,
+    };
+    if let Err(why) = ffi::load_driver() {
+        tracing::debug!("tessel-cuda: {why}: no devices");
+        return none;
+    }
+    if let Err(e) = ffi::init() {
+        tracing::debug!("tessel-cuda: cuInit failed ({e}): no devices");
+        return none;
+    }
+    let driver_version = ffi::driver_version().unwrap_or(0);
+    let count = match ffi::device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("tessel-cuda: cuDeviceGetCount failed ({e}): no devices");
+            return none;
+        }
+    };
+    let ordinals: Vec<usize> = match only {
+        Some(k) if k < count => vec![k],
+        Some(k) => {
+            tracing::warn!(
+                "tessel-cuda: TESSEL_CUDA_DEVICE={k}, but there are {count} device(s): no devices"
+            );
+            Vec::new()
+        }
+        None => (0..count).collect(),
+    };
+    let mut devices = Vec::new();
+    for ordinal in ordinals {
+        match set_up(devices.len(), ordinal) {
+            Ok(device) => {
+                tracing::debug!(
+                    "tessel-cuda: device {ordinal}: {} (sm_{}{})",
+                    device.info.name,
+                    device.capability.0,
+                    device.capability.1
+                );
+                devices.push(device);
+            }
+            Err(e) => tracing::warn!("tessel-cuda: skipping device {ordinal}: {e}"),
+        }
+    }
+    Discovery {
+        devices,
+        driver_version,
+    }
+}
+
+fn set_up(index: usize, ordinal: usize) -> Result<CudaDevice, DriverError> {
+    let ctx = Context::new(ordinal)?;
+    let get = |a: Attr| ctx.attribute(a).map(|v| u32::try_from(v).unwrap_or(0));
+    let capability = (
+        ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    );
+    let info = DeviceInfo {
+        name: ctx.name()?,
+        memory_bytes: ctx.total_memory()? as u64,
+        compute_units: get(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        max_workgroup_size: get(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        max_local_size: [
+            get(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+            get(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+            get(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+        ],
+        max_groups: [
+            u64::from(get(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?),
+            u64::from(get(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?),
+            u64::from(get(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?),
+        ],
+        // Static `__shared__` arrays are limited to this (48 KiB), whatever the opt-in
+        // maximum for dynamic shared memory is.
+        local_memory_bytes: u64::from(get(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?),
+        features: Features {
+            // Kernels compute f16 in float, and every CUDA GPU converts f16 natively.
+            f16: true,
+            f64: true,
+            int64: true,
+            subgroup_size: Some(get(Attr::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?),
+            // Tensor cores arrived with Volta (sm_70).
+            matrix_units: capability.0 >= 7,
+        },
+    };
+    let stream = Stream::new(&ctx)?;
+    Ok(CudaDevice {
+        index,
+        ordinal,
+        info,
+        capability,
+        stream,
+        pool: Mutex::new(Pool::default()),
+        staging: Mutex::new(Staging::default()),
+        ctx,
+    })
+}

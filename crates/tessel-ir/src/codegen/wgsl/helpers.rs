@@ -1,0 +1,709 @@
+//! The WGSL functions generated code calls where WGSL has no operator with
+//! [`Scalar`](tessel_shape::Scalar)'s semantics: half-type conversions, guarded integer
+//! division, NaN-propagating `max`, exact `fmod`, `pow`'s special cases, saturating and
+//! correctly rounded conversions.
+//!
+//! Only the helpers a kernel uses are emitted, each after the helpers it calls. Arguments
+//! of a function are never constant expressions to naga, so a helper also keeps naga's
+//! constant evaluation away from operations that would fail on constant operands
+//! (`1 / 0`, overflowing `MIN / -1`).
+
+use tessel_shape::DType;
+
+/// One helper a shader needs. Integer helpers take the WGSL representation's dtype (`I32`,
+/// `U32`, `I64`, `U64`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Helper {
+    /// Whether an `F32` or `F64` is a NaN, from its bits.
+    IsNan(DType),
+    /// An `F32` or `F64` passed through an XOR of its bits with the uniform's zero word:
+    /// the identity, which no compiler can see through, so that it cannot rewrite the
+    /// error terms of a two-sum algebraically (Mesa's NIR turns `s - (s - p)` into `p` in
+    /// float code not marked exact, and naga marks none).
+    Opaque(DType),
+    /// `f16` bits to `f32`, exactly (NaNs quieted, as `half` does).
+    F16ToF32,
+    /// `f32` to `f16` bits, rounding to nearest even.
+    F32ToF16,
+    /// `bf16` bits to `f32`, exactly (NaNs quieted).
+    Bf16ToF32,
+    /// `f32` to `bf16` bits, rounding to nearest even.
+    F32ToBf16,
+    /// `f64` to `f32` rounding to odd, so that a second rounding to a half type is exact.
+    F64ToF32Odd,
+    /// `a * b + c` on `bf16` values given as `f64`, rounded once (to odd, to `f32`).
+    HalfFmaF64,
+    /// `a * b + c` on `f16` bits, rounded once to `f16`, computed exactly in `f32`.
+    MadF16,
+    /// `max` of two floats: NaN wins, `-0 < +0`.
+    FloatMax(DType),
+    /// `min` of two floats: NaN wins, `-0 < +0`.
+    FloatMin(DType),
+    /// C's `fmod`, exactly (musl's algorithm on the bits).
+    Fmod(DType),
+    /// C's `pow` on `f32`: the special cases explicitly, WGSL's `pow` on `|x|` otherwise.
+    PowF32,
+    /// Integer `/`: `a / 0 == a`, `MIN / -1 == MIN`.
+    IntDiv(DType),
+    /// Integer `%`: `a % 0 == 0`, `MIN % -1 == 0`.
+    IntRem(DType),
+    /// Integer `a^b`, wrapping; negative exponents truncate `1 / a^|b|`.
+    IntPow(DType),
+    /// An integer (`I32`, `U32`, `I64`, `U64`) to `F32` or `F64`, rounding to nearest even.
+    IntToFloat(DType, DType),
+    /// `F32`/`F64` to an integer dtype (any width): truncating, saturating, NaN to 0.
+    FloatToInt(DType, DType),
+}
+
+impl Helper {
+    /// The helpers this one calls.
+    fn deps(self) -> Vec<Helper> {
+        match self {
+            Helper::FloatMax(d) | Helper::FloatMin(d) | Helper::Fmod(d) => vec![Helper::IsNan(d)],
+            Helper::FloatToInt(from, _) => vec![Helper::IsNan(from)],
+            Helper::PowF32 => vec![Helper::IsNan(DType::F32)],
+            Helper::F64ToF32Odd => vec![Helper::IsNan(DType::F64)],
+            Helper::HalfFmaF64 => vec![Helper::F64ToF32Odd, Helper::Opaque(DType::F64)],
+            Helper::MadF16 => vec![
+                Helper::F16ToF32,
+                Helper::F32ToF16,
+                Helper::Opaque(DType::F32),
+            ],
+            Helper::IntToFloat(DType::I32, to) => vec![Helper::IntToFloat(DType::U32, to)],
+            Helper::IntToFloat(DType::I64, to) => vec![Helper::IntToFloat(DType::U64, to)],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The function's name.
+    pub(super) fn name(self) -> String {
+        match self {
+            Helper::IsNan(d) => format!("tsl_isnan_{d}"),
+            Helper::Opaque(d) => format!("tsl_opaque_{d}"),
+            Helper::F16ToF32 => "tsl_f16_to_f32".into(),
+            Helper::F32ToF16 => "tsl_f32_to_f16".into(),
+            Helper::Bf16ToF32 => "tsl_bf16_to_f32".into(),
+            Helper::F32ToBf16 => "tsl_f32_to_bf16".into(),
+            Helper::F64ToF32Odd => "tsl_f64_to_f32_odd".into(),
+            Helper::HalfFmaF64 => "tsl_half_fma".into(),
+            Helper::MadF16 => "tsl_mad_f16".into(),
+            Helper::FloatMax(d) => format!("tsl_max_{d}"),
+            Helper::FloatMin(d) => format!("tsl_min_{d}"),
+            Helper::Fmod(d) => format!("tsl_fmod_{d}"),
+            Helper::PowF32 => "tsl_pow_f32".into(),
+            Helper::IntDiv(d) => format!("tsl_div_{d}"),
+            Helper::IntRem(d) => format!("tsl_rem_{d}"),
+            Helper::IntPow(d) => format!("tsl_pow_{d}"),
+            Helper::IntToFloat(from, to) | Helper::FloatToInt(from, to) => {
+                format!("tsl_{from}_to_{to}")
+            }
+        }
+    }
+}
+
+/// The helpers a shader needs, in an order where each follows the helpers it calls.
+#[derive(Default)]
+pub(super) struct Helpers {
+    order: Vec<Helper>,
+}
+
+impl Helpers {
+    /// Records that the shader calls `helper`; returns its name.
+    pub(super) fn call(&mut self, helper: Helper) -> String {
+        self.require(helper);
+        helper.name()
+    }
+
+    fn require(&mut self, helper: Helper) {
+        if self.order.contains(&helper) {
+            return;
+        }
+        for dep in helper.deps() {
+            self.require(dep);
+        }
+        self.order.push(helper);
+    }
+
+    /// The definitions, in dependency order.
+    pub(super) fn render(&self) -> String {
+        let mut out = String::new();
+        for &helper in &self.order {
+            out.push_str(&definition(helper));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// The WGSL type holding values of `dtype` (the representation dtypes only).
+fn wgsl(dtype: DType) -> &'static str {
+    match dtype {
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::U64 => "u64",
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        _ => "u32",
+    }
+}
+
+/// An integer literal of the representation dtype `dtype`.
+pub(super) fn int_lit(dtype: DType, value: i128) -> String {
+    let suffix = match dtype {
+        DType::I8 | DType::I16 | DType::I32 => "i",
+        DType::I64 => "li",
+        DType::U64 => "lu",
+        _ => "u",
+    };
+    // The most negative value has no literal (its magnitude overflows): MIN = -MAX - 1.
+    if (dtype == DType::I32 && value == i128::from(i32::MIN))
+        || (dtype == DType::I64 && value == i128::from(i64::MIN))
+    {
+        return format!("({}{suffix} - 1{suffix})", value + 1);
+    }
+    if value < 0 {
+        format!("({value}{suffix})")
+    } else {
+        format!("{value}{suffix}")
+    }
+}
+
+/// The text of one helper.
+fn definition(helper: Helper) -> String {
+    let name = helper.name();
+    match helper {
+        Helper::IsNan(d) => {
+            if d == DType::F64 {
+                format!(
+                    "fn {name}(x: f64) -> bool {{\n    return (bitcast<u64>(x) & 0x7ffffffffffffffflu) > 0x7ff0000000000000lu;\n}}\n"
+                )
+            } else {
+                format!(
+                    "fn {name}(x: f32) -> bool {{\n    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;\n}}\n"
+                )
+            }
+        }
+        Helper::Opaque(d) => {
+            let zero = super::ZERO_WORD;
+            let word = format!("tsl_u.words[{}][{}]", zero / 4, zero % 4);
+            if d == DType::F64 {
+                format!(
+                    "fn {name}(x: f64) -> f64 {{\n    return bitcast<f64>(bitcast<u64>(x) ^ u64({word}));\n}}\n"
+                )
+            } else {
+                format!(
+                    "fn {name}(x: f32) -> f32 {{\n    return bitcast<f32>(bitcast<u32>(x) ^ {word});\n}}\n"
+                )
+            }
+        }
+        Helper::F16ToF32 => format!(
+            "fn {name}(h: u32) -> f32 {{
+    let sign = (h & 0x8000u) << 16u;
+    let e = h & 0x7c00u;
+    let man = h & 0x03ffu;
+    if (h & 0x7fffu) == 0u {{
+        return bitcast<f32>(sign);
+    }}
+    if e == 0x7c00u {{
+        // Infinity, or a NaN made quiet with its payload kept, as `half` does.
+        return bitcast<f32>(select(sign | 0x7fc00000u | (man << 13u), sign | 0x7f800000u, man == 0u));
+    }}
+    if e == 0u {{
+        // A subnormal: shift its leading 1 into the implicit bit.
+        let s = countLeadingZeros(man) - 21u;
+        return bitcast<f32>(sign | ((113u - s) << 23u) | (((man << s) & 0x03ffu) << 13u));
+    }}
+    return bitcast<f32>(sign | (((e >> 10u) + 112u) << 23u) | (man << 13u));
+}}
+"
+        ),
+        Helper::F32ToF16 => format!(
+            "fn {name}(value: f32) -> u32 {{
+    let x = bitcast<u32>(value);
+    let sign = x & 0x80000000u;
+    let e = x & 0x7f800000u;
+    let man = x & 0x007fffffu;
+    if e == 0x7f800000u {{
+        // Infinity, or a quiet NaN keeping the payload's top bits.
+        return (sign >> 16u) | 0x7c00u | select(0x0200u, 0u, man == 0u) | (man >> 13u);
+    }}
+    let half_sign = sign >> 16u;
+    let half_exp = i32(e >> 23u) - 127i + 15i;
+    if half_exp >= 0x1fi {{
+        return half_sign | 0x7c00u;
+    }}
+    if half_exp <= 0i {{
+        // A subnormal result, or zero past the smallest subnormal's half.
+        if 14i - half_exp > 24i {{
+            return half_sign;
+        }}
+        let m = man | 0x00800000u;
+        var half_man = m >> u32(14i - half_exp);
+        let round_bit = 1u << u32(13i - half_exp);
+        if (m & round_bit) != 0u && (m & (3u * round_bit - 1u)) != 0u {{
+            half_man += 1u;
+        }}
+        return half_sign | half_man;
+    }}
+    var out = half_sign | (u32(half_exp) << 10u) | (man >> 13u);
+    // Round to nearest even: up when past half, or at half with an odd result.
+    if (man & 0x1000u) != 0u && (man & 0x2fffu) != 0u {{
+        out += 1u;
+    }}
+    return out;
+}}
+"
+        ),
+        Helper::Bf16ToF32 => format!(
+            "fn {name}(h: u32) -> f32 {{
+    // NaNs are made quiet, as `half` does.
+    return bitcast<f32>(select(h, h | 0x0040u, (h & 0x7fffu) > 0x7f80u) << 16u);
+}}
+"
+        ),
+        Helper::F32ToBf16 => format!(
+            "fn {name}(value: f32) -> u32 {{
+    let x = bitcast<u32>(value);
+    if (x & 0x7fffffffu) > 0x7f800000u {{
+        return (x >> 16u) | 0x0040u;
+    }}
+    // Round to nearest even.
+    if (x & 0x8000u) != 0u && (x & 0x17fffu) != 0u {{
+        return (x >> 16u) + 1u;
+    }}
+    return x >> 16u;
+}}
+"
+        ),
+        Helper::F64ToF32Odd => format!(
+            "fn {name}(x: f64) -> f32 {{
+    let nearest = f32(x);
+    if tsl_isnan_f64(x) || f64(nearest) == x {{
+        return nearest;
+    }}
+    let bits = bitcast<u32>(nearest);
+    if (bits & 0x7fffffffu) == 0x7f800000u {{
+        // Past the top of the range: the largest finite f32, whose significand is odd.
+        return bitcast<f32>((bits & 0x80000000u) | 0x7f7fffffu);
+    }}
+    if (bits & 1u) != 0u {{
+        return nearest;
+    }}
+    // Even and inexact: take the other neighbour, one step toward x.
+    return bitcast<f32>(select(bits - 1u, bits + 1u, abs(f64(nearest)) < abs(x)));
+}}
+"
+        ),
+        Helper::HalfFmaF64 => format!(
+            "fn {name}(a: f64, b: f64, c: f64) -> f32 {{
+    // The product of two half values is exact in f64; the sum is rounded to odd with its
+    // exact error (two-sum), then to f32 to odd, so the caller's rounding to the half type
+    // is the only one that counts.
+    let product = a * b;
+    let sum = tsl_opaque_f64(product + c);
+    if (bitcast<u64>(sum) & 0x7ff0000000000000lu) == 0x7ff0000000000000lu {{
+        return f32(sum);
+    }}
+    let c_part = tsl_opaque_f64(sum - product);
+    let error = tsl_opaque_f64(product - tsl_opaque_f64(sum - c_part)) + tsl_opaque_f64(c - c_part);
+    let bits = bitcast<u64>(sum);
+    var odd = sum;
+    if error != 0.0lf && (bits & 1lu) == 0lu {{
+        odd = bitcast<f64>(select(bits - 1lu, bits + 1lu, (error > 0.0lf) == (sum > 0.0lf)));
+    }}
+    return tsl_f64_to_f32_odd(odd);
+}}
+"
+        ),
+        Helper::MadF16 => format!(
+            "fn {name}(a: u32, b: u32, c: u32) -> u32 {{
+    // The product of two f16 values has at most 22 significant bits and lies within
+    // 2^-48..2^32, so it is exact in f32; the sum is rounded to odd with its exact error
+    // (two-sum), so the rounding to f16 is the only one that counts.
+    let x = tsl_f16_to_f32(a);
+    let y = tsl_f16_to_f32(b);
+    let z = tsl_f16_to_f32(c);
+    let product = x * y;
+    let sum = tsl_opaque_f32(product + z);
+    let bits = bitcast<u32>(sum);
+    if (bits & 0x7f800000u) == 0x7f800000u {{
+        return tsl_f32_to_f16(sum);
+    }}
+    let z_part = tsl_opaque_f32(sum - product);
+    let error = tsl_opaque_f32(product - tsl_opaque_f32(sum - z_part)) + tsl_opaque_f32(z - z_part);
+    var odd = sum;
+    if error != 0.0f && (bits & 1u) == 0u {{
+        odd = bitcast<f32>(select(bits - 1u, bits + 1u, (error > 0.0f) == (sum > 0.0f)));
+    }}
+    return tsl_f32_to_f16(odd);
+}}
+"
+        ),
+        Helper::FloatMax(d) | Helper::FloatMin(d) => {
+            let t = wgsl(d);
+            let (cmp, signed) = if matches!(helper, Helper::FloatMax(_)) {
+                (">", "b")
+            } else {
+                ("<", "a")
+            };
+            let sign_bit = if d == DType::F64 {
+                format!("(bitcast<u64>({signed}) >> 63u) != 0lu")
+            } else {
+                format!("(bitcast<u32>({signed}) >> 31u) != 0u")
+            };
+            format!(
+                "fn {name}(a: {t}, b: {t}) -> {t} {{
+    // NaN wins, and -0 < +0, as IEEE 754-2019's maximum and minimum define it.
+    if tsl_isnan_{d}(a) {{
+        return a;
+    }}
+    if tsl_isnan_{d}(b) {{
+        return b;
+    }}
+    return select(b, a, a {cmp} b || (a == b && {sign_bit}));
+}}
+"
+            )
+        }
+        Helper::Fmod(d) => fmod_definition(d),
+        Helper::PowF32 => format!(
+            "fn {name}(x: f32, y: f32) -> f32 {{
+    // C's pow: the special cases on the bits, WGSL's pow (defined for x > 0 only) otherwise.
+    let xb = bitcast<u32>(x);
+    let yb = bitcast<u32>(y);
+    let ax = xb & 0x7fffffffu;
+    let ay = yb & 0x7fffffffu;
+    let inf = bitcast<f32>(0x7f800000u);
+    if ay == 0u || xb == 0x3f800000u {{
+        return 1.0f;
+    }}
+    if ax > 0x7f800000u || ay > 0x7f800000u {{
+        return bitcast<f32>(0x7fc00000u);
+    }}
+    let y_pos = (yb >> 31u) == 0u;
+    if ay == 0x7f800000u {{
+        if ax == 0x3f800000u {{
+            return 1.0f;
+        }}
+        return select(0.0f, inf, (ax > 0x3f800000u) == y_pos);
+    }}
+    // Every f32 from 2^23 on is an integer, and every one from 2^24 on is even.
+    let y_int = ay >= 0x4b000000u || trunc(y) == y;
+    let y_odd = y_int && ay < 0x4b800000u && trunc(y * 0.5f) != y * 0.5f;
+    let negate = (xb >> 31u) != 0u && y_odd;
+    var magnitude: f32;
+    if ax == 0u {{
+        magnitude = select(inf, 0.0f, y_pos);
+    }} else if ax == 0x7f800000u {{
+        magnitude = select(0.0f, inf, y_pos);
+    }} else if (xb >> 31u) != 0u && !y_int {{
+        return bitcast<f32>(0x7fc00000u);
+    }} else {{
+        magnitude = pow(bitcast<f32>(ax), y);
+    }}
+    return select(magnitude, -magnitude, negate);
+}}
+"
+        ),
+        Helper::IntDiv(d) => {
+            let t = wgsl(d);
+            let zero = int_lit(d, 0);
+            if d.is_signed() {
+                let minus_one = int_lit(d, -1);
+                format!(
+                    "fn {name}(a: {t}, b: {t}) -> {t} {{
+    if b == {zero} {{
+        return a;
+    }}
+    // MIN / -1 overflows; wrapping negation gives MIN.
+    if b == {minus_one} {{
+        return -a;
+    }}
+    return a / b;
+}}
+"
+                )
+            } else {
+                format!("fn {name}(a: {t}, b: {t}) -> {t} {{\n    if b == {zero} {{\n        return a;\n    }}\n    return a / b;\n}}\n")
+            }
+        }
+        Helper::IntRem(d) => {
+            let t = wgsl(d);
+            let zero = int_lit(d, 0);
+            let guard = if d.is_signed() {
+                format!("b == {zero} || b == {}", int_lit(d, -1))
+            } else {
+                format!("b == {zero}")
+            };
+            format!(
+                "fn {name}(a: {t}, b: {t}) -> {t} {{
+    // Every remainder by -1 is 0, and MIN % -1 would overflow.
+    if {guard} {{
+        return {zero};
+    }}
+    return a % b;
+}}
+"
+            )
+        }
+        Helper::IntPow(d) => {
+            let t = wgsl(d);
+            let (one, zero) = (int_lit(d, 1), int_lit(d, 0));
+            let negative = if d.is_signed() {
+                let minus_one = int_lit(d, -1);
+                format!(
+                    "    // 1 / a^|b| truncated: only a = 1 and a = -1 give a nonzero result.
+    if b < {zero} {{
+        if a == {one} {{
+            return {one};
+        }}
+        if a == {minus_one} {{
+            return select({one}, {minus_one}, (b & {one}) != {zero});
+        }}
+        return {zero};
+    }}
+"
+                )
+            } else {
+                String::new()
+            };
+            let (e_t, e_init, e_one, e_zero) = if d.bits() > 32 {
+                ("u64", "bitcast<u64>(b)", "1lu", "0lu")
+            } else {
+                ("u32", "bitcast<u32>(b)", "1u", "0u")
+            };
+            format!(
+                "fn {name}(a: {t}, b: {t}) -> {t} {{
+{negative}    // Square and multiply, wrapping.
+    var base = a;
+    var result = {one};
+    var e: {e_t} = {e_init};
+    while e != {e_zero} {{
+        if (e & {e_one}) != {e_zero} {{
+            result = result * base;
+        }}
+        base = base * base;
+        e = e >> 1u;
+    }}
+    return result;
+}}
+"
+            )
+        }
+        Helper::IntToFloat(from, to) => int_to_float_definition(from, to),
+        Helper::FloatToInt(from, to) => {
+            let f = wgsl(from);
+            let repr = super::ops::repr_dtype(to);
+            let t = wgsl(repr);
+            let suffix = if from == DType::F32 { "f" } else { "lf" };
+            let bits = to.bits();
+            // The bounds are powers of two, exact in both float types; values past them
+            // saturate, and the conversion itself only sees values in range.
+            let (low_test, low, high, convert) = if to.is_signed() {
+                (
+                    format!("x <= -{}.0{suffix}", 1u128 << (bits - 1)),
+                    int_lit(repr, -(1i128 << (bits - 1))),
+                    format!("{}.0{suffix}", 1u128 << (bits - 1)),
+                    format!("{t}(x)"),
+                )
+            } else {
+                (
+                    format!("x <= -1.0{suffix}"),
+                    int_lit(repr, 0),
+                    format!("{}.0{suffix}", 1u128 << bits),
+                    format!("{t}(max(x, 0.0{suffix}))"),
+                )
+            };
+            let max = if to.is_signed() {
+                int_lit(repr, (1i128 << (bits - 1)) - 1)
+            } else {
+                int_lit(repr, (1i128 << bits) - 1)
+            };
+            format!(
+                "fn {name}(x: {f}) -> {t} {{
+    if tsl_isnan_{from}(x) {{
+        return {zero};
+    }}
+    if {low_test} {{
+        return {low};
+    }}
+    if x >= {high} {{
+        return {max};
+    }}
+    return {convert};
+}}
+",
+                zero = int_lit(repr, 0),
+            )
+        }
+    }
+}
+
+/// `tsl_<from>_to_<to>`: an integer to a float, rounded to nearest even on the bits
+/// (WGSL lets an implementation round a conversion either way).
+fn int_to_float_definition(from: DType, to: DType) -> String {
+    let name = Helper::IntToFloat(from, to).name();
+    let f = wgsl(from);
+    let t = wgsl(to);
+    if from.is_signed() {
+        // Through the magnitude, whose wrapping negation is right for MIN too.
+        let (u, unsigned, zero) = if from == DType::I64 {
+            ("u64", DType::U64, "0li")
+        } else {
+            ("u32", DType::U32, "0i")
+        };
+        let inner = Helper::IntToFloat(unsigned, to).name();
+        return format!(
+            "fn {name}(x: {f}) -> {t} {{
+    let magnitude = {inner}(select(bitcast<{u}>(x), {zero_u} - bitcast<{u}>(x), x < {zero}));
+    return select(magnitude, -magnitude, x < {zero});
+}}
+",
+            zero_u = if from == DType::I64 { "0lu" } else { "0u" },
+        );
+    }
+    // Keep `p` significant bits (24 or 53), round the rest away to nearest even.
+    let (p, bias, bits_t, bits_lit) = if to == DType::F32 {
+        (24u32, 127u32, "u32", "u")
+    } else {
+        (53, 1023, "u64", "lu")
+    };
+    let (width, lit, clz) = if from == DType::U64 {
+        (
+            64u32,
+            "lu",
+            "select(32u + countLeadingZeros(u32(x)), countLeadingZeros(u32(x >> 32u)), (x >> 32u) != 0lu)",
+        )
+    } else {
+        (32, "u", "countLeadingZeros(x)")
+    };
+    let exact = format!("{t}(x)");
+    if width <= p {
+        return format!("fn {name}(x: {f}) -> {t} {{\n    return {exact};\n}}\n");
+    }
+    let mantissa_bits = p - 1;
+    format!(
+        "fn {name}(x: {f}) -> {t} {{
+    if x < (1{lit} << {p}u) {{
+        return {exact};
+    }}
+    // Drop the bits below the {p} most significant ones, rounding to nearest even.
+    let shift = {drop}u - {clz};
+    let kept = x >> shift;
+    let rest = x & ((1{lit} << shift) - 1{lit});
+    let half = 1{lit} << (shift - 1u);
+    let up = rest > half || (rest == half && (kept & 1{lit}) != 0{lit});
+    // The exponent field plus the fraction; a carry out of the fraction bumps the exponent.
+    let bits = ({bits_t}({bias}u + {mantissa_bits}u + shift) << {mantissa_bits}u) + ({bits_t}(kept) - (1{bits_lit} << {mantissa_bits}u)) + select(0{bits_lit}, 1{bits_lit}, up);
+    return bitcast<{t}>(bits);
+}}
+",
+        drop = width - p,
+    )
+}
+
+/// musl's `fmod` on the bits, exact for every input.
+fn fmod_definition(d: DType) -> String {
+    let name = Helper::Fmod(d).name();
+    // (float type, bits type, literal suffix, exponent shift, exponent mask, the implicit
+    // bit, the fraction mask, the sign bit, quiet NaN)
+    let (t, u, s, shift, emask, implicit, fraction, sign, nan) = if d == DType::F64 {
+        (
+            "f64",
+            "u64",
+            "lu",
+            52u32,
+            "0x7ffu",
+            "0x10000000000000lu",
+            "0xffffffffffffflu",
+            "0x8000000000000000lu",
+            "0x7ff8000000000000lu",
+        )
+    } else {
+        (
+            "f32",
+            "u32",
+            "u",
+            23,
+            "0xffu",
+            "0x800000u",
+            "0x7fffffu",
+            "0x80000000u",
+            "0x7fc00000u",
+        )
+    };
+    let top = if d == DType::F64 { 63 } else { 31 };
+    let emax = if d == DType::F64 { "0x7ffi" } else { "0xffi" };
+    let width = top + 1;
+    format!(
+        "fn {name}(x: {t}, y: {t}) -> {t} {{
+    // musl's fmod: the exact remainder, by long division of the significands.
+    let xi = bitcast<{u}>(x);
+    let yi = bitcast<{u}>(y);
+    var ex = i32(u32(xi >> {shift}u) & {emask});
+    var ey = i32(u32(yi >> {shift}u) & {emask});
+    let sx = xi & {sign};
+    if (yi << 1u) == 0{s} || tsl_isnan_{d}(y) || ex == {emax} {{
+        return bitcast<{t}>({nan});
+    }}
+    if (xi << 1u) <= (yi << 1u) {{
+        if (xi << 1u) == (yi << 1u) {{
+            return bitcast<{t}>(sx);
+        }}
+        return x;
+    }}
+    var ux: {u};
+    var uy: {u};
+    // Normalize both significands, leading 1 at bit {shift}.
+    if ex == 0i {{
+        var i = xi << {ebits}u;
+        while (i >> {top}u) == 0{s} {{
+            ex -= 1i;
+            i = i << 1u;
+        }}
+        ux = xi << u32(1i - ex);
+    }} else {{
+        ux = (xi & {fraction}) | {implicit};
+    }}
+    if ey == 0i {{
+        var i = yi << {ebits}u;
+        while (i >> {top}u) == 0{s} {{
+            ey -= 1i;
+            i = i << 1u;
+        }}
+        uy = yi << u32(1i - ey);
+    }} else {{
+        uy = (yi & {fraction}) | {implicit};
+    }}
+    for (; ex > ey; ex -= 1i) {{
+        let i = ux - uy;
+        if (i >> {top}u) == 0{s} {{
+            if i == 0{s} {{
+                return bitcast<{t}>(sx);
+            }}
+            ux = i;
+        }}
+        ux = ux << 1u;
+    }}
+    let i = ux - uy;
+    if (i >> {top}u) == 0{s} {{
+        if i == 0{s} {{
+            return bitcast<{t}>(sx);
+        }}
+        ux = i;
+    }}
+    while (ux >> {shift}u) == 0{s} {{
+        ux = ux << 1u;
+        ex -= 1i;
+    }}
+    if ex > 0i {{
+        ux = (ux - {implicit}) | ({u}(u32(ex)) << {shift}u);
+    }} else {{
+        ux = ux >> u32(1i - ex);
+    }}
+    return bitcast<{t}>(ux | sx);
+}}
+",
+        ebits = width - shift,
+    )
+}
