@@ -12,6 +12,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -395,13 +396,17 @@ fn run_backend(
         device: device.to_string(),
         ..Row::default()
     };
-    let mut log = String::new();
+    // Written after every binary, so a run cut short still leaves its logs.
+    let path = logs.join(format!("{backend}.log"));
+    let mut log =
+        fs::File::create(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
     let start = Instant::now();
     for b in binaries
         .iter()
         .filter(|b| b.package == SUITE || b.package == own)
     {
-        eprintln!("xtask: {backend}: running {} {}", b.package, b.target);
+        let (passed, failed, skipped) = (row.passed, row.failed, row.skipped);
+        let binary_start = Instant::now();
         let output = Command::new(&b.path)
             .arg("--show-output")
             .env("TESSEL_DEVICE", backend)
@@ -413,6 +418,7 @@ fn run_backend(
             .map_err(|e| format!("cannot run {}: {e}", b.path.display()))?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
+        // A log that cannot be written loses diagnostics, not results.
         let _ = writeln!(
             log,
             "==== {} {} ({})\n{stdout}{stderr}",
@@ -443,10 +449,17 @@ fn run_backend(
                 b.package, b.target, output.status
             ));
         }
+        eprintln!(
+            "xtask: {backend}: {} {}: {} passed, {} failed, {} skipped in {:.1} s",
+            b.package,
+            b.target,
+            row.passed - passed,
+            row.failed - failed,
+            row.skipped - skipped,
+            binary_start.elapsed().as_secs_f64()
+        );
     }
     row.seconds = start.elapsed().as_secs_f64();
-    let path = logs.join(format!("{backend}.log"));
-    fs::write(&path, log).map_err(|e| format!("writing {}: {e}", path.display()))?;
     Ok(row)
 }
 

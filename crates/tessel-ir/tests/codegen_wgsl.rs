@@ -177,7 +177,8 @@ fn refused(target: &WgslTarget, op: Op, dtype: DType) -> bool {
     let transcendental = matches!(
         op,
         Op::Unary(
-            UnaryOp::Exp
+            UnaryOp::Erf
+                | UnaryOp::Exp
                 | UnaryOp::Exp2
                 | UnaryOp::Log
                 | UnaryOp::Log2
@@ -188,7 +189,6 @@ fn refused(target: &WgslTarget, op: Op, dtype: DType) -> bool {
         ) | Op::Binary(BinaryOp::Pow)
     );
     match op {
-        Op::Unary(UnaryOp::Erf) => true,
         _ if transcendental => dtype == DType::F64,
         Op::Ternary(TernaryOp::MulAdd) => dtype == DType::BF16 && !(target.f64 && target.int64),
         _ => false,
@@ -235,9 +235,20 @@ fn unsupported_ops_name_the_op_and_dtype() {
     // The first instruction that needs i64 is the load of `x`.
     assert_eq!((op.as_str(), *dtype), ("load", DType::I64), "{err}");
 
+    // erf is fdlibm's erff on f32 (and the half types), refused on f64 (no f64 `exp`).
     let kernel = op_kernel(DType::F32, Op::Unary(UnaryOp::Erf), DType::F32, 1);
-    let err = render_wgsl(&kernel, &BASE).unwrap_err();
-    assert!(err.to_string().contains("erf (computed in f64)"), "{err}");
+    let shader = render_valid(&kernel, &BASE).unwrap();
+    assert!(
+        shader.source.contains("fn tsl_erf_f32("),
+        "{}",
+        shader.source
+    );
+    let kernel = op_kernel(DType::F64, Op::Unary(UnaryOp::Erf), DType::F64, 1);
+    let err = render_wgsl(&kernel, &FULL).unwrap_err();
+    assert!(
+        matches!(&err, CodegenError::UnsupportedOp { op, dtype: DType::F64, .. } if op == "erf"),
+        "{err}"
+    );
 
     // f64 needs int64 too (its NaN tests and conversions work on the bits).
     let f64_only = WgslTarget { f64: true, ..BASE };

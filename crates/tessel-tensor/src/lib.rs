@@ -21,5 +21,5 @@ pub use error::{Error, Result};
 pub use ops::{Operand, ScalarOperand};
 pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
 pub use tensor::Tensor;
-pub use tessel_ir::{DeviceInfo, Features};
+pub use tessel_ir::{BackendError, DeviceInfo, Features};
 pub use tessel_shape::{DType, Dim, Shape, bf16, f16};

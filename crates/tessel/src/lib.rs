@@ -35,8 +35,8 @@
 //! created on.
 
 pub use tessel_tensor::{
-    DType, Device, DeviceInfo, Dim, Element, Error, Features, PLAN_CACHE_LIMIT, RealizeReport,
-    Result, RuntimeStats, ScalarOperand, Shape, Tensor, bf16, f16, stats,
+    BackendError, DType, Device, DeviceInfo, Dim, Element, Error, Features, PLAN_CACHE_LIMIT,
+    RealizeReport, Result, RuntimeStats, ScalarOperand, Shape, Tensor, bf16, f16, stats,
 };
 
 /// The kernel IR, for writing custom kernels and inspecting generated ones.

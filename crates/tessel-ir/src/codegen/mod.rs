@@ -129,9 +129,12 @@
 //! bits computed on in `f32` with integer-only conversions, and 64-bit types need the
 //! target's `int64`/`f64` features ([`WgslTarget`]), else [`CodegenError::UnsupportedOp`].
 //! Integer division, shifts, float-to-integer casts, `max`/`min`, `fmod`, `pow` and every
-//! NaN test are guarded or rewritten as in C; what WGSL cannot promise (`/`, `sqrt` and the
-//! transcendentals are within ulp bounds, not exact; `erf` and the `f64` transcendentals
-//! are refused) is listed at the top of `codegen/wgsl/mod.rs`.
+//! NaN test are guarded or rewritten as in C; float `/` by zero gives IEEE's infinities and
+//! NaNs explicitly (WGSL leaves it to the implementation); `erf` on `f32` and the half
+//! types is fdlibm's `erff`, and `log`/`log2` are musl's, computed in the shader. What WGSL
+//! cannot promise (`/`, `sqrt` and the remaining transcendentals are within WGSL's bounds,
+//! not exact; `mad` may round twice; the `f64` transcendentals and `erf` are refused) is
+//! listed at the top of `codegen/wgsl/mod.rs`.
 
 mod cstyle;
 mod emit;

@@ -877,3 +877,21 @@ pub(crate) fn on_device(dtypes: impl IntoIterator<Item = DType>) -> Vec<DType> {
         })
         .collect()
 }
+
+/// Realizes `t`. When the device refuses a kernel as unsupported (an op its language has
+/// no exact rendering for, such as `exp` on f64 in WGSL), reports a `tessel-skip:` line and
+/// returns true, so the caller skips the case. The CPU supports everything: a refusal
+/// there fails the test, as does any other error.
+pub(crate) fn skipped(t: &Tensor, what: &str) -> bool {
+    match t.realize() {
+        Ok(_) => false,
+        Err(Error::Backend(e @ tessel_tensor::BackendError::Unsupported { .. }))
+            if t.device() != tessel_tensor::Device::cpu() =>
+        {
+            let test = std::thread::current().name().unwrap_or("?").to_string();
+            eprintln!("tessel-skip: {test}: {what}: {e}");
+            true
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+}

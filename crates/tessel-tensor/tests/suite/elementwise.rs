@@ -191,6 +191,9 @@ fn check_binary(op: &Binary, rng: &mut Rng, case: Case, dtypes: (DType, DType)) 
         stored(result, (op.reference)(x[0], x[1], compute))
     });
     assert_eq!(out.dims(), dims, "{what}: result shape");
+    if common::skipped(&out, &what) {
+        return;
+    }
     common::assert_close(
         &what,
         &common::read(&out),

@@ -465,6 +465,10 @@ fn logsumexp_softmax_log_softmax() -> Result<()> {
             );
             continue;
         }
+        let probe = floats(seed as u64 + 40, dtype, &[2], -1.0, 1.0).tensor(dtype);
+        if common::skipped(&probe.exp(), &format!("exp on {dtype}")) {
+            continue;
+        }
         for &dims in shapes_for(dtype) {
             // A wider range shows the max subtraction at work.
             let t = floats(seed as u64 + 40, dtype, dims, -30.0, 30.0).tensor(dtype);

@@ -1,7 +1,8 @@
 //! The WGSL functions generated code calls where WGSL has no operator with
 //! [`Scalar`](tessel_shape::Scalar)'s semantics: half-type conversions, guarded integer
-//! division, NaN-propagating `max`, exact `fmod`, `pow`'s special cases, saturating and
-//! correctly rounded conversions.
+//! division, IEEE division by zero, NaN-propagating `max`, exact `fmod`, `pow`'s special
+//! cases, `erf`, `log` and `log2` in the shader, `exp` reaching the subnormals, saturating
+//! and correctly rounded conversions.
 //!
 //! Only the helpers a kernel uses are emitted, each after the helpers it calls. Arguments
 //! of a function are never constant expressions to naga, so a helper also keeps naga's
@@ -43,6 +44,25 @@ pub(super) enum Helper {
     Fmod(DType),
     /// C's `pow` on `f32`: the special cases explicitly, WGSL's `pow` on `|x|` otherwise.
     PowF32,
+    /// Float `/` (`F32` or `F64`) with IEEE 754's results for a zero divisor made explicit
+    /// (WGSL leaves them to the implementation, and Mesa folds `x / 0.0` to zero).
+    FloatDiv(DType),
+    /// `erf` on `f32`: fdlibm's `erff` with WGSL's `exp`.
+    ErfF32,
+    /// `exp` on `f32`, reaching the subnormal results (lavapipe's `exp` flushes them).
+    ExpF32,
+    /// `exp2` on `f32`, reaching the subnormal results.
+    Exp2F32,
+    /// `log` on `f32`, subnormal inputs included (lavapipe's `log` misreads them).
+    LogF32,
+    /// `log2` on `f32`, subnormal inputs included.
+    Log2F32,
+    /// `tanh` on `f32`: exactly ±1 and `x` where `f32` rounds it so, a polynomial near 0
+    /// (where `tanh` built from `exp` cancels), WGSL's `tanh` in between.
+    TanhF32,
+    /// `fma` on `F32` or `F64`, with an infinite addend and finite factors giving the
+    /// addend (a device rounding the product first may overflow it into `inf - inf`).
+    Fma(DType),
     /// Integer `/`: `a / 0 == a`, `MIN / -1 == MIN`.
     IntDiv(DType),
     /// Integer `%`: `a % 0 == 0`, `MIN % -1 == 0`.
@@ -61,7 +81,8 @@ impl Helper {
         match self {
             Helper::FloatMax(d) | Helper::FloatMin(d) | Helper::Fmod(d) => vec![Helper::IsNan(d)],
             Helper::FloatToInt(from, _) => vec![Helper::IsNan(from)],
-            Helper::PowF32 => vec![Helper::IsNan(DType::F32)],
+            Helper::ErfF32 => vec![Helper::FloatDiv(DType::F32), Helper::ExpF32],
+            Helper::PowF32 => vec![Helper::IsNan(DType::F32), Helper::Exp2F32, Helper::Log2F32],
             Helper::F64ToF32Odd => vec![Helper::IsNan(DType::F64)],
             Helper::HalfFmaF64 => vec![Helper::F64ToF32Odd, Helper::Opaque(DType::F64)],
             Helper::MadF16 => vec![
@@ -91,6 +112,14 @@ impl Helper {
             Helper::FloatMin(d) => format!("tsl_min_{d}"),
             Helper::Fmod(d) => format!("tsl_fmod_{d}"),
             Helper::PowF32 => "tsl_pow_f32".into(),
+            Helper::FloatDiv(d) => format!("tsl_fdiv_{d}"),
+            Helper::ErfF32 => "tsl_erf_f32".into(),
+            Helper::ExpF32 => "tsl_exp_f32".into(),
+            Helper::Exp2F32 => "tsl_exp2_f32".into(),
+            Helper::LogF32 => "tsl_log_f32".into(),
+            Helper::Log2F32 => "tsl_log2_f32".into(),
+            Helper::TanhF32 => "tsl_tanh_f32".into(),
+            Helper::Fma(d) => format!("tsl_fma_{d}"),
             Helper::IntDiv(d) => format!("tsl_div_{d}"),
             Helper::IntRem(d) => format!("tsl_rem_{d}"),
             Helper::IntPow(d) => format!("tsl_pow_{d}"),
@@ -398,13 +427,221 @@ fn definition(helper: Helper) -> String {
         magnitude = select(0.0f, inf, y_pos);
     }} else if (xb >> 31u) != 0u && !y_int {{
         return bitcast<f32>(0x7fc00000u);
+    }} else if ax < 0x00800000u {{
+        // A subnormal base, which some devices' pow flushes (lavapipe's).
+        magnitude = tsl_exp2_f32(y * tsl_log2_f32(bitcast<f32>(ax)));
     }} else {{
         magnitude = pow(bitcast<f32>(ax), y);
+        if bitcast<u32>(magnitude) < 0x00800000u {{
+            // Near or below the smallest normal, which some devices flush: the square of
+            // the power to y / 2 rounds once onto the subnormal.
+            let h = pow(bitcast<f32>(ax), y * 0.5f);
+            magnitude = h * h;
+        }}
     }}
     return select(magnitude, -magnitude, negate);
 }}
 "
         ),
+        Helper::FloatDiv(d) => {
+            let t = wgsl(d);
+            let (u, abs_mask, sign, inf, nan, zero) = if d == DType::F64 {
+                (
+                    "u64",
+                    "0x7ffffffffffffffflu",
+                    "0x8000000000000000lu",
+                    "0x7ff0000000000000lu",
+                    "0x7ff8000000000000lu",
+                    "0lu",
+                )
+            } else {
+                ("u32", "0x7fffffffu", "0x80000000u", "0x7f800000u", "0x7fc00000u", "0u")
+            };
+            format!(
+                "fn {name}(a: {t}, b: {t}) -> {t} {{
+    // A zero divisor on the bits: 0 / 0 and NaN / 0 are NaN, anything else / ±0 is an
+    // infinity signed by both signs.
+    let ab = bitcast<{u}>(a);
+    let bb = bitcast<{u}>(b);
+    if (bb & {abs_mask}) == {zero} {{
+        if (ab & {abs_mask}) == {zero} || (ab & {abs_mask}) > {inf} {{
+            return bitcast<{t}>({nan});
+        }}
+        return bitcast<{t}>(((ab ^ bb) & {sign}) | {inf});
+    }}
+    return a / b;
+}}
+"
+            )
+        }
+        Helper::ErfF32 => format!(
+            "fn {name}(x: f32) -> f32 {{
+    // fdlibm's erff with FreeBSD's coefficients (openlibm's s_erff.c), WGSL's exp.
+    let hx = bitcast<u32>(x);
+    let ix = hx & 0x7fffffffu;
+    let negative = (hx >> 31u) != 0u;
+    if ix > 0x7f800000u {{
+        return x;
+    }}
+    if ix >= 0x40800000u {{
+        // |x| >= 4, infinities included: 1 - tiny rounds to 1.
+        return select(1.0f, -1.0f, negative);
+    }}
+    if ix < 0x3f580000u {{
+        // |x| < 0.84375
+        if ix < 0x38800000u {{
+            // |x| < 2^-14: x + efx * x, scaled up first where efx * x would underflow.
+            if ix < 0x04000000u {{
+                return (8.0f * x + 1.0270333290f * x) * 0.125f;
+            }}
+            return x + 0.12837916613f * x;
+        }}
+        let z = x * x;
+        let r = 0.128379166f + z * (-0.336030394f + z * (-0.00186260219f));
+        let s = 1.0f + z * (0.312324286f + z * (0.0216070302f + z * (-0.00198859419f)));
+        return x + x * tsl_fdiv_f32(r, s);
+    }}
+    let ax = bitcast<f32>(ix);
+    if ix < 0x3fa00000u {{
+        // 0.84375 <= |x| < 1.25
+        let s = ax - 1.0f;
+        let p = 3.64939137e-06f + s * (0.415109694f + s * (-0.165179938f + s * 0.110914491f));
+        let q = 1.0f + s * (0.602074385f + s * (0.535934687f + s * (0.168576106f + s * 0.0562181212f)));
+        let v = 0.842697144f + tsl_fdiv_f32(p, q);
+        return select(v, -v, negative);
+    }}
+    // 1.25 <= |x| < 4
+    let s = tsl_fdiv_f32(1.0f, ax * ax);
+    var r: f32;
+    var q: f32;
+    if ix < 0x4036db6eu {{
+        // |x| < 1 / 0.35
+        r = -0.00987132732f + s * (-0.553605914f + s * (-2.17589188f + s * (-1.43268085f)));
+        q = 1.0f + s * (5.45995426f + s * (6.69798088f + s * (1.43113089f + s * (-0.0577397496f))));
+    }} else {{
+        r = -0.00986494310f + s * (-0.625171244f + s * (-6.16498327f + s * (-16.6696873f + s * (-9.53764343f))));
+        q = 1.0f + s * (12.6884899f + s * (45.1839523f + s * (47.2810211f + s * 8.93033314f)));
+    }}
+    let z = bitcast<f32>(ix & 0xffffe000u);
+    let e = tsl_exp_f32(-z * z - 0.5625f) * tsl_exp_f32((z - ax) * (z + ax) + tsl_fdiv_f32(r, q));
+    let v = 1.0f - tsl_fdiv_f32(e, ax);
+    return select(v, -v, negative);
+}}
+"
+        ),
+        Helper::ExpF32 | Helper::Exp2F32 => {
+            // Below the bound, the result is near or below the smallest normal: the square
+            // of the function at x / 2 (exact halving, one rounding onto the subnormal).
+            let (f, bound) = if helper == Helper::ExpF32 {
+                ("exp", "-87.0f")
+            } else {
+                ("exp2", "-126.0f")
+            };
+            format!(
+                "fn {name}(x: f32) -> f32 {{
+    // Some devices (lavapipe) flush the built-in's subnormal results to zero.
+    if x < {bound} {{
+        let h = {f}(x * 0.5f);
+        return h * h;
+    }}
+    return {f}(x);
+}}
+"
+            )
+        }
+        Helper::LogF32 | Helper::Log2F32 => {
+            // musl's logf and log2f (from FreeBSD's e_logf.c and e_log2f.c).
+            let result = if helper == Helper::LogF32 {
+                "    let dk = f32(k);
+    return s * (hfsq + r) + dk * bitcast<f32>(0x3717f7d1u) - hfsq + f + dk * bitcast<f32>(0x3f317180u);"
+            } else {
+                "    // hi has 12 significant bits, so hi times the 12-bit high part of 1/ln(2) is exact.
+    let hi = bitcast<f32>(bitcast<u32>(f - hfsq) & 0xfffff000u);
+    let lo = f - hi - hfsq + s * (hfsq + r);
+    return (lo + hi) * bitcast<f32>(0xb9389ad4u) + lo * bitcast<f32>(0x3fb8b000u) + hi * bitcast<f32>(0x3fb8b000u) + f32(k);"
+            };
+            format!(
+                "fn {name}(value: f32) -> f32 {{
+    // musl's algorithm, not WGSL's built-in: that one is only within an absolute 2^-21 on
+    // [0.5, 2] (many ulps near 1), and devices (lavapipe) misread subnormal arguments.
+    var ix = bitcast<u32>(value);
+    var k = 0i;
+    if (ix << 1u) == 0u {{
+        return bitcast<f32>(0xff800000u);
+    }}
+    if (ix >> 31u) != 0u {{
+        return bitcast<f32>(0x7fc00000u | (ix & 0x007fffffu));
+    }}
+    if ix >= 0x7f800000u {{
+        return value;
+    }}
+    if ix == 0x3f800000u {{
+        return 0.0f;
+    }}
+    if ix < 0x00800000u {{
+        // A subnormal, scaled up by 2^25 exactly: its significand (an integer) times
+        // 2^-149 * 2^25, built without going through the subnormal.
+        k = -25i;
+        ix = bitcast<u32>(f32(ix) * bitcast<f32>(0x01800000u));
+    }}
+    // x = 2^k (1 + f), with 1 + f in [sqrt(2)/2, sqrt(2)).
+    ix += 0x3f800000u - 0x3f3504f3u;
+    k += i32(ix >> 23u) - 0x7fi;
+    ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+    let f = bitcast<f32>(ix) - 1.0f;
+    let s = f / (2.0f + f);
+    let z = s * s;
+    let w = z * z;
+    let t1 = w * (bitcast<f32>(0x3eccce13u) + w * bitcast<f32>(0x3e789e26u));
+    let t2 = z * (bitcast<f32>(0x3f2aaaaau) + w * bitcast<f32>(0x3e91e9eeu));
+    let r = t2 + t1;
+    let hfsq = 0.5f * f * f;
+{result}
+}}
+"
+            )
+        }
+        Helper::TanhF32 => format!(
+            "fn {name}(x: f32) -> f32 {{
+    let ax = bitcast<u32>(x) & 0x7fffffffu;
+    // tanh is exactly ±1 in f32 beyond |x| = 20, which an implementation computing
+    // exp(x) / exp(x) would overflow instead.
+    if ax > 0x41a00000u && ax <= 0x7f800000u {{
+        return bitcast<f32>((bitcast<u32>(x) & 0x80000000u) | 0x3f800000u);
+    }}
+    // tanh(x) rounds to x below |x| = 2^-12 (returned as is, keeping -0).
+    if ax < 0x39800000u {{
+        return x;
+    }}
+    // Below |x| = 1/8 the Taylor series to x^9 (next term below 2^-36 relative), where
+    // (e^2x - 1) / (e^2x + 1) cancels.
+    if ax < 0x3e000000u {{
+        let z = x * x;
+        let p = -0.33333333333f + z * (0.13333333333f + z * (-0.053968253968f + z * 0.021869488536f));
+        return x + x * (z * p);
+    }}
+    return tanh(x);
+}}
+"
+        ),
+        Helper::Fma(d) => {
+            let (t, u, abs_mask, inf) = if d == DType::F64 {
+                ("f64", "u64", "0x7ffffffffffffffflu", "0x7ff0000000000000lu")
+            } else {
+                ("f32", "u32", "0x7fffffffu", "0x7f800000u")
+            };
+            format!(
+                "fn {name}(a: {t}, b: {t}, c: {t}) -> {t} {{
+    // WGSL lets fma round the product first (lavapipe does), which can overflow it: a
+    // finite product plus an infinite c is c.
+    if (bitcast<{u}>(c) & {abs_mask}) == {inf} && (bitcast<{u}>(a) & {abs_mask}) < {inf} && (bitcast<{u}>(b) & {abs_mask}) < {inf} {{
+        return c;
+    }}
+    return fma(a, b, c);
+}}
+"
+            )
+        }
         Helper::IntDiv(d) => {
             let t = wgsl(d);
             let zero = int_lit(d, 0);

@@ -58,7 +58,10 @@
 //!
 //! Generated code computes what [`Scalar`](tessel_shape::Scalar) computes, with the same
 //! guards as the C-family emitter where WGSL differs: integer `/` and `%` go through
-//! helpers (`a / 0 == a`, `a % 0 == 0`, `MIN / -1 == MIN`), shift amounts are masked to the
+//! helpers (`a / 0 == a`, `a % 0 == 0`, `MIN / -1 == MIN`), float `/` (and `1 / x`,
+//! `1 / sqrt(x)`) by a zero divisor gives IEEE's result from the bits (NaN for `0 / 0` and
+//! `NaN / 0`, else an infinity signed by both signs: WGSL leaves it to the implementation,
+//! and Mesa folds `x / 0.0` to zero), shift amounts are masked to the
 //! width (WGSL rejects over-wide constant shifts), float-to-integer casts saturate with
 //! NaN to 0 explicitly, integer-to-float casts round to nearest even with integer code
 //! (WGSL lets an implementation pick either neighbour), float `max`/`min` let NaN win and
@@ -66,32 +69,46 @@
 //! `x - y * trunc(x / y)`), `pow` handles C's special cases (zeros, infinities, negative
 //! bases) explicitly and calls WGSL's `pow` only on a positive finite base, and every NaN
 //! test looks at the bits, since WGSL lets implementations assume no NaN in comparisons
-//! (float comparisons are guarded the same way). `mad` on `f16` rounds once, exactly, in
+//! (float comparisons are guarded the same way). `erf` on `f32` (and the half types, in
+//! `f32`) is fdlibm's `erff` (FreeBSD's coefficients) on WGSL's `exp`; `log` and `log2` are
+//! musl's `logf`/`log2f` (WGSL's built-ins are only within an absolute 2^-21 on [0.5, 2],
+//! many ulps near 1); `tanh` is a Taylor polynomial below |x| = 1/8, where `tanh` built
+//! from `exp` cancels. `mad` on `f32`/`f64` with finite factors and an infinite addend is
+//! the addend (an `fma` rounding the product first may overflow it into `inf - inf`).
+//! `mad` on `f16` rounds once, exactly, in
 //! `f32` (the product of two `f16` values is exact there; the sum is rounded to odd with
 //! its error, then to `f16`). Two more precautions, both found on Mesa's lavapipe: float
 //! results whose sign of zero matters (`sign`) are built on the bits, since Vulkan drivers
 //! need not keep signed zeros through float operations; and the two-sum's error terms go
 //! through an XOR with the uniform's zero word, which compilers cannot see through, since
-//! naga marks no operation exact and Mesa rewrites `s - (s - p)` to `p`.
+//! naga marks no operation exact and Mesa rewrites `s - (s - p)` to `p`. Also for
+//! lavapipe: `i32` to `i64`/`u64` sign extension is spelled out with 32-bit operations
+//! (lavapipe answered every signed comparison of WGSL's `i64(x)` with false), and `exp`,
+//! `exp2` and `pow` reach subnormal results as the square of the function at half the
+//! exponent (lavapipe's built-ins flush them to zero), `pow` of a subnormal base through
+//! `log2`.
 //!
 //! Differences that remain, which WGSL gives no way around:
 //!
 //! - Float `/`, `sqrt`, `1 / sqrt` are within WGSL's bounds (2.5 ulp for `/`), not
-//!   correctly rounded; `exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tan`, `tanh` and the
-//!   positive-base `pow` are WGSL's built-ins, within their (loose) bounds. Results on
-//!   `f16`/`bf16` are those `f32` results rounded.
+//!   correctly rounded; `exp`, `exp2`, `sin`, `cos`, `tan`, `tanh` (from 1/8 on) and the
+//!   positive-base `pow` are WGSL's built-ins, within their (loose) bounds: `exp` and
+//!   `exp2` 3 + 2|x| ulps, `pow` inherited from `exp2(y * log2(x))`, `sin` and `cos` an
+//!   absolute 2^-11 on [-π, π] and nothing outside it (lavapipe's are wrong past 2^23).
+//!   `erf`, `log` and `log2` are within a few ulps (they use WGSL's `/` and `exp`).
+//!   Results on `f16`/`bf16` are those `f32` results rounded.
 //! - `mad` on `f32` and `f64` is WGSL's `fma`, which GPUs compute fused, but which
 //!   WGSL's accuracy rules allow to round twice (lavapipe does); conversely a driver may
 //!   contract a separate product and sum into one fused operation (naga marks no
 //!   `NoContraction`).
-//! - Devices may flush `f32` subnormals in arithmetic and in built-ins (lavapipe does:
-//!   `log` of a subnormal); bit-level work, conversions of the half types and casts stay
-//!   exact. `sin`, `cos` and `tan` have no accuracy bound outside `[-π, π]` in WGSL.
+//! - Devices may flush `f32` subnormals in arithmetic and in built-ins (lavapipe's
+//!   built-ins do, which the helpers above work around; its arithmetic does not);
+//!   bit-level work, conversions of the half types and casts stay exact.
 //!
 //! Not supported, with [`CodegenError::UnsupportedOp`]:
 //!
-//! - `erf` on every float dtype: the reference computes it in `f64` with an `f64` `exp`,
-//!   and WGSL has no `f64` `exp` that backends can lower (see the next point).
+//! - `erf` on `f64`: fdlibm's `erf` needs an `f64` `exp`, and WGSL has none that backends
+//!   can lower (see the next point).
 //! - `exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tan`, `tanh` and `pow` on `f64`: naga's
 //!   validator accepts them, but SPIR-V's `GLSL.std.450` versions are defined for 16- and
 //!   32-bit floats only (and HLSL and MSL have none), so no backend can run them.

@@ -167,10 +167,6 @@ impl<'k> Ops<'k> {
                 _ => return Err(self.unsupported(name, dtype)),
             },
             DType::F16 | DType::BF16 => {
-                if op == UnaryOp::Erf {
-                    self.require_f64(name, dtype)?;
-                    return Err(self.unsupported(name, dtype));
-                }
                 // Exactly on the bits: no conversion needed.
                 let inf = if dtype == DType::F16 {
                     "0x7c00u"
@@ -242,9 +238,9 @@ impl<'k> Ops<'k> {
                     t = if f64 { "f64" } else { "f32" }
                 )
             }
-            UnaryOp::Reciprocal => format!("({one} / {a})"),
+            UnaryOp::Reciprocal => self.call(Helper::FloatDiv(dtype), &[one, a]),
             UnaryOp::Sqrt => call("sqrt"),
-            UnaryOp::Rsqrt => format!("({one} / sqrt({a}))"),
+            UnaryOp::Rsqrt => self.call(Helper::FloatDiv(dtype), &[one, &call("sqrt")]),
             UnaryOp::Exp
             | UnaryOp::Exp2
             | UnaryOp::Log
@@ -258,24 +254,17 @@ impl<'k> Ops<'k> {
                 // GLSL.std.450, HLSL and MSL define these for 16- and 32-bit floats only.
                 return Err(self.unsupported(op.name(), dtype));
             }
-            UnaryOp::Exp => call("exp"),
-            UnaryOp::Exp2 => call("exp2"),
-            UnaryOp::Log => call("log"),
-            UnaryOp::Log2 => call("log2"),
+            UnaryOp::Exp => self.call(Helper::ExpF32, &[a]),
+            UnaryOp::Exp2 => self.call(Helper::Exp2F32, &[a]),
+            UnaryOp::Log => self.call(Helper::LogF32, &[a]),
+            UnaryOp::Log2 => self.call(Helper::Log2F32, &[a]),
             UnaryOp::Sin => call("sin"),
             UnaryOp::Cos => call("cos"),
             UnaryOp::Tan => call("tan"),
-            // tanh is exactly ±1 in f32 beyond |x| = 20 and x itself below |x| = 2^-12;
-            // saying so keeps implementations whose tanh overflows at large |x|
-            // (exp(x) / exp(x)) or cancels at small |x| ((e^2x - 1) / (e^2x + 1)) exact there.
-            UnaryOp::Tanh => format!(
-                "select(select(tanh({a}), bitcast<f32>((bitcast<u32>({a}) & 0x80000000u) | 0x3f800000u), (bitcast<u32>({a}) & 0x7fffffffu) > 0x41a00000u && (bitcast<u32>({a}) & 0x7fffffffu) <= 0x7f800000u), {a}, (bitcast<u32>({a}) & 0x7fffffffu) < 0x39800000u)"
-            ),
-            UnaryOp::Erf => {
-                self.require_f64(op.name(), dtype)?;
-                // There is no f64 `exp` to compute fdlibm's erf with (see the module docs).
-                return Err(self.unsupported(op.name(), dtype));
-            }
+            UnaryOp::Tanh => self.call(Helper::TanhF32, &[a]),
+            // There is no f64 `exp` to compute fdlibm's erf with (see the module docs).
+            UnaryOp::Erf if f64 => return Err(self.unsupported(op.name(), dtype)),
+            UnaryOp::Erf => self.call(Helper::ErfF32, &[a]),
             UnaryOp::Floor => call("floor"),
             UnaryOp::Ceil => call("ceil"),
             // WGSL's round rounds half to even.
@@ -387,7 +376,7 @@ impl<'k> Ops<'k> {
             BinaryOp::Add => format!("({a} + {b})"),
             BinaryOp::Sub => format!("({a} - {b})"),
             BinaryOp::Mul => format!("({a} * {b})"),
-            BinaryOp::Div => format!("({a} / {b})"),
+            BinaryOp::Div => self.call(Helper::FloatDiv(dtype), &[a, b]),
             BinaryOp::Rem => self.call(Helper::Fmod(dtype), &[a, b]),
             BinaryOp::Pow if dtype == DType::F64 => {
                 return Err(self.unsupported(op.name(), dtype));
@@ -414,7 +403,7 @@ impl<'k> Ops<'k> {
             TernaryOp::Where => format!("select({c}, {b}, {a})"),
             TernaryOp::MulAdd => match dtype {
                 DType::Bool => format!("(({a} && {b}) || {c})"),
-                DType::F32 | DType::F64 => format!("fma({a}, {b}, {c})"),
+                DType::F32 | DType::F64 => self.call(Helper::Fma(dtype), &[a, b, c]),
                 DType::F16 => self.call(Helper::MadF16, &[a, b, c]),
                 DType::BF16 => {
                     self.require_f64(name, dtype)?;
@@ -528,8 +517,10 @@ fn int_convert(from: DType, to: DType, a: &str) -> String {
         (f, t) if f == t => a.to_owned(),
         (I32, U32) => format!("bitcast<u32>({a})"),
         (U32, I32) => format!("bitcast<i32>({a})"),
-        (I32, I64) => format!("i64({a})"),
-        (I32, U64) => format!("bitcast<u64>(i64({a}))"),
+        // Sign extension spelled out: lavapipe (Mesa 22, LLVM 15) miscompiles a signed
+        // comparison of `i64(x)`, WGSL's own sign extension, as false for every lane.
+        (I32, I64) => format!("bitcast<i64>({})", sign_extend(a)),
+        (I32, U64) => sign_extend(a),
         (U32, U64) => format!("u64({a})"),
         (U32, I64) => format!("bitcast<i64>(u64({a}))"),
         (I64, U64) => format!("bitcast<u64>({a})"),
@@ -539,6 +530,11 @@ fn int_convert(from: DType, to: DType, a: &str) -> String {
         (U64, I32) => format!("bitcast<i32>(u32({a}))"),
         _ => format!("u32({a})"),
     }
+}
+
+/// The `i32` `a` sign-extended to a `u64`, through 32-bit operations only.
+fn sign_extend(a: &str) -> String {
+    format!("(u64(bitcast<u32>({a})) | (u64(bitcast<u32>({a} >> 31u)) << 32u))")
 }
 
 fn cmp_symbol(op: BinaryOp) -> &'static str {
