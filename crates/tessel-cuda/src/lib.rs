@@ -55,7 +55,7 @@
 //!   allocation retried once; then [`BackendError::OutOfMemory`]. [`Backend::write`] copies
 //!   the data into pinned staging memory and returns while the device copies it;
 //!   [`Backend::read`] waits for earlier work and the copy; [`Backend::copy`] is queued.
-//! - **Programs**: rendered with [`CUDA`](tessel_ir::codegen::CUDA), compiled by NVRTC with
+//! - **Programs**: rendered with [`CUDA`], compiled by NVRTC with
 //!   `--gpu-architecture=sm_XY --fmad=false --ftz=false --prec-div=true --prec-sqrt=true
 //!   --std=c++17` to CUBIN (no PTX, so a newer NVRTC than the driver is fine), and cached in
 //!   memory and on disk, keyed by the source, the options, NVRTC's and the driver's versions
