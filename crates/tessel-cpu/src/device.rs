@@ -33,6 +33,7 @@ pub(crate) fn host(threads: usize) -> DeviceInfo {
             int64: true,
             subgroup_size: None,
             matrix_units: false,
+            subnormals_may_flush: false,
         },
     }
 }

@@ -156,6 +156,7 @@ fn set_up(index: usize, ordinal: usize) -> Result<CudaDevice, DriverError> {
             subgroup_size: Some(get(Attr::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?),
             // Tensor cores arrived with Volta (sm_70).
             matrix_units: capability.0 >= 7,
+            subnormals_may_flush: false,
         },
     };
     let stream = Stream::new(&ctx)?;

@@ -39,6 +39,10 @@ pub struct Features {
     pub subgroup_size: Option<u32>,
     /// Matrix-multiply instructions (tensor cores and the like).
     pub matrix_units: bool,
+    /// f32/f64 subnormal inputs and results of float arithmetic may be flushed to zero
+    /// (WGSL allows it; NVIDIA's Vulkan driver does). Bit-level operations, loads, stores
+    /// and selects still move subnormals unchanged.
+    pub subnormals_may_flush: bool,
 }
 
 impl Features {

@@ -423,3 +423,105 @@ fn snapshot_vector_add_f16() {
     let shader = render_valid(&samples::vector_add(DType::F16, 1000, 64).unwrap(), &BASE).unwrap();
     insta::assert_snapshot!("wgsl_vector_add_f16", shader.source);
 }
+
+/// The body of the entry point (the helpers' definitions come before it).
+fn entry_body(shader: &WgslShader) -> &str {
+    let at = shader.source.find("@compute").expect("an entry point");
+    &shader.source[at..]
+}
+
+/// Float products go through the opaque identity (no driver may fuse them with the sum they
+/// feed), and `mad` alone fuses; integer products stay plain.
+#[test]
+fn float_products_cannot_be_contracted() {
+    let mut kb = KernelBuilder::new("unfused");
+    let [x, y, z] = ["x", "y", "z"].map(|n| kb.buffer(n, DType::F32, 256, Access::Read));
+    let out = kb.buffer("out", DType::F32, 256, Access::Write);
+    kb.grid([4, 1, 1], [64, 1, 1]);
+    let i = kb.global_id(0, DType::I32);
+    let [a, b, c] = [x, y, z].map(|buf| kb.load(buf, i));
+    let p = kb.mul(a, b);
+    let s = kb.add(p, c);
+    kb.store(out, i, s);
+    let shader = render_valid(&kb.build().unwrap(), &BASE).unwrap();
+    let body = entry_body(&shader);
+    assert!(
+        shader.source.contains("fn tsl_opaque_f32("),
+        "{}",
+        shader.source
+    );
+    assert!(body.contains("tsl_opaque_f32((v"), "{}", shader.source);
+    assert!(
+        body.lines()
+            .filter(|l| l.contains(": f32 =") && l.contains(" * "))
+            .all(|l| l.contains("tsl_opaque_f32(")),
+        "{}",
+        shader.source
+    );
+    for (dtype, target) in [(DType::F64, FULL), (DType::BF16, BASE), (DType::F16, BASE)] {
+        let kernel = op_kernel(dtype, Op::Binary(BinaryOp::Mul), dtype, 1);
+        let shader = render_valid(&kernel, &target).unwrap();
+        let opaque = if dtype == DType::F64 {
+            "tsl_opaque_f64(("
+        } else {
+            "tsl_opaque_f32(("
+        };
+        assert!(
+            entry_body(&shader).contains(opaque),
+            "{dtype}: {}",
+            shader.source
+        );
+    }
+    let kernel = op_kernel(DType::I32, Op::Binary(BinaryOp::Mul), DType::I32, 1);
+    let shader = render_valid(&kernel, &BASE).unwrap();
+    assert!(!shader.source.contains("tsl_opaque"), "{}", shader.source);
+    let kernel = op_kernel(DType::F32, Op::Ternary(TernaryOp::MulAdd), DType::F32, 1);
+    let shader = render_valid(&kernel, &BASE).unwrap();
+    assert!(
+        entry_body(&shader).contains("tsl_fma_f32("),
+        "{}",
+        shader.source
+    );
+}
+
+/// Negation and `abs` are sign-bit operations, and conversions between float types are
+/// integer code, so that devices flushing subnormals keep them exact.
+#[test]
+fn sign_ops_and_float_conversions_work_on_the_bits() {
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        for op in [UnaryOp::Neg, UnaryOp::Abs] {
+            let kernel = op_kernel(dtype, Op::Unary(op), dtype, 1);
+            let shader = render_valid(&kernel, &FULL).unwrap();
+            let body = entry_body(&shader);
+            let mask = match (dtype, op) {
+                (DType::F16 | DType::BF16, UnaryOp::Neg) => "^ 0x8000u",
+                (DType::F16 | DType::BF16, _) => "& 0x7fffu",
+                (DType::F32, UnaryOp::Neg) => "^ 0x80000000u",
+                (DType::F32, _) => "& 0x7fffffffu",
+                (_, UnaryOp::Neg) => "^ 0x8000000000000000lu",
+                _ => "& 0x7ffffffffffffffflu",
+            };
+            assert!(body.contains(mask), "{op:?} on {dtype}: {}", shader.source);
+            assert!(
+                !body.contains("(-") && !body.contains("abs(") && !body.contains("tsl_f"),
+                "{op:?} on {dtype}: {}",
+                shader.source
+            );
+        }
+    }
+    for (from, to, helper) in [
+        (DType::F32, DType::F64, "tsl_f32_to_f64("),
+        (DType::BF16, DType::F64, "tsl_f32_to_f64("),
+        (DType::F64, DType::F32, "tsl_f64_to_f32("),
+        (DType::F64, DType::BF16, "tsl_f64_to_f32_odd("),
+    ] {
+        let kernel = op_kernel(from, Op::Cast(to), to, 1);
+        let shader = render_valid(&kernel, &FULL).unwrap();
+        let body = entry_body(&shader);
+        assert!(
+            body.contains(helper) && !body.contains("= f64(") && !body.contains("= f32("),
+            "{from} -> {to}: {}",
+            shader.source
+        );
+    }
+}

@@ -281,6 +281,7 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
             // Subgroup sizes are a per-kernel query, and no kernel uses subgroups yet.
             subgroup_size: None,
             matrix_units: false,
+            subnormals_may_flush: false,
         },
     };
     let mut build_options = String::new();

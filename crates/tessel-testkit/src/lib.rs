@@ -2,7 +2,11 @@
 //!
 //! Every [`Backend`] must compute what the reference interpreter ([`tessel_ir::interp`])
 //! computes: bit for bit for the exact ops, within the backend's documented ulps for its
-//! transcendentals. [`Conformance`] holds one device of one backend and has one method per
+//! transcendentals. On a device whose
+//! [`Features::subnormals_may_flush`](tessel_ir::Features::subnormals_may_flush) is set, the
+//! op and vector checks also accept a result that flushing explains: the reference's result
+//! with some subnormal float inputs read as zeros of the same sign, or a zero of either sign
+//! where that result is subnormal ([`agrees_flushed`]); nothing else is relaxed. [`Conformance`] holds one device of one backend and has one method per
 //! check (every op, cast and bitcast on every dtype with special values, the sample kernels,
 //! barriers, local memory, dynamic dims, aliasing, timing, the error paths, memory and
 //! transfers); a check panics with the backend, device and failing case in its message.
@@ -62,6 +66,7 @@
 
 mod checks;
 mod data;
+mod flush;
 mod ops;
 
 use std::cell::Cell;
@@ -71,6 +76,7 @@ use tessel_ir::{Backend, BackendError, DeviceInfo, Kernel, interp};
 use tessel_shape::{Bindings, DType};
 
 pub use data::{Rng, add_in_rust, agrees, f32_bytes, f32_values, random_elements};
+pub use flush::{agrees_flushed, flush_subnormals, flushable};
 pub use ops::Op;
 
 /// How a backend's results may differ from the interpreter's, and what it may refuse. One

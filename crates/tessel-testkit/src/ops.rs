@@ -2,7 +2,8 @@
 //! bits mixed with the values where a target language and the reference most easily
 //! disagree: zeros of both signs, infinities, NaNs, subnormals, `MIN`, `-1`, shift amounts
 //! past the width. Results must agree bit for bit (NaN payloads aside) except where the
-//! backend's [`Tolerance`](crate::Tolerance) allows ulps.
+//! backend's [`Tolerance`](crate::Tolerance) allows ulps, and, on a device that may flush
+//! subnormals to zero, where flushing explains the difference (see [`crate::flush`]).
 
 use std::fmt;
 
@@ -10,7 +11,8 @@ use tessel_ir::{Access, Kernel, KernelBuilder};
 use tessel_shape::{BinaryOp, Bindings, DType, TernaryOp, UnaryOp};
 
 use crate::Conformance;
-use crate::data::{Rng, agrees, op_data};
+use crate::data::{Rng, op_data};
+use crate::flush::Reference;
 
 /// Elements per buffer of the op kernels: 64 workgroups of 64.
 const N: usize = 4096;
@@ -168,7 +170,10 @@ impl Conformance<'_> {
         let kernel = op_kernel(name, dtype, ops);
         let mut buffers = inputs.clone();
         buffers.extend(ops.iter().map(|(_, d)| vec![0; N * d.size_bytes()]));
-        let want = crate::interpret(&kernel, &buffers, &Bindings::new());
+        let dims = Bindings::new();
+        let flush = self.info().features.subnormals_may_flush;
+        let flushable = [(0, dtype), (1, dtype), (2, dtype)];
+        let reference = Reference::new(&kernel, &buffers, &flushable, &dims, flush);
         let mut failures = Vec::new();
         match self.execute(&kernel, &buffers, &Bindings::new()) {
             Ok(got) => {
@@ -177,9 +182,9 @@ impl Conformance<'_> {
                         op,
                         dtype,
                         out,
-                        &inputs,
+                        &reference,
+                        3 + k,
                         &got[3 + k],
-                        &want[3 + k],
                         &mut failures,
                     );
                 }
@@ -207,15 +212,7 @@ impl Conformance<'_> {
                         &buffers,
                         &Bindings::new(),
                     ) {
-                        self.compare_op(
-                            op,
-                            dtype,
-                            out,
-                            &inputs,
-                            &got[3],
-                            &want[3 + k],
-                            &mut failures,
-                        );
+                        self.compare_op(op, dtype, out, &reference, 3 + k, &got[3], &mut failures);
                     }
                 }
             }
@@ -239,19 +236,20 @@ impl Conformance<'_> {
         );
     }
 
-    /// Compares the outputs of `op` element by element, adding a line per mismatch to
-    /// `failures`.
+    /// Compares `got`, the device's output of `op` (buffer `k` of the kernel), with the
+    /// reference's element by element, adding a line per mismatch to `failures`.
     #[allow(clippy::too_many_arguments)]
     fn compare_op(
         &self,
         op: Op,
         dtype: DType,
         out: DType,
-        inputs: &[Vec<u8>],
+        reference: &Reference<'_>,
+        k: usize,
         got: &[u8],
-        want: &[u8],
         failures: &mut Vec<String>,
     ) {
+        let inputs = &reference.buffers[..3];
         let ulps = if out.is_float() {
             (self.tolerance.ulps)(op, dtype, out)
         } else {
@@ -259,8 +257,9 @@ impl Conformance<'_> {
         };
         let size = out.size_bytes();
         for e in 0..N {
-            let (g, w) = (&got[e * size..][..size], &want[e * size..][..size]);
-            if !agrees(out, ulps, g, w) {
+            let g = &got[e * size..][..size];
+            if !reference.accepts(k, e, out, ulps, g) {
+                let w = reference.element(k, e, out);
                 let input = |b: &Vec<u8>| {
                     format!(
                         "{:02x?}",
@@ -269,10 +268,15 @@ impl Conformance<'_> {
                 };
                 failures.push(format!(
                     "{op} ({op:?}) on {dtype} -> {out}: inputs {} {} {}: device {g:02x?}, \
-                     interpreter {w:02x?} (allowed: {ulps} ulps)",
+                     interpreter {w:02x?} (allowed: {ulps} ulps{})",
                     input(&inputs[0]),
                     input(&inputs[1]),
-                    input(&inputs[2])
+                    input(&inputs[2]),
+                    if reference.flush {
+                        ", or what flushing subnormals explains"
+                    } else {
+                        ""
+                    }
                 ));
             }
         }

@@ -404,6 +404,9 @@ fn open(c: &Candidate) -> Result<GpuDevice, String> {
             int64: has(wgpu::Features::SHADER_INT64),
             subgroup_size,
             matrix_units: false,
+            // WGSL lets an implementation flush f32 subnormals (NVIDIA's Vulkan driver
+            // does), and wgpu cannot query a driver's float controls.
+            subnormals_may_flush: true,
         },
     };
     let details = WgpuDeviceDetails {

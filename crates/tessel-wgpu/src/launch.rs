@@ -73,25 +73,37 @@ pub(crate) fn submit(
     } else {
         &pipeline.exact
     };
-    let mut uniform = shader.uniform_bytes(args);
+    let mut contents = shader.uniform_bytes(args);
     // A uniform binding is never empty, and its size is a multiple of 16.
-    uniform.resize(uniform.len().max(16).next_multiple_of(16), 0);
+    contents.resize(contents.len().max(16).next_multiple_of(16), 0);
+    let oom = || BackendError::OutOfMemory {
+        device: dev.info.name.clone(),
+        requested: contents.len(),
+    };
+    let uniform = pipeline.uniform(&contents, || {
+        let (uniform, error) = dev.scoped(|| {
+            dev.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("tessel launch uniform"),
+                    contents: &contents,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                })
+        });
+        match error {
+            None => Ok(uniform),
+            Some(wgpu::Error::OutOfMemory { .. }) => Err(oom()),
+            Some(e) => Err(fail(e.to_string())),
+        }
+    })?;
     let ((index, timestamps), error) = dev.scoped(|| {
         let timestamps = (timed && dev.details.timestamps).then(|| timestamps(dev));
-        let uniform = dev
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("tessel launch uniform"),
-                contents: &uniform,
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
         let mut entries: Vec<wgpu::BindGroupEntry<'_>> = shader
             .buffers
             .iter()
             .zip(buffers)
             .map(|(binding, b)| wgpu::BindGroupEntry {
                 binding: binding.binding,
-                resource: b.buffer.as_entire_binding(),
+                resource: b.binding(),
             })
             .collect();
         entries.push(wgpu::BindGroupEntry {
@@ -131,10 +143,7 @@ pub(crate) fn submit(
     });
     match error {
         None => Ok(Some(Submitted { index, timestamps })),
-        Some(wgpu::Error::OutOfMemory { .. }) => Err(BackendError::OutOfMemory {
-            device: dev.info.name.clone(),
-            requested: uniform.len(),
-        }),
+        Some(wgpu::Error::OutOfMemory { .. }) => Err(oom()),
         Some(e) => Err(fail(e.to_string())),
     }
 }

@@ -50,8 +50,18 @@
 //!   outside a call's own error scopes are logged and returned by the next call on the
 //!   device; a lost device is [`BackendError::DeviceLost`] from then on.
 //! - **Memory**: one storage buffer per tensor buffer, its size rounded up to a multiple of
-//!   4 bytes (wgpu copies whole words, and shaders pack 8- and 16-bit elements into words).
-//!   [`Backend::write`] is queued; [`Backend::read`] waits for earlier work and maps a
+//!   4 bytes (wgpu copies whole words, and shaders pack 8- and 16-bit elements into words);
+//!   a launch binds exactly those bytes. Buffers come from a caching pool per device, as in
+//!   `tessel-cuda`: a freed buffer goes to a free list by size class (the size rounded up
+//!   to a sixteenth of its next power of two, so at most an eighth is wasted) and serves
+//!   the next allocation of its class, since creating a buffer is slow for large sizes (the
+//!   driver allocates and maps the memory, and wgpu clears a new buffer before its first
+//!   use). At most [`WgpuConfig::pool_bytes`] (default [`POOL_BYTES`], 4 GiB) are kept per
+//!   device; an allocation that runs out of memory drops the cached buffers, waits for the
+//!   queue and tries once more; [`WgpuBackend::trim`] drops them on demand. Reuse is
+//!   ordered after the queued work of the old owner (one in-order queue per device), and a
+//!   reused buffer is not cleared: allocations have unspecified contents (new ones read as
+//!   zeros). [`Backend::write`] is queued; [`Backend::read`] waits for earlier work and maps a
 //!   staging buffer; [`Backend::copy`] is queued. A transfer whose ends are not 4-byte
 //!   aligned reads the boundary words back and merges them on the host (a round trip).
 //!   A buffer larger than the device's `max_buffer_size`, or memory the driver refuses, is
@@ -66,9 +76,11 @@
 //!   A kernel with symbolic local sizes gets one pipeline per local size it is launched
 //!   with, built at its first launch (WGSL's `@workgroup_size` is a constant).
 //! - **Launches** check every buffer against the kernel's parameters
-//!   ([`tessel_ir::LaunchArgs`]) and against `max_storage_buffer_binding_size`, write the
-//!   dims and grid into a small uniform buffer, encode one compute pass and submit it
-//!   without waiting; [`Backend::synchronize`] waits. [`Backend::time`] waits for its launch
+//!   ([`tessel_ir::LaunchArgs`]) and against `max_storage_buffer_binding_size`, bind the
+//!   dims and grid as a small uniform buffer, encode one compute pass and submit it
+//!   without waiting. A uniform buffer is never written after it is created, and each
+//!   pipeline keeps the last 16 by contents, so launches repeating a grid and dims (a tensor
+//!   program realized again) share one, even while queued, and create no buffer; [`Backend::synchronize`] waits. [`Backend::time`] waits for its launch
 //!   and reports the pass's own device timestamps where the device has `TIMESTAMP_QUERY`,
 //!   and otherwise the host's clock from submission to completion (earlier work is waited
 //!   for first), which includes the submission's overhead.
@@ -80,7 +92,12 @@
 //! free), and [`DeviceInfo::compute_units`] is 0 (unknown). [`DeviceInfo::features`] has
 //! `f64` only where the device has both `SHADER_F64` and `SHADER_INT64` (the WGSL emitter
 //! works on a double's bits as a 64-bit integer); [`WgpuBackend::details`] has the raw
-//! features and the buffer limits.
+//! features and the buffer limits. [`DeviceInfo::features`] also always has
+//! `subnormals_may_flush`: WGSL lets a device flush `f32` subnormals in float arithmetic,
+//! NVIDIA's Vulkan driver does, and wgpu cannot query a driver's float controls. The WGSL
+//! emitter keeps what it cheaply can exact regardless (negation, `abs`, `max`/`min`,
+//! conversions between float types, on the bits), and never lets a driver fuse a product
+//! with a sum (see `tessel_ir::codegen`'s WGSL section).
 
 //!
 //! # Verified
@@ -107,12 +124,16 @@ use tessel_shape::{Bindings, Expr};
 use crate::device::GpuDevice;
 pub use crate::device::WgpuDeviceDetails;
 use crate::launch::Submitted;
-use crate::memory::DeviceBuffer;
+use crate::memory::{DeviceBuffer, Pool, SharedPool};
 use crate::programs::{Pipeline, PipelineCache};
 
 /// The default number of built pipelines kept for reuse ([`WgpuConfig::pipeline_cache`]).
 /// Pipelines of live `ProgramId`s stay alive regardless.
 pub const PIPELINE_CACHE: usize = 256;
+
+/// The default cap on the bytes of freed buffers kept for reuse per device
+/// ([`WgpuConfig::pool_bytes`]): 4 GiB.
+pub const POOL_BYTES: u64 = 4 << 30;
 
 /// How a [`WgpuBackend`] is set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,6 +144,9 @@ pub struct WgpuConfig {
     pub adapter: Option<String>,
     /// Built pipelines kept for reuse, over all devices.
     pub pipeline_cache: usize,
+    /// The most bytes of freed buffers each device keeps for reuse (0 disables the pool:
+    /// every allocation creates a buffer). See the [crate docs](crate).
+    pub pool_bytes: u64,
 }
 
 impl Default for WgpuConfig {
@@ -132,6 +156,7 @@ impl Default for WgpuConfig {
         WgpuConfig {
             adapter: None,
             pipeline_cache: PIPELINE_CACHE,
+            pool_bytes: POOL_BYTES,
         }
     }
 }
@@ -158,6 +183,12 @@ pub struct WgpuStats {
     pub cache_hits: u64,
     /// Kernel launches submitted.
     pub launches: u64,
+    /// Allocations answered with a freed buffer from the pool.
+    pub pool_reuses: u64,
+    /// Buffers created (allocations the pool could not answer).
+    pub buffers_created: u64,
+    /// Bytes of freed buffers kept for reuse now, over all devices.
+    pub cached_bytes: u64,
 }
 
 #[derive(Default)]
@@ -196,6 +227,8 @@ pub struct WgpuBackend {
     config: WgpuConfig,
     devices: Vec<GpuDevice>,
     infos: Vec<DeviceInfo>,
+    /// Freed buffers kept for reuse, one pool per device.
+    pools: Vec<SharedPool>,
     buffers: Mutex<FxHashMap<BufferId, Arc<DeviceBuffer>>>,
     next_buffer: AtomicU64,
     programs: Mutex<FxHashMap<ProgramId, Arc<Program>>>,
@@ -225,11 +258,16 @@ impl WgpuBackend {
     pub fn with_config(config: WgpuConfig) -> Self {
         let devices = device::discover(config.adapter.as_deref());
         let infos = devices.iter().map(|d| d.info.clone()).collect();
+        let pools = devices
+            .iter()
+            .map(|_| Arc::new(Mutex::new(Pool::new(config.pool_bytes))))
+            .collect();
         WgpuBackend {
             cache: Mutex::new(PipelineCache::new(config.pipeline_cache)),
             config,
             devices,
             infos,
+            pools,
             buffers: Mutex::default(),
             next_buffer: AtomicU64::new(1),
             programs: Mutex::default(),
@@ -246,11 +284,28 @@ impl WgpuBackend {
     /// What the backend has done so far.
     pub fn stats(&self) -> WgpuStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        WgpuStats {
+        let mut stats = WgpuStats {
             builds: get(&self.counters.builds),
             cache_hits: get(&self.counters.cache_hits),
             launches: get(&self.counters.launches),
+            ..WgpuStats::default()
+        };
+        for pool in &self.pools {
+            let pool = memory::lock_pool(pool);
+            stats.pool_reuses += pool.reuses;
+            stats.buffers_created += pool.creates;
+            stats.cached_bytes += pool.cached_bytes();
         }
+        stats
+    }
+
+    /// Drops the freed buffers every device keeps for reuse (wgpu frees their memory once
+    /// no queued work uses them); returns the bytes they held.
+    pub fn trim(&self) -> u64 {
+        self.pools
+            .iter()
+            .map(|pool| memory::lock_pool(pool).clear())
+            .sum()
     }
 
     /// What wgpu says about device `device` (API, driver, features, buffer limits), if it
@@ -436,14 +491,15 @@ impl Backend for WgpuBackend {
 
     fn alloc(&self, device: usize, bytes: usize) -> Result<BufferId, BackendError> {
         let dev = self.device(device)?;
-        let buffer = memory::alloc(dev, device, bytes)?;
+        let buffer = memory::alloc(dev, &self.pools[device], device, bytes)?;
         let id = BufferId(self.next_buffer.fetch_add(1, Ordering::Relaxed));
         lock(&self.buffers).insert(id, Arc::new(buffer));
         Ok(id)
     }
 
     fn free(&self, buffer: BufferId) -> Result<(), BackendError> {
-        // wgpu keeps the memory alive until submitted work using it is done.
+        // The buffer goes back to its device's pool once no launch holds it; reusing it is
+        // ordered after the queued work that uses it (see `memory`).
         lock(&self.buffers)
             .remove(&buffer)
             .map(drop)

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 use std::num::NonZeroU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHasher};
@@ -32,9 +32,40 @@ pub(crate) struct Pipeline {
     /// Every buffer `read_write`, built on the first launch that needs it (see
     /// [`Pipeline::aliased`]).
     aliased: OnceLock<Result<Compiled, BackendError>>,
+    /// Uniform buffers of earlier launches, by contents, least recently used first (see
+    /// [`Pipeline::uniform`]).
+    uniforms: Mutex<VecDeque<(Vec<u8>, wgpu::Buffer)>>,
 }
 
+/// Uniform buffers kept per pipeline: launches repeat the same grid and dims (a tensor
+/// program realized again), so a few cover them.
+const UNIFORMS_PER_PIPELINE: usize = 16;
+
 impl Pipeline {
+    /// A uniform buffer holding `contents`: one an earlier launch created, or a new one from
+    /// `create`, kept for later launches. Such a buffer is never written after it is
+    /// created, so any number of queued launches can bind it; launches with the same grid
+    /// and dims create no buffer.
+    pub(crate) fn uniform<E>(
+        &self,
+        contents: &[u8],
+        create: impl FnOnce() -> Result<wgpu::Buffer, E>,
+    ) -> Result<wgpu::Buffer, E> {
+        let mut uniforms = self.uniforms.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = uniforms.iter().position(|(bytes, _)| bytes == contents) {
+            let entry = uniforms.remove(at).expect("found above");
+            let buffer = entry.1.clone();
+            uniforms.push_back(entry);
+            return Ok(buffer);
+        }
+        let buffer = create()?;
+        if uniforms.len() >= UNIFORMS_PER_PIPELINE {
+            uniforms.pop_front();
+        }
+        uniforms.push_back((contents.to_vec(), buffer.clone()));
+        Ok(buffer)
+    }
+
     /// The pipeline for a launch that binds one buffer to a read-only and another parameter:
     /// wgpu forbids a buffer being read-only and writable storage in one dispatch, but allows
     /// it twice writable, so this variant declares every buffer `read_write` (the shader
@@ -159,6 +190,7 @@ pub(crate) fn build(
         shader,
         exact,
         aliased: OnceLock::new(),
+        uniforms: Mutex::default(),
     })
 }
 

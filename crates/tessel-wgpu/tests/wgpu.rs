@@ -166,20 +166,67 @@ fn lists_devices() {
     assert!(gpu.details(gpu.devices().len()).is_none());
 }
 
-/// Fresh buffers read as zeros, and whole-buffer writes read back, at sizes around the
-/// 4-byte word.
+/// Whole-buffer writes read back, at sizes around the 4-byte word.
 #[test]
 fn buffers_round_trip_at_odd_sizes() {
     let gpu = backend();
     for (device, name) in devices(gpu, "buffers_round_trip_at_odd_sizes") {
         for len in [0, 1, 2, 3, 4, 5, 7, 8, 17, 1000, 4099] {
             let id = gpu.alloc(device, len).unwrap();
-            assert_eq!(read_all(gpu, id, len), vec![0; len], "{name}: fresh {len}");
             let data = pattern(len, 7);
             gpu.write(id, 0, &data).unwrap();
             assert_eq!(read_all(gpu, id, len), data, "{name}: {len} bytes");
             gpu.free(id).unwrap();
         }
+    }
+}
+
+/// Freed buffers are handed out again for allocations of their size class (keeping their
+/// bytes), up to the pool's cap; new buffers read as zeros; `trim` drops the cached ones.
+#[test]
+fn freed_buffers_are_reused() {
+    // Backends of their own: other tests allocate concurrently on the shared one.
+    let gpu = &WgpuBackend::with_config(WgpuConfig::from_env());
+    let uncached = &WgpuBackend::with_config(WgpuConfig {
+        pool_bytes: 0,
+        ..WgpuConfig::from_env()
+    });
+    for (device, name) in devices(gpu, "freed_buffers_are_reused") {
+        let len = 4099;
+        let fresh = gpu.alloc(device, len).unwrap();
+        assert_eq!(read_all(gpu, fresh, len), vec![0; len], "{name}: fresh");
+        gpu.write(fresh, 0, &pattern(len, 3)).unwrap();
+        gpu.free(fresh).unwrap();
+        let before = gpu.stats();
+        assert!(before.cached_bytes >= len as u64, "{name}: {before:?}");
+        // 4100 bytes and 4099 share a size class.
+        let again = gpu.alloc(device, len + 1).unwrap();
+        let after = gpu.stats();
+        assert_eq!(
+            after.pool_reuses,
+            before.pool_reuses + 1,
+            "{name}: {after:?}"
+        );
+        assert_eq!(after.buffers_created, before.buffers_created, "{name}");
+        // Allocations are not zeroed: the old owner's bytes are still there.
+        assert_eq!(read_all(gpu, again, len), pattern(len, 3), "{name}: reused");
+        gpu.free(again).unwrap();
+        assert!(gpu.trim() >= len as u64, "{name}");
+        assert_eq!(gpu.stats().cached_bytes, 0, "{name}");
+        let new = gpu.alloc(device, len).unwrap();
+        assert_eq!(
+            gpu.stats().buffers_created,
+            after.buffers_created + 1,
+            "{name}"
+        );
+        gpu.free(new).unwrap();
+        // Without a pool nothing is kept.
+        let id = uncached.alloc(device, len).unwrap();
+        uncached.free(id).unwrap();
+        let id = uncached.alloc(device, len).unwrap();
+        let stats = uncached.stats();
+        assert_eq!((stats.pool_reuses, stats.cached_bytes), (0, 0), "{name}");
+        uncached.free(id).unwrap();
     }
 }
 

@@ -131,10 +131,17 @@
 //! Integer division, shifts, float-to-integer casts, `max`/`min`, `fmod`, `pow` and every
 //! NaN test are guarded or rewritten as in C; float `/` by zero gives IEEE's infinities and
 //! NaNs explicitly (WGSL leaves it to the implementation); `erf` on `f32` and the half
-//! types is fdlibm's `erff`, and `log`/`log2` are musl's, computed in the shader. What WGSL
+//! types is fdlibm's `erff`, and `log`/`log2` are musl's, computed in the shader. Every
+//! float product passes through an identity on its bits that compilers cannot see through
+//! (an XOR with a uniform word that is zero), so no driver contracts `a * b + c` into a
+//! fused multiply-add: only `mad` fuses. Negation, `abs`, `sign`, `max`/`min`, conversions
+//! between `f32` and `f64` and those of the half types work on the bits, so they stay exact
+//! where a device flushes subnormals (WGSL allows that, and NVIDIA's Vulkan driver does it);
+//! float arithmetic itself may still flush, which backends declare in
+//! [`Features::subnormals_may_flush`](crate::Features::subnormals_may_flush). What WGSL
 //! cannot promise (`/`, `sqrt` and the remaining transcendentals are within WGSL's bounds,
-//! not exact; `mad` may round twice; the `f64` transcendentals and `erf` are refused) is
-//! listed at the top of `codegen/wgsl/mod.rs`.
+//! not exact; `mad` may round twice; subnormals may flush; the `f64` transcendentals and
+//! `erf` are refused) is listed at the top of `codegen/wgsl/mod.rs`.
 
 mod cstyle;
 mod emit;

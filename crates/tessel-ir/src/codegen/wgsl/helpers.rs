@@ -2,7 +2,9 @@
 //! [`Scalar`](tessel_shape::Scalar)'s semantics: half-type conversions, guarded integer
 //! division, IEEE division by zero, NaN-propagating `max`, exact `fmod`, `pow`'s special
 //! cases, `erf`, `log` and `log2` in the shader, `exp` reaching the subnormals, saturating
-//! and correctly rounded conversions.
+//! and correctly rounded conversions, conversions between `f32` and `f64` on the bits (exact
+//! where a device flushes subnormals), and the opaque identity that keeps products from
+//! being contracted into fused multiply-adds.
 //!
 //! Only the helpers a kernel uses are emitted, each after the helpers it calls. Arguments
 //! of a function are never constant expressions to naga, so a helper also keeps naga's
@@ -20,7 +22,8 @@ pub(super) enum Helper {
     /// An `F32` or `F64` passed through an XOR of its bits with the uniform's zero word:
     /// the identity, which no compiler can see through, so that it cannot rewrite the
     /// error terms of a two-sum algebraically (Mesa's NIR turns `s - (s - p)` into `p` in
-    /// float code not marked exact, and naga marks none).
+    /// float code not marked exact, and naga marks none), nor contract a product with the
+    /// sum it feeds into a fused multiply-add (NVIDIA's compiler does).
     Opaque(DType),
     /// `f16` bits to `f32`, exactly (NaNs quieted, as `half` does).
     F16ToF32,
@@ -30,7 +33,13 @@ pub(super) enum Helper {
     Bf16ToF32,
     /// `f32` to `bf16` bits, rounding to nearest even.
     F32ToBf16,
-    /// `f64` to `f32` rounding to odd, so that a second rounding to a half type is exact.
+    /// `f32` to `f64` on the bits: exact for subnormals too, which devices may flush in a
+    /// float conversion.
+    F32ToF64,
+    /// `f64` to `f32` on the bits, rounding to nearest even (subnormal results included).
+    F64ToF32,
+    /// `f64` to `f32` on the bits, rounding to odd, so that a second rounding to a half
+    /// type is exact.
     F64ToF32Odd,
     /// `a * b + c` on `bf16` values given as `f64`, rounded once (to odd, to `f32`).
     HalfFmaF64,
@@ -83,7 +92,6 @@ impl Helper {
             Helper::FloatToInt(from, _) => vec![Helper::IsNan(from)],
             Helper::ErfF32 => vec![Helper::FloatDiv(DType::F32), Helper::ExpF32],
             Helper::PowF32 => vec![Helper::IsNan(DType::F32), Helper::Exp2F32, Helper::Log2F32],
-            Helper::F64ToF32Odd => vec![Helper::IsNan(DType::F64)],
             Helper::HalfFmaF64 => vec![Helper::F64ToF32Odd, Helper::Opaque(DType::F64)],
             Helper::MadF16 => vec![
                 Helper::F16ToF32,
@@ -105,6 +113,8 @@ impl Helper {
             Helper::F32ToF16 => "tsl_f32_to_f16".into(),
             Helper::Bf16ToF32 => "tsl_bf16_to_f32".into(),
             Helper::F32ToBf16 => "tsl_f32_to_bf16".into(),
+            Helper::F32ToF64 => "tsl_f32_to_f64".into(),
+            Helper::F64ToF32 => "tsl_f64_to_f32".into(),
             Helper::F64ToF32Odd => "tsl_f64_to_f32_odd".into(),
             Helper::HalfFmaF64 => "tsl_half_fma".into(),
             Helper::MadF16 => "tsl_mad_f16".into(),
@@ -304,25 +314,30 @@ fn definition(helper: Helper) -> String {
 }}
 "
         ),
-        Helper::F64ToF32Odd => format!(
-            "fn {name}(x: f64) -> f32 {{
-    let nearest = f32(x);
-    if tsl_isnan_f64(x) || f64(nearest) == x {{
-        return nearest;
+        Helper::F32ToF64 => format!(
+            "fn {name}(x: f32) -> f64 {{
+    // On the bits: exact for subnormals, which a device may flush in `f64(x)`.
+    let b = bitcast<u32>(x);
+    let sign = u64(b & 0x80000000u) << 32u;
+    let e = (b >> 23u) & 0xffu;
+    let man = b & 0x007fffffu;
+    if e == 0xffu {{
+        // Infinity, or a NaN made quiet with its payload kept.
+        return bitcast<f64>(sign | 0x7ff0000000000000lu | select(0lu, 0x0008000000000000lu | (u64(man) << 29u), man != 0u));
     }}
-    let bits = bitcast<u32>(nearest);
-    if (bits & 0x7fffffffu) == 0x7f800000u {{
-        // Past the top of the range: the largest finite f32, whose significand is odd.
-        return bitcast<f32>((bits & 0x80000000u) | 0x7f7fffffu);
+    if e == 0u {{
+        if man == 0u {{
+            return bitcast<f64>(sign);
+        }}
+        // A subnormal, man * 2^-149: its leading 1 (bit 31 - lz) becomes the implicit bit.
+        let lz = countLeadingZeros(man);
+        return bitcast<f64>(sign | (u64(905u - lz) << 52u) | ((u64(man) << (21u + lz)) & 0x000ffffffffffffflu));
     }}
-    if (bits & 1u) != 0u {{
-        return nearest;
-    }}
-    // Even and inexact: take the other neighbour, one step toward x.
-    return bitcast<f32>(select(bits - 1u, bits + 1u, abs(f64(nearest)) < abs(x)));
+    return bitcast<f64>(sign | (u64(e + 896u) << 52u) | (u64(man) << 29u));
 }}
 "
         ),
+        Helper::F64ToF32 | Helper::F64ToF32Odd => f64_to_f32_definition(helper),
         Helper::HalfFmaF64 => format!(
             "fn {name}(a: f64, b: f64, c: f64) -> f32 {{
     // The product of two half values is exact in f64; the sum is rounded to odd with its
@@ -370,26 +385,35 @@ fn definition(helper: Helper) -> String {
         ),
         Helper::FloatMax(d) | Helper::FloatMin(d) => {
             let t = wgsl(d);
-            let (cmp, signed) = if matches!(helper, Helper::FloatMax(_)) {
-                (">", "b")
+            let cmp = if matches!(helper, Helper::FloatMax(_)) {
+                ">"
             } else {
-                ("<", "a")
+                "<"
             };
-            let sign_bit = if d == DType::F64 {
-                format!("(bitcast<u64>({signed}) >> 63u) != 0lu")
+            // The bits as a signed integer ordered like the values, -0 below +0: the sign
+            // and magnitude as they are for positive values, the magnitude's bits flipped
+            // for negative ones.
+            let (i, flip, zero) = if d == DType::F64 {
+                ("i64", int_lit(DType::I64, i128::from(i64::MAX)), "0li")
             } else {
-                format!("(bitcast<u32>({signed}) >> 31u) != 0u")
+                ("i32", "0x7fffffffi".to_owned(), "0i")
             };
             format!(
                 "fn {name}(a: {t}, b: {t}) -> {t} {{
-    // NaN wins, and -0 < +0, as IEEE 754-2019's maximum and minimum define it.
+    // NaN wins, and -0 < +0, as IEEE 754-2019's maximum and minimum define it. Ordered on
+    // the bits: a device may flush subnormals in float comparisons (NVIDIA's Vulkan driver
+    // does), which would pick the wrong one of two subnormals.
     if tsl_isnan_{d}(a) {{
         return a;
     }}
     if tsl_isnan_{d}(b) {{
         return b;
     }}
-    return select(b, a, a {cmp} b || (a == b && {sign_bit}));
+    let ia = bitcast<{i}>(a);
+    let ib = bitcast<{i}>(b);
+    let ka = select(ia, ia ^ {flip}, ia < {zero});
+    let kb = select(ib, ib ^ {flip}, ib < {zero});
+    return select(b, a, ka {cmp} kb);
 }}
 "
             )
@@ -445,7 +469,7 @@ fn definition(helper: Helper) -> String {
         ),
         Helper::FloatDiv(d) => {
             let t = wgsl(d);
-            let (u, abs_mask, sign, inf, nan, zero) = if d == DType::F64 {
+            let (u, abs_mask, sign, inf, nan, zero, big, scale) = if d == DType::F64 {
                 (
                     "u64",
                     "0x7ffffffffffffffflu",
@@ -453,9 +477,20 @@ fn definition(helper: Helper) -> String {
                     "0x7ff0000000000000lu",
                     "0x7ff8000000000000lu",
                     "0lu",
+                    "0x7fd0000000000000lu",
+                    "0.00390625lf",
                 )
             } else {
-                ("u32", "0x7fffffffu", "0x80000000u", "0x7f800000u", "0x7fc00000u", "0u")
+                (
+                    "u32",
+                    "0x7fffffffu",
+                    "0x80000000u",
+                    "0x7f800000u",
+                    "0x7fc00000u",
+                    "0u",
+                    "0x7e800000u",
+                    "0.00390625f",
+                )
             };
             format!(
                 "fn {name}(a: {t}, b: {t}) -> {t} {{
@@ -468,6 +503,12 @@ fn definition(helper: Helper) -> String {
             return bitcast<{t}>({nan});
         }}
         return bitcast<{t}>(((ab ^ bb) & {sign}) | {inf});
+    }}
+    if (bb & {abs_mask}) >= {big} && (bb & {abs_mask}) < {inf} {{
+        // |b| >= 2^126 (2^1022 for f64), where WGSL bounds `/` no more: a device computing
+        // a * (1 / b) flushes the subnormal reciprocal (NVIDIA's Vulkan driver does). Both
+        // scalings by 2^-8 are exact, and a / (b * 2^-8) cannot overflow.
+        return (a / (b * {scale})) * {scale};
     }}
     return a / b;
 }}
@@ -836,6 +877,62 @@ fn int_to_float_definition(from: DType, to: DType) -> String {
 }}
 ",
         drop = width - p,
+    )
+}
+
+/// `tsl_f64_to_f32` (nearest even) or `tsl_f64_to_f32_odd` (to odd), on the bits: exact
+/// for every input, subnormal results included, on devices that flush those in `f32(x)`.
+fn f64_to_f32_definition(helper: Helper) -> String {
+    let name = helper.name();
+    let odd = helper == Helper::F64ToF32Odd;
+    let (overflow, underflow, round) = if odd {
+        (
+            // Past the top of the range: the largest finite f32, whose significand is odd.
+            "sign | 0x7f7fffffu",
+            // Below half the smallest subnormal: zero if x is zero, else the smallest
+            // subnormal (odd).
+            "sign | select(0u, 1u, (b << 1u) != 0lu)",
+            "    // Truncated, with the last bit set when inexact (rounding to odd).
+    return bitcast<f32>(sign | kept | select(0u, 1u, rest != 0lu));",
+        )
+    } else {
+        (
+            "sign | 0x7f800000u",
+            "sign",
+            "    // Round to nearest even; a carry runs into the exponent (up to infinity).
+    let half = 1lu << (shift - 1u);
+    let up = rest > half || (rest == half && (kept & 1u) != 0u);
+    return bitcast<f32>(sign | (kept + select(0u, 1u, up)));",
+        )
+    };
+    format!(
+        "fn {name}(x: f64) -> f32 {{
+    let b = bitcast<u64>(x);
+    let sign = u32(b >> 32u) & 0x80000000u;
+    let e = i32(u32(b >> 52u) & 0x7ffu);
+    let man = b & 0x000ffffffffffffflu;
+    if e == 0x7ffi {{
+        // Infinity, or a quiet NaN keeping the payload's top bits.
+        return bitcast<f32>(sign | 0x7f800000u | select(0u, 0x00400000u | u32(man >> 29u), man != 0lu));
+    }}
+    // The f32 exponent field the value would have, unbounded.
+    let e32 = e - 896i;
+    if e32 >= 0xffi {{
+        return bitcast<f32>({overflow});
+    }}
+    if e32 < -24i {{
+        return bitcast<f32>({underflow});
+    }}
+    // The significand with its implicit bit (x is normal here), shifted down to the 24
+    // bits of a normal result, or fewer for a subnormal one; then the exponent field
+    // above (the implicit bit of a normal result adds 1 to it).
+    let sig = man | 0x0010000000000000lu;
+    let shift = u32(29i + max(1i - e32, 0i));
+    let rest = sig & ((1lu << shift) - 1lu);
+    let kept = u32(sig >> shift) + select(0u, u32(e32 - 1i) << 23u, e32 >= 1i);
+{round}
+}}
+"
     )
 }
 

@@ -75,6 +75,32 @@
 //! many ulps near 1); `tanh` is a Taylor polynomial below |x| = 1/8, where `tanh` built
 //! from `exp` cancels. `mad` on `f32`/`f64` with finite factors and an infinite addend is
 //! the addend (an `fma` rounding the product first may overflow it into `inf - inf`).
+//!
+//! Products are never fused with the sums they feed: naga marks no SPIR-V `NoContraction`,
+//! and NVIDIA's compiler contracts a float multiply feeding an add into one `fma`, rounding
+//! once where the reference rounds twice. So every float `*` (on `f32` and `f64`, and in
+//! `f32` for the half types) is written `tsl_opaque_T(a * b)`: the XOR of the product's bits
+//! with the uniform's zero word (word 4), one integer operation that no compiler can see
+//! through, which makes `a * b + c` two roundings on every device (the conformance check
+//! `products_and_sums_are_not_fused` holds on wgpu). Only `mad` fuses. The helpers' own
+//! products are either exact (the half types' `mad`, `log2`'s split constant), where a
+//! contraction changes nothing, or inside functions with an ulp bound anyway (`erf`,
+//! `log`, `tanh`'s polynomial).
+//!
+//! Subnormals: WGSL lets a device flush `f32` (and `f64`) subnormal operands and results of
+//! float operations to zero, and NVIDIA's Vulkan driver does (lavapipe does only in its
+//! built-ins). Where that is cheap to avoid, the emitter does no float arithmetic on values
+//! that may be subnormal: negation and `abs` (of every float type) flip or clear the sign
+//! bit, `sign` is built on the bits, `max`/`min` order the bits as integers (a flushed
+//! comparison would pick the wrong one of two subnormals), `f32` to `f64` and `f64` to
+//! `f32` (nearest even, or to odd on the way to a half type) are integer code, and so are
+//! the half types' conversions (a `bf16` subnormal is an `f32` subnormal, widened to `f64`
+//! exactly for `bf16`'s `mad`). Float `/` by a divisor of magnitude `2^126` (`f64`:
+//! `2^1022`) or more scales both by `2^-8` first, since a device computing `a * (1 / b)`
+//! flushes the subnormal reciprocal (WGSL bounds `/` only for smaller divisors). The rest
+//! (`+`, `-`, `*`, `/`, comparisons, `sqrt`, the transcendentals, rounding) may flush; the
+//! wgpu backend reports it with
+//! [`Features::subnormals_may_flush`](crate::Features::subnormals_may_flush).
 //! `mad` on `f16` rounds once, exactly, in
 //! `f32` (the product of two `f16` values is exact there; the sum is rounded to odd with
 //! its error, then to `f16`). Two more precautions, both found on Mesa's lavapipe: float
@@ -98,12 +124,14 @@
 //!   `erf`, `log` and `log2` are within a few ulps (they use WGSL's `/` and `exp`).
 //!   Results on `f16`/`bf16` are those `f32` results rounded.
 //! - `mad` on `f32` and `f64` is WGSL's `fma`, which GPUs compute fused, but which
-//!   WGSL's accuracy rules allow to round twice (lavapipe does); conversely a driver may
-//!   contract a separate product and sum into one fused operation (naga marks no
-//!   `NoContraction`).
-//! - Devices may flush `f32` subnormals in arithmetic and in built-ins (lavapipe's
-//!   built-ins do, which the helpers above work around; its arithmetic does not);
-//!   bit-level work, conversions of the half types and casts stay exact.
+//!   WGSL's accuracy rules allow to round twice (lavapipe does).
+//! - Devices may flush `f32` (and `f64`) subnormal operands and results of float
+//!   arithmetic, comparisons and built-ins to zero (NVIDIA's Vulkan driver does; lavapipe's
+//!   built-ins do, which the `exp`/`log`/`pow` helpers above work around; its arithmetic
+//!   does not). Bit-level work, negation, `abs`, `sign`, `max`/`min`, and casts between
+//!   float types stay exact (see above); a subnormal result of `exp`, `/` or `*` (e.g.
+//!   `sigmoid(-100)`, 3.7e-44) may come back as zero, and a subnormal operand count as
+//!   zero.
 //!
 //! Not supported, with [`CodegenError::UnsupportedOp`]:
 //!

@@ -176,6 +176,10 @@ impl<'k> Ops<'k> {
                 match op {
                     UnaryOp::IsNan => return Ok(format!("(({a} & 0x7fffu) > {inf})")),
                     UnaryOp::IsInf => return Ok(format!("(({a} & 0x7fffu) == {inf})")),
+                    // The sign bit alone, as the reference's negation and magnitude are
+                    // (NaNs keep their payload; subnormals stay exact).
+                    UnaryOp::Neg => return Ok(format!("({a} ^ 0x8000u)")),
+                    UnaryOp::Abs => return Ok(format!("({a} & 0x7fffu)")),
                     _ => {}
                 }
                 let x = self.half_to_f32(dtype, a);
@@ -220,22 +224,29 @@ impl<'k> Ops<'k> {
         } else {
             ("0x7fffffffu", "0x7f800000u", "u32")
         };
+        let t = if f64 { "f64" } else { "f32" };
+        let sign_bit = if f64 {
+            "0x8000000000000000lu"
+        } else {
+            "0x80000000u"
+        };
         let call = |f: &str| format!("{f}({a})");
         Ok(match op {
-            UnaryOp::Neg => format!("(-{a})"),
-            UnaryOp::Abs => call("abs"),
+            // On the bits: devices may flush a subnormal operand of float negation or `abs`
+            // to zero (NVIDIA's Vulkan driver does), and need not keep the sign of a zero.
+            UnaryOp::Neg => format!("bitcast<{t}>(bitcast<{bits_t}>({a}) ^ {sign_bit})"),
+            UnaryOp::Abs => format!("bitcast<{t}>(bitcast<{bits_t}>({a}) & {abs_mask})"),
             UnaryOp::Sign => {
                 // On the bits: drivers need not keep the sign of a zero through float
                 // selects (Vulkan without SignedZeroInfNanPreserve), and sign(±0) is +0.
                 let nan = self.isnan(dtype, a);
-                let (sign_bit, one_bits, zero_bits) = if f64 {
-                    ("0x8000000000000000lu", "0x3ff0000000000000lu", "0lu")
+                let (one_bits, zero_bits) = if f64 {
+                    ("0x3ff0000000000000lu", "0lu")
                 } else {
-                    ("0x80000000u", "0x3f800000u", "0u")
+                    ("0x3f800000u", "0u")
                 };
                 format!(
-                    "bitcast<{t}>(select(select((bitcast<{bits_t}>({a}) & {sign_bit}) | {one_bits}, {zero_bits}, (bitcast<{bits_t}>({a}) & {abs_mask}) == {zero_bits}), bitcast<{bits_t}>({a}), {nan}))",
-                    t = if f64 { "f64" } else { "f32" }
+                    "bitcast<{t}>(select(select((bitcast<{bits_t}>({a}) & {sign_bit}) | {one_bits}, {zero_bits}, (bitcast<{bits_t}>({a}) & {abs_mask}) == {zero_bits}), bitcast<{bits_t}>({a}), {nan}))"
                 )
             }
             UnaryOp::Reciprocal => self.call(Helper::FloatDiv(dtype), &[one, a]),
@@ -375,7 +386,11 @@ impl<'k> Ops<'k> {
         Ok(match op {
             BinaryOp::Add => format!("({a} + {b})"),
             BinaryOp::Sub => format!("({a} - {b})"),
-            BinaryOp::Mul => format!("({a} * {b})"),
+            // The product through the opaque identity: a compiler may otherwise contract
+            // it with an add or sub it feeds into one fused multiply-add (naga marks no
+            // SPIR-V `NoContraction`, and NVIDIA's compiler does contract), rounding once
+            // where the reference rounds twice. Only an explicit `mad` fuses.
+            BinaryOp::Mul => self.call(Helper::Opaque(dtype), &[&format!("({a} * {b})")]),
             BinaryOp::Div => self.call(Helper::FloatDiv(dtype), &[a, b]),
             BinaryOp::Rem => self.call(Helper::Fmod(dtype), &[a, b]),
             BinaryOp::Pow if dtype == DType::F64 => {
@@ -412,8 +427,15 @@ impl<'k> Ops<'k> {
                         self.half_to_f32(dtype, b),
                         self.half_to_f32(dtype, c),
                     );
+                    // Widened on the bits: a bf16 subnormal is an f32 subnormal, which a
+                    // device may flush in a float conversion.
+                    let (x, y, z) = (
+                        self.call(Helper::F32ToF64, &[&x]),
+                        self.call(Helper::F32ToF64, &[&y]),
+                        self.call(Helper::F32ToF64, &[&z]),
+                    );
                     let fma = self.helpers.call(Helper::HalfFmaF64);
-                    self.f32_to_half(dtype, &format!("{fma}(f64({x}), f64({y}), f64({z}))"))
+                    self.f32_to_half(dtype, &format!("{fma}({x}, {y}, {z})"))
                 }
                 _ => wrap(dtype, &format!("(({a} * {b}) + {c})")),
             },
@@ -462,8 +484,10 @@ impl<'k> Ops<'k> {
             return Ok(self.f32_to_half(to, &x));
         }
         Ok(match (from, to) {
-            (DType::F32, DType::F64) => format!("f64({a})"),
-            (DType::F64, DType::F32) => format!("f32({a})"),
+            // On the bits, so that subnormals (of either type) convert exactly on devices
+            // that flush them in float conversions.
+            (DType::F32, DType::F64) => self.call(Helper::F32ToF64, &[a]),
+            (DType::F64, DType::F32) => self.call(Helper::F64ToF32, &[a]),
             (DType::F32 | DType::F64, _) => self.call(Helper::FloatToInt(from, to), &[a]),
             // Integers to floats: exact when the integer fits the significand.
             (_, DType::F32) if from.bits() <= 16 => format!("f32({a})"),

@@ -206,10 +206,14 @@ fn activations() -> Result<()> {
     let s = Tensor::from([-100.0f32, 100.0, -30.0])
         .sigmoid()
         .to_vec::<f32>()?;
-    assert!(
-        (f64::from(s[0]) - sigmoid_ref(-100.0)).abs() <= 1.5e-45 && s[1] == 1.0,
-        "{s:?}"
-    );
+    // sigmoid(-100) is subnormal in f32: a device that flushes subnormals gives 0.
+    let flushes = tessel_tensor::Device::default()
+        .info()?
+        .features
+        .subnormals_may_flush;
+    let tail_ok =
+        (f64::from(s[0]) - sigmoid_ref(-100.0)).abs() <= 1.5e-45 || (flushes && s[0] == 0.0);
+    assert!(tail_ok && s[1] == 1.0, "{s:?}");
     assert!(
         (f64::from(s[2]) / sigmoid_ref(-30.0) - 1.0).abs() < 1e-5,
         "{s:?}"
