@@ -131,7 +131,10 @@
 //! Integer division, shifts, float-to-integer casts, `max`/`min`, `fmod`, `pow` and every
 //! NaN test are guarded or rewritten as in C; float `/` by zero gives IEEE's infinities and
 //! NaNs explicitly (WGSL leaves it to the implementation); `erf` on `f32` and the half
-//! types is fdlibm's `erff`, and `log`/`log2` are musl's, computed in the shader. Every
+//! types is fdlibm's `erff`, `log`/`log2` are musl's, and `sin`/`cos`/`tan` on `f32` are
+//! Cephes' polynomials after a Payne–Hanek reduction in integer arithmetic (a couple of ulps
+//! at any |x|, where WGSL's built-ins have only an absolute 2^-11 on [-π, π]), all
+//! computed in the shader. Every
 //! float product passes through an identity on its bits that compilers cannot see through
 //! (an XOR with a uniform word that is zero), so no driver contracts `a * b + c` into a
 //! fused multiply-add: only `mad` fuses. Negation, `abs`, `sign`, `max`/`min`, conversions

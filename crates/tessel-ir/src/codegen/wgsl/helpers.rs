@@ -1,7 +1,7 @@
 //! The WGSL functions generated code calls where WGSL has no operator with
 //! [`Scalar`](tessel_shape::Scalar)'s semantics: half-type conversions, guarded integer
 //! division, IEEE division by zero, NaN-propagating `max`, exact `fmod`, `pow`'s special
-//! cases, `erf`, `log` and `log2` in the shader, `exp` reaching the subnormals, saturating
+//! cases, `erf`, `log`, `log2`, `sin`, `cos` and `tan` in the shader, `exp` reaching the subnormals, saturating
 //! and correctly rounded conversions, conversions between `f32` and `f64` on the bits (exact
 //! where a device flushes subnormals), and the opaque identity that keeps products from
 //! being contracted into fused multiply-adds.
@@ -69,6 +69,16 @@ pub(super) enum Helper {
     /// `tanh` on `f32`: exactly ±1 and `x` where `f32` rounds it so, a polynomial near 0
     /// (where `tanh` built from `exp` cancels), WGSL's `tanh` in between.
     TanhF32,
+    /// `u32 * u32` as two words (low, high), for the trigonometric reduction.
+    MulWide,
+    /// `|x|` reduced by π/2 for `sin`, `cos` and `tan` (Payne–Hanek, integer arithmetic).
+    TrigReduceF32,
+    /// `sin` on `f32` (see the `trig` module).
+    SinF32,
+    /// `cos` on `f32`.
+    CosF32,
+    /// `tan` on `f32`.
+    TanF32,
     /// `fma` on `F32` or `F64`, with an infinite addend and finite factors giving the
     /// addend (a device rounding the product first may overflow it into `inf - inf`).
     Fma(DType),
@@ -92,6 +102,8 @@ impl Helper {
             Helper::FloatToInt(from, _) => vec![Helper::IsNan(from)],
             Helper::ErfF32 => vec![Helper::FloatDiv(DType::F32), Helper::ExpF32],
             Helper::PowF32 => vec![Helper::IsNan(DType::F32), Helper::Exp2F32, Helper::Log2F32],
+            Helper::TrigReduceF32 => vec![Helper::MulWide],
+            Helper::SinF32 | Helper::CosF32 | Helper::TanF32 => vec![Helper::TrigReduceF32],
             Helper::HalfFmaF64 => vec![Helper::F64ToF32Odd, Helper::Opaque(DType::F64)],
             Helper::MadF16 => vec![
                 Helper::F16ToF32,
@@ -129,6 +141,11 @@ impl Helper {
             Helper::LogF32 => "tsl_log_f32".into(),
             Helper::Log2F32 => "tsl_log2_f32".into(),
             Helper::TanhF32 => "tsl_tanh_f32".into(),
+            Helper::MulWide => "tsl_mul_wide".into(),
+            Helper::TrigReduceF32 => "tsl_trig_reduce_f32".into(),
+            Helper::SinF32 => "tsl_sin_f32".into(),
+            Helper::CosF32 => "tsl_cos_f32".into(),
+            Helper::TanF32 => "tsl_tan_f32".into(),
             Helper::Fma(d) => format!("tsl_fma_{d}"),
             Helper::IntDiv(d) => format!("tsl_div_{d}"),
             Helper::IntRem(d) => format!("tsl_rem_{d}"),
@@ -638,6 +655,11 @@ fn definition(helper: Helper) -> String {
 "
             )
         }
+        Helper::MulWide => super::trig::MUL_WIDE.into(),
+        Helper::TrigReduceF32 => super::trig::TRIG_REDUCE.into(),
+        Helper::SinF32 => super::trig::sin(),
+        Helper::CosF32 => super::trig::cos(),
+        Helper::TanF32 => super::trig::tan(),
         Helper::TanhF32 => format!(
             "fn {name}(x: f32) -> f32 {{
     let ax = bitcast<u32>(x) & 0x7fffffffu;

@@ -72,7 +72,13 @@
 //! (float comparisons are guarded the same way). `erf` on `f32` (and the half types, in
 //! `f32`) is fdlibm's `erff` (FreeBSD's coefficients) on WGSL's `exp`; `log` and `log2` are
 //! musl's `logf`/`log2f` (WGSL's built-ins are only within an absolute 2^-21 on [0.5, 2],
-//! many ulps near 1); `tanh` is a Taylor polynomial below |x| = 1/8, where `tanh` built
+//! many ulps near 1); `sin`, `cos` and `tan` on `f32` (and the half types, in `f32`) reduce
+//! the argument by π/2 with a Payne–Hanek reduction in 32-bit integer arithmetic (192 bits
+//! of 2/π, a 64-bit fraction times π/2, so exact enough at every |x| up to `f32::MAX`)
+//! and evaluate Cephes' `sinf`/`cosf`/`tanf` polynomials on [-π/4, π/4] (`tan` takes
+//! `-1 / tan` in the odd quadrants), NaN for infinities, `x` (`1` for `cos`) below
+//! |x| = 2^-12, signed zeros and subnormals included; `tanh` is a Taylor polynomial below
+//! |x| = 1/8, where `tanh` built
 //! from `exp` cancels. `mad` on `f32`/`f64` with finite factors and an infinite addend is
 //! the addend (an `fma` rounding the product first may overflow it into `inf - inf`).
 //!
@@ -85,7 +91,8 @@
 //! `products_and_sums_are_not_fused` holds on wgpu). Only `mad` fuses. The helpers' own
 //! products are either exact (the half types' `mad`, `log2`'s split constant), where a
 //! contraction changes nothing, or inside functions with an ulp bound anyway (`erf`,
-//! `log`, `tanh`'s polynomial).
+//! `log`, `tanh`'s polynomial, `sin`/`cos`/`tan`'s polynomials: their range reduction is
+//! integer arithmetic, with no float error-free step a compiler could contract).
 //!
 //! Subnormals: WGSL lets a device flush `f32` (and `f64`) subnormal operands and results of
 //! float operations to zero, and NVIDIA's Vulkan driver does (lavapipe does only in its
@@ -117,11 +124,11 @@
 //! Differences that remain, which WGSL gives no way around:
 //!
 //! - Float `/`, `sqrt`, `1 / sqrt` are within WGSL's bounds (2.5 ulp for `/`), not
-//!   correctly rounded; `exp`, `exp2`, `sin`, `cos`, `tan`, `tanh` (from 1/8 on) and the
-//!   positive-base `pow` are WGSL's built-ins, within their (loose) bounds: `exp` and
-//!   `exp2` 3 + 2|x| ulps, `pow` inherited from `exp2(y * log2(x))`, `sin` and `cos` an
-//!   absolute 2^-11 on [-π, π] and nothing outside it (lavapipe's are wrong past 2^23).
-//!   `erf`, `log` and `log2` are within a few ulps (they use WGSL's `/` and `exp`).
+//!   correctly rounded; `exp`, `exp2`, `tanh` (from 1/8 on) and the positive-base `pow`
+//!   are WGSL's built-ins, within their (loose) bounds: `exp` and `exp2` 3 + 2|x| ulps,
+//!   `pow` inherited from `exp2(y * log2(x))`. `erf`, `log` and `log2` are within a few
+//!   ulps (they use WGSL's `/` and `exp`); `sin` and `cos` within 1 ulp and `tan` 2 (its
+//!   odd quadrants use WGSL's `/`) at every |x| (measured; the conformance test allows 2).
 //!   Results on `f16`/`bf16` are those `f32` results rounded.
 //! - `mad` on `f32` and `f64` is WGSL's `fma`, which GPUs compute fused, but which
 //!   WGSL's accuracy rules allow to round twice (lavapipe does).
@@ -154,6 +161,7 @@
 mod emit;
 mod helpers;
 mod ops;
+mod trig;
 
 use tessel_shape::DType;
 

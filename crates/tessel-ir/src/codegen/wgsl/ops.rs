@@ -269,9 +269,9 @@ impl<'k> Ops<'k> {
             UnaryOp::Exp2 => self.call(Helper::Exp2F32, &[a]),
             UnaryOp::Log => self.call(Helper::LogF32, &[a]),
             UnaryOp::Log2 => self.call(Helper::Log2F32, &[a]),
-            UnaryOp::Sin => call("sin"),
-            UnaryOp::Cos => call("cos"),
-            UnaryOp::Tan => call("tan"),
+            UnaryOp::Sin => self.call(Helper::SinF32, &[a]),
+            UnaryOp::Cos => self.call(Helper::CosF32, &[a]),
+            UnaryOp::Tan => self.call(Helper::TanF32, &[a]),
             UnaryOp::Tanh => self.call(Helper::TanhF32, &[a]),
             // There is no f64 `exp` to compute fdlibm's erf with (see the module docs).
             UnaryOp::Erf if f64 => return Err(self.unsupported(op.name(), dtype)),
