@@ -14,7 +14,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+
+use tessel_ir::cache::{Fnv128, temp_suffix};
 
 /// Flags for every kernel. `-fwrapv` and `-ffp-contract=off` keep C's arithmetic equal to
 /// the interpreter's (wrapping integers, no fused multiply-adds the IR did not ask for);
@@ -148,16 +149,6 @@ pub(crate) fn library_path(dir: &Path, key: u128) -> PathBuf {
     dir.join(format!("{key:032x}{}", std::env::consts::DLL_SUFFIX))
 }
 
-/// A suffix no other writer uses at the same time: the process id and a counter.
-fn temp_suffix() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}.{}.tmp",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 /// The compiler invocation as a shell would show it, for error messages.
 fn command_line(cc: &Path, out: &Path, input: &Path) -> String {
     let mut parts: Vec<&OsStr> = vec![cc.as_os_str()];
@@ -171,67 +162,4 @@ fn command_line(cc: &Path, out: &Path, input: &Path) -> String {
         .map(|p| p.to_string_lossy())
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// 128-bit FNV-1a.
-///
-/// The key must be the same in every process and every build, since other processes look
-/// libraries up by it: `std`'s `DefaultHasher` is randomly seeded per process and its
-/// algorithm may change between Rust releases, so it cannot be used. 128 bits make an
-/// accidental collision (which would load the wrong kernel) negligible.
-struct Fnv128(u128);
-
-impl Fnv128 {
-    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
-    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
-
-    fn new() -> Self {
-        Fnv128(Self::OFFSET)
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u128::from(b);
-            self.0 = self.0.wrapping_mul(Self::PRIME);
-        }
-    }
-
-    /// A length-prefixed field, so that ("ab", "c") and ("a", "bc") hash differently.
-    fn field(&mut self, bytes: &[u8]) {
-        self.bytes(&(bytes.len() as u64).to_le_bytes());
-        self.bytes(bytes);
-    }
-
-    fn finish(&self) -> u128 {
-        self.0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Fnv128;
-
-    #[test]
-    fn fnv128_matches_the_reference() {
-        // Test vectors of the FNV reference implementation.
-        let hash = |s: &str| {
-            let mut h = Fnv128::new();
-            h.bytes(s.as_bytes());
-            h.finish()
-        };
-        assert_eq!(hash(""), 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d);
-        assert_eq!(hash("a"), 0xd228_cb69_6f1a_8caf_7891_2b70_4e4a_8964);
-    }
-
-    #[test]
-    fn fields_are_delimited() {
-        let hash = |parts: &[&str]| {
-            let mut h = Fnv128::new();
-            for p in parts {
-                h.field(p.as_bytes());
-            }
-            h.finish()
-        };
-        assert_ne!(hash(&["ab", "c"]), hash(&["a", "bc"]));
-    }
 }

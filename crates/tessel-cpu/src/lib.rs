@@ -41,15 +41,16 @@ mod memory;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use libloading::Library;
 use rustc_hash::FxHashMap;
 use tessel_ir::codegen::{self, CodegenError};
+use tessel_ir::handles::{check_range, lock};
 use tessel_ir::{
-    Backend, BackendError, BufferId, DeviceInfo, Kernel, LaunchArgs, Param, ProgramId, interp,
-    verify,
+    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
+    handles, interp, verify,
 };
 use tessel_shape::Bindings;
 
@@ -145,14 +146,9 @@ pub struct CpuBackend {
     /// `None` if the pool could not be built (no threads); launches then fail.
     pool: Option<rayon::ThreadPool>,
     memory: Memory,
-    programs: Mutex<FxHashMap<ProgramId, Arc<Program>>>,
-    next_program: AtomicU64,
+    programs: Handles<ProgramId, Program>,
     libraries: Mutex<Libraries>,
     counters: Counters,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Default for CpuBackend {
@@ -188,8 +184,7 @@ impl CpuBackend {
             config: CpuConfig { threads, ..config },
             compiler: OnceLock::new(),
             pool,
-            programs: Mutex::default(),
-            next_program: AtomicU64::new(1),
+            programs: Handles::new("cpu"),
             libraries: Mutex::default(),
             counters: Counters::default(),
         }
@@ -293,23 +288,8 @@ impl CpuBackend {
         Ok(library)
     }
 
-    fn program(&self, id: ProgramId) -> Result<Arc<Program>, BackendError> {
-        lock(&self.programs).get(&id).cloned().ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "program {} is not a live program of the cpu backend",
-                id.0
-            ))
-        })
-    }
-
-    fn check_device(device: usize) -> Result<(), BackendError> {
-        if device == 0 {
-            Ok(())
-        } else {
-            Err(BackendError::InvalidArgument(format!(
-                "the cpu backend has one device (0), not device {device}"
-            )))
-        }
+    fn check_device(&self, device: usize) -> Result<(), BackendError> {
+        handles::device("cpu", &self.devices, device).map(drop)
     }
 }
 
@@ -338,7 +318,7 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, device: usize, bytes: usize) -> Result<BufferId, BackendError> {
-        Self::check_device(device)?;
+        self.check_device(device)?;
         self.memory.alloc(bytes)
     }
 
@@ -349,7 +329,7 @@ impl Backend for CpuBackend {
     fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
         let shared = self.memory.get(buffer)?;
         let mut guard = memory::write(&shared);
-        memory::check_range("write", buffer, offset, data.len(), guard.len())?;
+        check_range("write", buffer, offset, data.len(), guard.len())?;
         guard.bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
         Ok(())
     }
@@ -357,7 +337,7 @@ impl Backend for CpuBackend {
     fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
         let shared = self.memory.get(buffer)?;
         let guard = memory::read(&shared);
-        memory::check_range("read", buffer, offset, out.len(), guard.len())?;
+        check_range("read", buffer, offset, out.len(), guard.len())?;
         out.copy_from_slice(&guard.bytes()[offset..offset + out.len()]);
         Ok(())
     }
@@ -365,7 +345,7 @@ impl Backend for CpuBackend {
     fn copy(&self, src: BufferId, dst: BufferId, bytes: usize) -> Result<(), BackendError> {
         if src == dst {
             let shared = self.memory.get(src)?;
-            return memory::check_range("copy", src, 0, bytes, memory::read(&shared).len());
+            return check_range("copy", src, 0, bytes, memory::read(&shared).len());
         }
         let (source, target) = (self.memory.get(src)?, self.memory.get(dst)?);
         // Locks are taken in id order, so opposite copies between two buffers can't deadlock.
@@ -376,14 +356,14 @@ impl Backend for CpuBackend {
             let to = memory::write(&target);
             (memory::read(&source), to)
         };
-        memory::check_range("copy source", src, 0, bytes, from.len())?;
-        memory::check_range("copy destination", dst, 0, bytes, to.len())?;
+        check_range("copy source", src, 0, bytes, from.len())?;
+        check_range("copy destination", dst, 0, bytes, to.len())?;
         to.bytes_mut()[..bytes].copy_from_slice(&from.bytes()[..bytes]);
         Ok(())
     }
 
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
-        Self::check_device(device)?;
+        self.check_device(device)?;
         // Verify first: an invalid kernel is reported the same way with or without a compiler.
         verify(kernel).map_err(|e| BackendError::Compile {
             kernel: kernel.name.clone(),
@@ -421,13 +401,10 @@ impl Backend for CpuBackend {
                 })
             }
         };
-        let id = ProgramId(self.next_program.fetch_add(1, Ordering::Relaxed));
-        let program = Program {
+        Ok(self.programs.insert(Program {
             kernel: kernel.clone(),
             native,
-        };
-        lock(&self.programs).insert(id, Arc::new(program));
-        Ok(id)
+        }))
     }
 
     fn launch(
@@ -436,7 +413,7 @@ impl Backend for CpuBackend {
         buffers: &[BufferId],
         dims: &Bindings,
     ) -> Result<(), BackendError> {
-        let program = self.program(program)?;
+        let program = self.programs.get(program)?;
         let kernel = &program.kernel;
         let params: Vec<&Param> = kernel
             .params
@@ -507,19 +484,11 @@ impl Backend for CpuBackend {
 
     fn synchronize(&self, device: usize) -> Result<(), BackendError> {
         // Every operation has finished when its call returns.
-        Self::check_device(device)
+        self.check_device(device)
     }
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
-        lock(&self.programs)
-            .remove(&program)
-            .map(drop)
-            .ok_or_else(|| {
-                BackendError::InvalidArgument(format!(
-                    "program {} is not a live program of the cpu backend",
-                    program.0
-                ))
-            })
+        self.programs.remove(program).map(drop)
     }
 }
 

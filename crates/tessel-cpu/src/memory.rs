@@ -16,12 +16,12 @@
 //! (like `cudaMalloc`, an allocation's contents are unspecified); fresh ones are zeroed.
 
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytemuck::{Pod, Zeroable};
 use rustc_hash::FxHashMap;
-use tessel_ir::{BackendError, BufferId};
+use tessel_ir::handles::lock;
+use tessel_ir::{BackendError, BufferId, Handles};
 
 /// The most bytes the free-buffer cache holds.
 pub(crate) const CACHE_BYTES: usize = 1 << 30;
@@ -81,10 +81,6 @@ pub(crate) fn write(buffer: &Shared) -> RwLockWriteGuard<'_, HostBuffer> {
     buffer.write().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The free-buffer cache, keyed by size class (the capacity in bytes, a power of two).
 #[derive(Default)]
 struct Cache {
@@ -95,18 +91,16 @@ struct Cache {
 /// Every live buffer, and the cache of freed ones.
 pub(crate) struct Memory {
     device: String,
-    buffers: Mutex<FxHashMap<BufferId, Shared>>,
+    buffers: Handles<BufferId, RwLock<HostBuffer>>,
     cache: Mutex<Cache>,
-    next_id: AtomicU64,
 }
 
 impl Memory {
     pub(crate) fn new(device: String) -> Self {
         Memory {
             device,
-            buffers: Mutex::default(),
+            buffers: Handles::new("cpu"),
             cache: Mutex::default(),
-            next_id: AtomicU64::new(1),
         }
     }
 
@@ -137,15 +131,14 @@ impl Memory {
             chunks.resize(n, Chunk::zeroed());
             chunks
         };
-        let id = BufferId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let buffer = Arc::new(RwLock::new(HostBuffer { chunks, len: bytes }));
-        lock(&self.buffers).insert(id, buffer);
-        Ok(id)
+        Ok(self
+            .buffers
+            .insert(RwLock::new(HostBuffer { chunks, len: bytes })))
     }
 
     /// Frees a buffer. Its storage goes to the cache once no in-flight operation holds it.
     pub(crate) fn free(&self, id: BufferId) -> Result<(), BackendError> {
-        let buffer = lock(&self.buffers).remove(&id).ok_or_else(|| unknown(id))?;
+        let buffer = self.buffers.remove(id)?;
         // An operation still running on another thread keeps its own reference; then the
         // storage is simply dropped when it finishes.
         let Ok(lock) = Arc::try_unwrap(buffer) else {
@@ -169,10 +162,7 @@ impl Memory {
 
     /// The buffer with this id.
     pub(crate) fn get(&self, id: BufferId) -> Result<Shared, BackendError> {
-        lock(&self.buffers)
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| unknown(id))
+        self.buffers.get(id)
     }
 
     /// The buffers with these ids, each once, in id order (the order locks are taken in,
@@ -181,14 +171,13 @@ impl Memory {
         &self,
         ids: &[BufferId],
     ) -> Result<Vec<(BufferId, Shared)>, BackendError> {
-        let table = lock(&self.buffers);
+        let shared = self.buffers.get_all(ids)?;
         let mut out: FxHashMap<BufferId, Shared> = FxHashMap::default();
-        for &id in ids {
+        for (&id, buffer) in ids.iter().zip(shared) {
             if let Entry::Vacant(slot) = out.entry(id) {
-                slot.insert(table.get(&id).cloned().ok_or_else(|| unknown(id))?);
+                slot.insert(buffer);
             }
         }
-        drop(table);
         let mut out: Vec<_> = out.into_iter().collect();
         out.sort_by_key(|(id, _)| *id);
         Ok(out)
@@ -203,30 +192,6 @@ impl Memory {
 
 fn lock_cache(cache: &Mutex<Cache>) -> MutexGuard<'_, Cache> {
     lock(cache)
-}
-
-fn unknown(id: BufferId) -> BackendError {
-    BackendError::InvalidArgument(format!(
-        "buffer {} is not a live buffer of the cpu backend (freed, or from another backend)",
-        id.0
-    ))
-}
-
-/// Checks that `offset..offset + len` lies within a buffer of `size` bytes.
-pub(crate) fn check_range(
-    what: &str,
-    id: BufferId,
-    offset: usize,
-    len: usize,
-    size: usize,
-) -> Result<(), BackendError> {
-    if offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(BackendError::InvalidArgument(format!(
-            "{what} of {len} bytes at offset {offset} does not fit buffer {} of {size} bytes",
-            id.0
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! Finding CUDA devices and setting each up: its primary context, one stream, its memory
 //! pool and staging buffer, and what the driver says about it.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::CUdevice_attribute as Attr;
+use tessel_ir::handles::lock;
 use tessel_ir::{BackendError, DeviceInfo, Features};
 
 use crate::ffi::{self, Context, Stream};
@@ -24,10 +25,6 @@ pub(crate) struct CudaDevice {
     pub(crate) staging: Mutex<Staging>,
     /// Declared last: dropped after everything that needs it bound.
     pub(crate) ctx: Context,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl CudaDevice {

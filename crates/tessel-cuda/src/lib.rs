@@ -87,12 +87,14 @@ use std::time::Duration;
 use cudarc::driver::result::DriverError;
 use rustc_hash::FxHashMap;
 use tessel_ir::codegen::{self, CUDA, CodegenError};
+use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
-    Backend, BackendError, BufferId, DeviceInfo, Kernel, LaunchArgs, Param, ProgramId, verify,
+    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
+    verify,
 };
 use tessel_shape::Bindings;
 
-use crate::device::{CudaDevice, lock};
+use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Event, Module};
 
 /// How a [`CudaBackend`] is set up.
@@ -197,11 +199,9 @@ pub struct CudaBackend {
     infos: Vec<DeviceInfo>,
     driver_version: i32,
     // Fields drop in order: programs, modules and buffers before the devices.
-    programs: Mutex<FxHashMap<ProgramId, Arc<Program>>>,
-    next_program: AtomicU64,
+    programs: Handles<ProgramId, Program>,
     modules: Mutex<FxHashMap<(usize, u128), Arc<Module>>>,
-    buffers: Mutex<FxHashMap<BufferId, Arc<DeviceBuffer>>>,
-    next_buffer: AtomicU64,
+    buffers: Handles<BufferId, DeviceBuffer>,
     counters: Counters,
     devices: Vec<Arc<CudaDevice>>,
 }
@@ -227,11 +227,9 @@ impl CudaBackend {
             infos: devices.iter().map(|d| d.info.clone()).collect(),
             driver_version: found.driver_version,
             config,
-            programs: Mutex::default(),
-            next_program: AtomicU64::new(1),
+            programs: Handles::new("cuda"),
             modules: Mutex::default(),
-            buffers: Mutex::default(),
-            next_buffer: AtomicU64::new(1),
+            buffers: Handles::new("cuda"),
             counters: Counters::default(),
             devices,
         }
@@ -342,30 +340,7 @@ impl CudaBackend {
     }
 
     fn device(&self, device: usize) -> Result<&Arc<CudaDevice>, BackendError> {
-        self.devices.get(device).ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "the cuda backend has {} device(s), not device {device}",
-                self.devices.len()
-            ))
-        })
-    }
-
-    fn buffer(&self, id: BufferId) -> Result<Arc<DeviceBuffer>, BackendError> {
-        lock(&self.buffers).get(&id).cloned().ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "buffer {} is not a live buffer of the cuda backend",
-                id.0
-            ))
-        })
-    }
-
-    fn program(&self, id: ProgramId) -> Result<Arc<Program>, BackendError> {
-        lock(&self.programs).get(&id).cloned().ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "program {} is not a live program of the cuda backend",
-                id.0
-            ))
-        })
+        handles::device("cuda", &self.devices, device)
     }
 
     /// The loaded module for `source` on `dev`: from memory, the disk cache, or NVRTC.
@@ -437,23 +412,17 @@ impl CudaBackend {
         dims: &Bindings,
         timed: bool,
     ) -> Result<Option<(Event, Event, Arc<CudaDevice>)>, BackendError> {
-        let program = self.program(program)?;
+        let program = self.programs.get(program)?;
         let kernel = &program.kernel;
         let dev = &program.device;
-        let bound = buffers
-            .iter()
-            .map(|&id| self.buffer(id))
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some((id, b)) = buffers
-            .iter()
-            .zip(&bound)
-            .find(|(_, b)| b.device.index != dev.index)
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "kernel `{}` was compiled for cuda device {}, but buffer {} is on device {}",
-                kernel.name, dev.index, id.0, b.device.index
-            )));
-        }
+        let bound = self.buffers.get_all(buffers)?;
+        handles::check_launch_devices(
+            "cuda",
+            &kernel.name,
+            dev.index,
+            buffers,
+            bound.iter().map(|b| b.device.index),
+        )?;
         let sizes: Vec<usize> = bound.iter().map(|b| b.bytes).collect();
         let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
         let Some((grid, block)) = launch_dims(&program, &args)? else {
@@ -575,23 +544,6 @@ fn scalar_bytes(value: i64, size: usize) -> Vec<u8> {
     }
 }
 
-/// Checks that `offset..offset + len` lies within a buffer of `size` bytes.
-fn check_range(
-    what: &str,
-    id: BufferId,
-    offset: usize,
-    len: usize,
-    size: usize,
-) -> Result<(), BackendError> {
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(BackendError::InvalidArgument(format!(
-            "{what} of {len} bytes at offset {offset} is outside buffer {} of {size} bytes",
-            id.0
-        ))),
-    }
-}
-
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
@@ -619,33 +571,23 @@ impl Backend for CudaBackend {
                     dev.lost("cuMemAlloc", e)
                 }
             })?;
-        let id = BufferId(self.next_buffer.fetch_add(1, Ordering::Relaxed));
         let buffer = DeviceBuffer {
             device: Arc::clone(dev),
             bytes,
             ptr,
             class,
         };
-        lock(&self.buffers).insert(id, Arc::new(buffer));
-        Ok(id)
+        Ok(self.buffers.insert(buffer))
     }
 
     fn free(&self, buffer: BufferId) -> Result<(), BackendError> {
         // The block returns to the pool when the last reference (a launch being queued on
         // another thread may hold one) drops.
-        lock(&self.buffers)
-            .remove(&buffer)
-            .map(drop)
-            .ok_or_else(|| {
-                BackendError::InvalidArgument(format!(
-                    "buffer {} is not a live buffer of the cuda backend",
-                    buffer.0
-                ))
-            })
+        self.buffers.remove(buffer).map(drop)
     }
 
     fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         check_range("write", buffer, offset, data.len(), b.bytes)?;
         if data.is_empty() {
             return Ok(());
@@ -657,7 +599,7 @@ impl Backend for CudaBackend {
     }
 
     fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         check_range("read", buffer, offset, out.len(), b.bytes)?;
         let dev = &b.device;
         if out.is_empty() {
@@ -672,7 +614,7 @@ impl Backend for CudaBackend {
     }
 
     fn copy(&self, src: BufferId, dst: BufferId, bytes: usize) -> Result<(), BackendError> {
-        let (from, to) = (self.buffer(src)?, self.buffer(dst)?);
+        let (from, to) = (self.buffers.get(src)?, self.buffers.get(dst)?);
         check_range("copy source", src, 0, bytes, from.bytes)?;
         check_range("copy destination", dst, 0, bytes, to.bytes)?;
         if from.device.index != to.device.index {
@@ -704,15 +646,12 @@ impl Backend for CudaBackend {
             .map_or(dev.info.max_workgroup_size, |n| {
                 u32::try_from(n).unwrap_or(0)
             });
-        let id = ProgramId(self.next_program.fetch_add(1, Ordering::Relaxed));
-        let program = Program {
+        Ok(self.programs.insert(Program {
             kernel: kernel.clone(),
             device: Arc::clone(dev),
             module,
             max_threads,
-        };
-        lock(&self.programs).insert(id, Arc::new(program));
-        Ok(id)
+        }))
     }
 
     fn launch(
@@ -750,15 +689,7 @@ impl Backend for CudaBackend {
     }
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
-        lock(&self.programs)
-            .remove(&program)
-            .map(drop)
-            .ok_or_else(|| {
-                BackendError::InvalidArgument(format!(
-                    "program {} is not a live program of the cuda backend",
-                    program.0
-                ))
-            })
+        self.programs.remove(program).map(drop)
     }
 }
 

@@ -13,7 +13,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+
+use tessel_ir::cache::{Fnv128, temp_suffix};
 
 use crate::ffi;
 
@@ -225,12 +226,7 @@ pub(crate) fn read_cached(dir: &Path, key: u128) -> Option<Vec<u8>> {
 /// a uniquely named file that is then renamed, so a concurrent reader sees either nothing or
 /// the whole file. Failures only cost a later recompile, so they are logged, not returned.
 pub(crate) fn write_cached(dir: &Path, key: u128, cubin: &[u8], source: &str) {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let unique = format!(
-        "{}.{}.tmp",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
+    let unique = temp_suffix();
     let result = fs::create_dir_all(dir).and_then(|()| {
         let temp = dir.join(format!("{key:032x}.{unique}"));
         fs::write(&temp, cubin)?;
@@ -249,51 +245,9 @@ pub(crate) fn write_cached(dir: &Path, key: u128, cubin: &[u8], source: &str) {
     }
 }
 
-/// 128-bit FNV-1a, as the CPU backend keys its disk cache: stable across processes and
-/// builds (unlike `std`'s randomly seeded hasher), and wide enough that an accidental
-/// collision, which would load the wrong kernel, is negligible.
-struct Fnv128(u128);
-
-impl Fnv128 {
-    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
-    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
-
-    fn new() -> Self {
-        Fnv128(Self::OFFSET)
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u128::from(b);
-            self.0 = self.0.wrapping_mul(Self::PRIME);
-        }
-    }
-
-    /// A length-prefixed field, so that ("ab", "c") and ("a", "bc") hash differently.
-    fn field(&mut self, bytes: &[u8]) {
-        self.bytes(&(bytes.len() as u64).to_le_bytes());
-        self.bytes(bytes);
-    }
-
-    fn finish(&self) -> u128 {
-        self.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Fnv128, cache_key, find_in, options};
-
-    #[test]
-    fn fnv128_matches_the_reference() {
-        let hash = |s: &str| {
-            let mut h = Fnv128::new();
-            h.bytes(s.as_bytes());
-            h.finish()
-        };
-        assert_eq!(hash(""), 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d);
-        assert_eq!(hash("a"), 0xd228_cb69_6f1a_8caf_7891_2b70_4e4a_8964);
-    }
+    use super::{cache_key, find_in, options};
 
     #[test]
     fn keys_cover_every_input() {

@@ -6,14 +6,19 @@
 //! - The text form: `Display` for [`Kernel`], stable and snapshot-tested.
 //! - [`backend`]: the [`Backend`] trait every runtime implements, and [`LaunchArgs`], the
 //!   launch-argument checks every backend shares.
+//! - [`handles`]: [`Handles`], the table of live buffers or programs every backend keeps,
+//!   with the device and byte-range checks they share.
+//! - [`cache`]: the key hash and temporary-file names of the on-disk kernel caches.
 //!
 //! **Architecture Invariant:** `tessel-ir` knows nothing about graphs or tensors, and
 //! nothing about any particular device: backends depend on it, never the reverse.
 
 pub mod backend;
 pub mod builder;
+pub mod cache;
 pub mod codegen;
 mod display;
+pub mod handles;
 pub mod interp;
 pub mod kernel;
 pub mod launch;
@@ -24,6 +29,7 @@ pub mod verify;
 pub use backend::{Backend, BackendError, BufferId, DeviceInfo, Features, ProgramId};
 pub use builder::{Buf, KernelBuilder};
 pub use display::inst_text;
+pub use handles::Handles;
 pub use kernel::{Access, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
 pub use launch::LaunchArgs;
 pub use verify::{Def, VerifyError, VerifyErrorKind, verify};

@@ -92,7 +92,7 @@ mod ffi;
 mod programs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opencl3::error_codes::{
@@ -101,12 +101,13 @@ use opencl3::error_codes::{
 };
 use opencl3::event::Event;
 use opencl3::memory::Buffer;
-use rustc_hash::FxHashMap;
 use tessel_ir::codegen::{self, CodegenError};
 #[cfg(doc)]
 use tessel_ir::codegen::{OPENCL, OPENCL_NO_FP64};
+use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
-    Backend, BackendError, BufferId, DeviceInfo, Kernel, LaunchArgs, Param, ProgramId, verify,
+    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
+    verify,
 };
 use tessel_shape::Bindings;
 
@@ -203,16 +204,10 @@ pub struct OpenClBackend {
     config: OpenClConfig,
     devices: Vec<ClDevice>,
     infos: Vec<DeviceInfo>,
-    buffers: Mutex<FxHashMap<BufferId, Arc<DeviceBuffer>>>,
-    next_buffer: AtomicU64,
-    programs: Mutex<FxHashMap<ProgramId, Arc<Program>>>,
-    next_program: AtomicU64,
+    buffers: Handles<BufferId, DeviceBuffer>,
+    programs: Handles<ProgramId, Program>,
     cache: Mutex<ProgramCache>,
     counters: Counters,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Default for OpenClBackend {
@@ -233,14 +228,12 @@ impl OpenClBackend {
         let devices = device::discover(config.device.as_deref(), config.disable_f64);
         let infos = devices.iter().map(|d| d.info.clone()).collect();
         OpenClBackend {
-            cache: Mutex::new(ProgramCache::new(config.program_cache)),
+            cache: Mutex::new(programs::program_cache(config.program_cache)),
             config,
             devices,
             infos,
-            buffers: Mutex::default(),
-            next_buffer: AtomicU64::new(1),
-            programs: Mutex::default(),
-            next_program: AtomicU64::new(1),
+            buffers: Handles::new("opencl"),
+            programs: Handles::new("opencl"),
             counters: Counters::default(),
         }
     }
@@ -287,30 +280,7 @@ impl OpenClBackend {
     }
 
     fn device(&self, device: usize) -> Result<&ClDevice, BackendError> {
-        self.devices.get(device).ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "the opencl backend has {} device(s), not device {device}",
-                self.devices.len()
-            ))
-        })
-    }
-
-    fn buffer(&self, id: BufferId) -> Result<Arc<DeviceBuffer>, BackendError> {
-        lock(&self.buffers).get(&id).cloned().ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "buffer {} is not a live buffer of the opencl backend",
-                id.0
-            ))
-        })
-    }
-
-    fn program(&self, id: ProgramId) -> Result<Arc<Program>, BackendError> {
-        lock(&self.programs).get(&id).cloned().ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "program {} is not a live program of the opencl backend",
-                id.0
-            ))
-        })
+        handles::device("opencl", &self.devices, device)
     }
 
     /// The built program for `source` on `device`, from the cache or the driver.
@@ -340,23 +310,17 @@ impl OpenClBackend {
         buffers: &[BufferId],
         dims: &Bindings,
     ) -> Result<Option<(Handle<Event>, &ClDevice)>, BackendError> {
-        let program = self.program(program)?;
+        let program = self.programs.get(program)?;
         let kernel = &program.kernel;
         let dev = self.device(program.device)?;
-        let bound = buffers
-            .iter()
-            .map(|&id| self.buffer(id))
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some((id, b)) = buffers
-            .iter()
-            .zip(&bound)
-            .find(|(_, b)| b.device != program.device)
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "kernel `{}` was compiled for opencl device {}, but buffer {} is on device {}",
-                kernel.name, program.device, id.0, b.device
-            )));
-        }
+        let bound = self.buffers.get_all(buffers)?;
+        handles::check_launch_devices(
+            "opencl",
+            &kernel.name,
+            program.device,
+            buffers,
+            bound.iter().map(|b| b.device),
+        )?;
         let sizes: Vec<usize> = bound.iter().map(|b| b.bytes).collect();
         let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
         let Some((global, local)) = launch_sizes(&program, dev, &args)? else {
@@ -486,23 +450,6 @@ fn is_out_of_memory(e: &ClError) -> bool {
     )
 }
 
-/// Checks that `offset..offset + len` lies within a buffer of `size` bytes.
-fn check_range(
-    what: &str,
-    id: BufferId,
-    offset: usize,
-    len: usize,
-    size: usize,
-) -> Result<(), BackendError> {
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(BackendError::InvalidArgument(format!(
-            "{what} of {len} bytes at offset {offset} is outside buffer {} of {size} bytes",
-            id.0
-        ))),
-    }
-}
-
 impl Backend for OpenClBackend {
     fn name(&self) -> &'static str {
         "opencl"
@@ -529,27 +476,17 @@ impl Backend for OpenClBackend {
                 lost(dev, "clCreateBuffer", &e)
             }
         })?;
-        let id = BufferId(self.next_buffer.fetch_add(1, Ordering::Relaxed));
         let buffer = DeviceBuffer { device, bytes, mem };
-        lock(&self.buffers).insert(id, Arc::new(buffer));
-        Ok(id)
+        Ok(self.buffers.insert(buffer))
     }
 
     fn free(&self, buffer: BufferId) -> Result<(), BackendError> {
         // OpenCL defers the release until queued commands using the buffer are done.
-        lock(&self.buffers)
-            .remove(&buffer)
-            .map(drop)
-            .ok_or_else(|| {
-                BackendError::InvalidArgument(format!(
-                    "buffer {} is not a live buffer of the opencl backend",
-                    buffer.0
-                ))
-            })
+        self.buffers.remove(buffer).map(drop)
     }
 
     fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         check_range("write", buffer, offset, data.len(), b.bytes)?;
         if data.is_empty() {
             return Ok(());
@@ -568,7 +505,7 @@ impl Backend for OpenClBackend {
     }
 
     fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         check_range("read", buffer, offset, out.len(), b.bytes)?;
         let dev = self.device(b.device)?;
         if out.is_empty() {
@@ -579,16 +516,10 @@ impl Backend for OpenClBackend {
     }
 
     fn copy(&self, src: BufferId, dst: BufferId, bytes: usize) -> Result<(), BackendError> {
-        let (from, to) = (self.buffer(src)?, self.buffer(dst)?);
+        let (from, to) = (self.buffers.get(src)?, self.buffers.get(dst)?);
         check_range("copy source", src, 0, bytes, from.bytes)?;
         check_range("copy destination", dst, 0, bytes, to.bytes)?;
-        if from.device != to.device {
-            return Err(BackendError::InvalidArgument(format!(
-                "copy from buffer {} on opencl device {} to buffer {} on device {}: copies \
-                 stay on one device; read to the host and write instead",
-                src.0, from.device, dst.0, to.device
-            )));
-        }
+        handles::check_copy_devices("opencl", (src, from.device), (dst, to.device))?;
         // A buffer copied onto itself is unchanged (OpenCL rejects the overlap).
         if src == dst || bytes == 0 {
             return Ok(());
@@ -619,16 +550,13 @@ impl Backend for OpenClBackend {
         let max_workgroup = cl
             .get_work_group_size(dev.device.id())
             .map_or(u64::from(dev.info.max_workgroup_size), |n| n as u64);
-        let id = ProgramId(self.next_program.fetch_add(1, Ordering::Relaxed));
-        let program = Program {
+        Ok(self.programs.insert(Program {
             kernel: kernel.clone(),
             device,
             cl: Mutex::new(Handle::new(cl)),
             _built: built,
             max_workgroup,
-        };
-        lock(&self.programs).insert(id, Arc::new(program));
-        Ok(id)
+        }))
     }
 
     fn launch(
@@ -671,15 +599,7 @@ impl Backend for OpenClBackend {
     }
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
-        lock(&self.programs)
-            .remove(&program)
-            .map(drop)
-            .ok_or_else(|| {
-                BackendError::InvalidArgument(format!(
-                    "program {} is not a live program of the opencl backend",
-                    program.0
-                ))
-            })
+        self.programs.remove(program).map(drop)
     }
 }
 

@@ -5,13 +5,10 @@
 //! collision costs a rebuild, never a wrong kernel. Entries are evicted least recently used
 //! first; a live `ProgramId` holds its own reference, so eviction never invalidates one.
 
-use std::collections::VecDeque;
-use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 use std::time::Instant;
 
 use opencl3::program::Program;
-use rustc_hash::{FxHashMap, FxHasher};
+use tessel_ir::cache::BuiltCache;
 use tessel_ir::{BackendError, Inst, Kernel};
 use tessel_shape::{DType, Dim};
 
@@ -23,58 +20,12 @@ pub(crate) struct Built {
     source: String,
 }
 
-type Key = (usize, u64);
+/// Built programs by device and source (see [`BuiltCache`]).
+pub(crate) type ProgramCache = BuiltCache<Built>;
 
-/// Built programs by device and source hash, least recently used first.
-pub(crate) struct ProgramCache {
-    map: FxHashMap<Key, Arc<Built>>,
-    order: VecDeque<Key>,
-    capacity: usize,
-}
-
-impl ProgramCache {
-    pub(crate) fn new(capacity: usize) -> Self {
-        ProgramCache {
-            map: FxHashMap::default(),
-            order: VecDeque::new(),
-            capacity,
-        }
-    }
-
-    fn key(device: usize, source: &str) -> Key {
-        let mut hasher = FxHasher::default();
-        source.hash(&mut hasher);
-        (device, hasher.finish())
-    }
-
-    /// The program built from `source` for `device`, if cached; marks it recently used.
-    pub(crate) fn get(&mut self, device: usize, source: &str) -> Option<Arc<Built>> {
-        let key = Self::key(device, source);
-        let built = self.map.get(&key).filter(|b| b.source == source)?.clone();
-        if let Some(at) = self.order.iter().position(|k| *k == key) {
-            self.order.remove(at);
-        }
-        self.order.push_back(key);
-        Some(built)
-    }
-
-    /// Keeps `built` for `device`, evicting the least recently used beyond capacity.
-    pub(crate) fn insert(&mut self, device: usize, built: Arc<Built>) {
-        let key = Self::key(device, &built.source);
-        if self.map.insert(key, built).is_none() {
-            self.order.push_back(key);
-        }
-        while self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
-            }
-        }
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.map.len()
-    }
+/// A [`ProgramCache`] of at most `capacity` programs.
+pub(crate) fn program_cache(capacity: usize) -> ProgramCache {
+    BuiltCache::new(capacity, |b| &b.source)
 }
 
 /// Builds `source` for `device`; a failure carries the driver's build log.
@@ -154,20 +105,4 @@ pub(crate) fn check_limits(device: &ClDevice, kernel: &Kernel) -> Result<(), Bac
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ProgramCache;
-
-    #[test]
-    fn keys_separate_devices_and_sources() {
-        // Only the key logic: building needs a device, which the integration tests cover.
-        let a = ProgramCache::key(0, "kernel a");
-        assert_ne!(a, ProgramCache::key(1, "kernel a"));
-        assert_ne!(a, ProgramCache::key(0, "kernel b"));
-        assert_eq!(a, ProgramCache::key(0, "kernel a"));
-        let cache = ProgramCache::new(2);
-        assert_eq!(cache.len(), 0);
-    }
 }

@@ -113,12 +113,15 @@ mod memory;
 mod programs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 use tessel_ir::codegen::{self, CodegenError, WgslShader};
-use tessel_ir::{Backend, BackendError, BufferId, DeviceInfo, Kernel, LaunchArgs, ProgramId};
+use tessel_ir::handles::{self, check_range, lock};
+use tessel_ir::{
+    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, ProgramId,
+};
 use tessel_shape::{Bindings, Expr};
 
 use crate::device::GpuDevice;
@@ -229,16 +232,10 @@ pub struct WgpuBackend {
     infos: Vec<DeviceInfo>,
     /// Freed buffers kept for reuse, one pool per device.
     pools: Vec<SharedPool>,
-    buffers: Mutex<FxHashMap<BufferId, Arc<DeviceBuffer>>>,
-    next_buffer: AtomicU64,
-    programs: Mutex<FxHashMap<ProgramId, Arc<Program>>>,
-    next_program: AtomicU64,
+    buffers: Handles<BufferId, DeviceBuffer>,
+    programs: Handles<ProgramId, Program>,
     cache: Mutex<PipelineCache>,
     counters: Counters,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Default for WgpuBackend {
@@ -263,15 +260,13 @@ impl WgpuBackend {
             .map(|_| Arc::new(Mutex::new(Pool::new(config.pool_bytes))))
             .collect();
         WgpuBackend {
-            cache: Mutex::new(PipelineCache::new(config.pipeline_cache)),
+            cache: Mutex::new(programs::pipeline_cache(config.pipeline_cache)),
             config,
             devices,
             infos,
             pools,
-            buffers: Mutex::default(),
-            next_buffer: AtomicU64::new(1),
-            programs: Mutex::default(),
-            next_program: AtomicU64::new(1),
+            buffers: Handles::new("wgpu"),
+            programs: Handles::new("wgpu"),
             counters: Counters::default(),
         }
     }
@@ -332,41 +327,15 @@ impl WgpuBackend {
         let dev = self.device(device)?;
         programs::check_limits(dev, &kernel.name, &shader)?;
         let pipeline = self.pipeline(device, dev, &kernel.name, shader)?;
-        let id = ProgramId(self.next_program.fetch_add(1, Ordering::Relaxed));
-        let program = Program {
+        Ok(self.programs.insert(Program {
             kernel: kernel.clone(),
             device,
             pipelines: Pipelines::Fixed(pipeline),
-        };
-        lock(&self.programs).insert(id, Arc::new(program));
-        Ok(id)
+        }))
     }
 
     fn device(&self, device: usize) -> Result<&GpuDevice, BackendError> {
-        self.devices.get(device).ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "the wgpu backend has {} device(s), not device {device}",
-                self.devices.len()
-            ))
-        })
-    }
-
-    fn buffer(&self, id: BufferId) -> Result<Arc<DeviceBuffer>, BackendError> {
-        lock(&self.buffers).get(&id).cloned().ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "buffer {} is not a live buffer of the wgpu backend",
-                id.0
-            ))
-        })
-    }
-
-    fn program(&self, id: ProgramId) -> Result<Arc<Program>, BackendError> {
-        lock(&self.programs).get(&id).cloned().ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "program {} is not a live program of the wgpu backend",
-                id.0
-            ))
-        })
+        handles::device("wgpu", &self.devices, device)
     }
 
     /// The pipeline for `shader` on `device`, from the cache or built.
@@ -396,23 +365,17 @@ impl WgpuBackend {
         dims: &Bindings,
         timed: bool,
     ) -> Result<Option<Submitted>, BackendError> {
-        let program = self.program(program)?;
+        let program = self.programs.get(program)?;
         let kernel = &program.kernel;
         let dev = self.device(program.device)?;
-        let bound = buffers
-            .iter()
-            .map(|&id| self.buffer(id))
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some((id, b)) = buffers
-            .iter()
-            .zip(&bound)
-            .find(|(_, b)| b.device != program.device)
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "kernel `{}` was compiled for wgpu device {}, but buffer {} is on device {}",
-                kernel.name, program.device, id.0, b.device
-            )));
-        }
+        let bound = self.buffers.get_all(buffers)?;
+        handles::check_launch_devices(
+            "wgpu",
+            &kernel.name,
+            program.device,
+            buffers,
+            bound.iter().map(|b| b.device),
+        )?;
         let sizes: Vec<usize> = bound.iter().map(|b| b.bytes).collect();
         let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
         let refs: Vec<&DeviceBuffer> = bound.iter().map(Arc::as_ref).collect();
@@ -463,23 +426,6 @@ fn render(dev: &GpuDevice, kernel: &Kernel) -> Result<WgslShader, BackendError> 
     })
 }
 
-/// Checks that `offset..offset + len` lies within a buffer of `size` bytes.
-fn check_range(
-    what: &str,
-    id: BufferId,
-    offset: usize,
-    len: usize,
-    size: usize,
-) -> Result<(), BackendError> {
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(BackendError::InvalidArgument(format!(
-            "{what} of {len} bytes at offset {offset} is outside buffer {} of {size} bytes",
-            id.0
-        ))),
-    }
-}
-
 impl Backend for WgpuBackend {
     fn name(&self) -> &'static str {
         "wgpu"
@@ -492,27 +438,17 @@ impl Backend for WgpuBackend {
     fn alloc(&self, device: usize, bytes: usize) -> Result<BufferId, BackendError> {
         let dev = self.device(device)?;
         let buffer = memory::alloc(dev, &self.pools[device], device, bytes)?;
-        let id = BufferId(self.next_buffer.fetch_add(1, Ordering::Relaxed));
-        lock(&self.buffers).insert(id, Arc::new(buffer));
-        Ok(id)
+        Ok(self.buffers.insert(buffer))
     }
 
     fn free(&self, buffer: BufferId) -> Result<(), BackendError> {
         // The buffer goes back to its device's pool once no launch holds it; reusing it is
         // ordered after the queued work that uses it (see `memory`).
-        lock(&self.buffers)
-            .remove(&buffer)
-            .map(drop)
-            .ok_or_else(|| {
-                BackendError::InvalidArgument(format!(
-                    "buffer {} is not a live buffer of the wgpu backend",
-                    buffer.0
-                ))
-            })
+        self.buffers.remove(buffer).map(drop)
     }
 
     fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         check_range("write", buffer, offset, data.len(), b.bytes)?;
         if data.is_empty() {
             return Ok(());
@@ -521,22 +457,16 @@ impl Backend for WgpuBackend {
     }
 
     fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         check_range("read", buffer, offset, out.len(), b.bytes)?;
         memory::read(self.device(b.device)?, &b, offset, out)
     }
 
     fn copy(&self, src: BufferId, dst: BufferId, bytes: usize) -> Result<(), BackendError> {
-        let (from, to) = (self.buffer(src)?, self.buffer(dst)?);
+        let (from, to) = (self.buffers.get(src)?, self.buffers.get(dst)?);
         check_range("copy source", src, 0, bytes, from.bytes)?;
         check_range("copy destination", dst, 0, bytes, to.bytes)?;
-        if from.device != to.device {
-            return Err(BackendError::InvalidArgument(format!(
-                "copy from buffer {} on wgpu device {} to buffer {} on device {}: copies \
-                 stay on one device; read to the host and write instead",
-                src.0, from.device, dst.0, to.device
-            )));
-        }
+        handles::check_copy_devices("wgpu", (src, from.device), (dst, to.device))?;
         // A buffer copied onto itself is unchanged (wgpu rejects the overlap).
         if src == dst || bytes == 0 {
             return Ok(());
@@ -555,14 +485,11 @@ impl Backend for WgpuBackend {
         // smallest sizes now reports what the device cannot run at compile time.
         let smallest = kernel.grid.local.map(|l| l.bounds().lo.max(1));
         render(dev, &with_local(kernel, smallest))?;
-        let id = ProgramId(self.next_program.fetch_add(1, Ordering::Relaxed));
-        let program = Program {
+        Ok(self.programs.insert(Program {
             kernel: kernel.clone(),
             device,
             pipelines: Pipelines::PerLocal(Mutex::default()),
-        };
-        lock(&self.programs).insert(id, Arc::new(program));
-        Ok(id)
+        }))
     }
 
     fn launch(
@@ -580,7 +507,7 @@ impl Backend for WgpuBackend {
         buffers: &[BufferId],
         dims: &Bindings,
     ) -> Result<Duration, BackendError> {
-        let device = self.program(program)?.device;
+        let device = self.programs.get(program)?.device;
         launch::time(self.device(device)?, || {
             self.submit(program, buffers, dims, true)
         })
@@ -591,14 +518,6 @@ impl Backend for WgpuBackend {
     }
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
-        lock(&self.programs)
-            .remove(&program)
-            .map(drop)
-            .ok_or_else(|| {
-                BackendError::InvalidArgument(format!(
-                    "program {} is not a live program of the wgpu backend",
-                    program.0
-                ))
-            })
+        self.programs.remove(program).map(drop)
     }
 }

@@ -7,13 +7,12 @@
 //! `ProgramId` holds its own reference, so eviction never invalidates one.
 
 use std::collections::VecDeque;
-use std::hash::{Hash, Hasher};
 use std::num::NonZeroU64;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
-use rustc_hash::{FxHashMap, FxHasher};
 use tessel_ir::BackendError;
+use tessel_ir::cache::BuiltCache;
 use tessel_ir::codegen::WgslShader;
 
 use crate::device::GpuDevice;
@@ -85,57 +84,12 @@ impl Pipeline {
     }
 }
 
-type Key = (usize, u64);
+/// Built pipelines by device and shader source (see [`BuiltCache`]).
+pub(crate) type PipelineCache = BuiltCache<Pipeline>;
 
-/// Built pipelines by device and source hash, least recently used first.
-pub(crate) struct PipelineCache {
-    map: FxHashMap<Key, Arc<Pipeline>>,
-    order: VecDeque<Key>,
-    capacity: usize,
-}
-
-impl PipelineCache {
-    pub(crate) fn new(capacity: usize) -> Self {
-        PipelineCache {
-            map: FxHashMap::default(),
-            order: VecDeque::new(),
-            capacity,
-        }
-    }
-
-    fn key(device: usize, source: &str) -> Key {
-        let mut hasher = FxHasher::default();
-        source.hash(&mut hasher);
-        (device, hasher.finish())
-    }
-
-    /// The pipeline built from `source` for `device`, if cached; marks it recently used.
-    pub(crate) fn get(&mut self, device: usize, source: &str) -> Option<Arc<Pipeline>> {
-        let key = Self::key(device, source);
-        let built = self
-            .map
-            .get(&key)
-            .filter(|p| p.shader.source == source)?
-            .clone();
-        if let Some(at) = self.order.iter().position(|k| *k == key) {
-            self.order.remove(at);
-        }
-        self.order.push_back(key);
-        Some(built)
-    }
-
-    /// Keeps `pipeline` for `device`, evicting the least recently used beyond capacity.
-    pub(crate) fn insert(&mut self, device: usize, pipeline: Arc<Pipeline>) {
-        let key = Self::key(device, &pipeline.shader.source);
-        if self.map.insert(key, pipeline).is_none() {
-            self.order.push_back(key);
-        }
-        while self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
-            }
-        }
-    }
+/// A [`PipelineCache`] of at most `capacity` pipelines.
+pub(crate) fn pipeline_cache(capacity: usize) -> PipelineCache {
+    BuiltCache::new(capacity, |p| &p.shader.source)
 }
 
 /// Checks what the device's limits decide before building: the number of buffers and the
@@ -275,19 +229,4 @@ fn compile(
         return Err(fail(format!("creating the compute pipeline failed: {e}")));
     }
     Ok(Compiled { compute, layout })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::PipelineCache;
-
-    #[test]
-    fn keys_separate_devices_and_sources() {
-        // Only the key logic: building needs a device, which the integration tests cover.
-        let a = PipelineCache::key(0, "shader a");
-        assert_ne!(a, PipelineCache::key(1, "shader a"));
-        assert_ne!(a, PipelineCache::key(0, "shader b"));
-        assert_eq!(a, PipelineCache::key(0, "shader a"));
-        assert!(PipelineCache::new(2).map.is_empty());
-    }
 }

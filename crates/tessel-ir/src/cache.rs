@@ -1,0 +1,201 @@
+//! Kernel caches, the parts that do not depend on what is cached.
+//!
+//! - [`BuiltCache`]: the in-memory, bounded, least-recently-used cache of built programs
+//!   (OpenCL programs, wgpu pipelines) by device and source.
+//! - [`Fnv128`] and [`temp_suffix`]: the key hash and unique temporary-file names of the
+//!   on-disk caches (the CPU backend's shared libraries, the CUDA backend's CUBINs). The
+//!   file handling itself stays in each backend, which differs in what it writes (a
+//!   compiler's output file, or bytes in memory) and in how it reports failures.
+
+use std::collections::VecDeque;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustc_hash::{FxHashMap, FxHasher};
+
+type Key = (usize, u64);
+
+/// Built programs by device and a hash of their source, least recently used first.
+///
+/// A program is built for one device from one source, so the cache is keyed by the device
+/// and a hash of the source; the source itself is kept (by the cached value, which
+/// `source` reads) and compared on a hit, so a hash collision costs a rebuild, never a
+/// wrong kernel. Beyond `capacity` entries the least recently used is dropped; whoever
+/// still holds its `Arc` (a live program) keeps it.
+pub struct BuiltCache<T> {
+    map: FxHashMap<Key, Arc<T>>,
+    order: VecDeque<Key>,
+    capacity: usize,
+    source: fn(&T) -> &str,
+}
+
+impl<T> BuiltCache<T> {
+    /// An empty cache of at most `capacity` entries; `source` gives a value's source.
+    pub fn new(capacity: usize, source: fn(&T) -> &str) -> Self {
+        BuiltCache {
+            map: FxHashMap::default(),
+            order: VecDeque::new(),
+            capacity,
+            source,
+        }
+    }
+
+    fn key(device: usize, source: &str) -> Key {
+        let mut hasher = FxHasher::default();
+        source.hash(&mut hasher);
+        (device, hasher.finish())
+    }
+
+    /// The value built from `source` for `device`, if cached; marks it recently used.
+    pub fn get(&mut self, device: usize, source: &str) -> Option<Arc<T>> {
+        let key = Self::key(device, source);
+        let built = self
+            .map
+            .get(&key)
+            .filter(|b| (self.source)(b) == source)?
+            .clone();
+        if let Some(at) = self.order.iter().position(|k| *k == key) {
+            self.order.remove(at);
+        }
+        self.order.push_back(key);
+        Some(built)
+    }
+
+    /// Keeps `built` for `device`, evicting the least recently used beyond capacity.
+    pub fn insert(&mut self, device: usize, built: Arc<T>) {
+        let key = Self::key(device, (self.source)(&built));
+        if self.map.insert(key, built).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+    }
+
+    /// How many values are cached.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// 128-bit FNV-1a, the key of disk-cached kernels.
+///
+/// The key must be the same in every process and every build, since other processes look
+/// kernels up by it: `std`'s `DefaultHasher` is randomly seeded per process and its
+/// algorithm may change between Rust releases, so it cannot be used. 128 bits make an
+/// accidental collision (which would load the wrong kernel) negligible.
+#[derive(Clone, Debug)]
+pub struct Fnv128(u128);
+
+impl Default for Fnv128 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fnv128 {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+
+    /// The hash of nothing.
+    pub fn new() -> Self {
+        Fnv128(Self::OFFSET)
+    }
+
+    /// Hashes `bytes` as they are.
+    pub fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u128::from(b);
+            self.0 = self.0.wrapping_mul(Self::PRIME);
+        }
+    }
+
+    /// Hashes a length-prefixed field, so that ("ab", "c") and ("a", "bc") hash differently.
+    pub fn field(&mut self, bytes: &[u8]) {
+        self.bytes(&(bytes.len() as u64).to_le_bytes());
+        self.bytes(bytes);
+    }
+
+    /// The hash so far.
+    pub fn finish(&self) -> u128 {
+        self.0
+    }
+}
+
+/// A file-name suffix no other writer uses at the same time: the process id and a
+/// process-wide counter, ending in `.tmp`. Cache files are written under such a name and
+/// then renamed into place, so a concurrent reader sees either no file or a whole one.
+pub fn temp_suffix() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}.{}.tmp",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{BuiltCache, Fnv128, temp_suffix};
+
+    #[test]
+    fn built_cache_separates_devices_and_sources_and_evicts_lru() {
+        let a = BuiltCache::<String>::key(0, "kernel a");
+        assert_ne!(a, BuiltCache::<String>::key(1, "kernel a"));
+        assert_ne!(a, BuiltCache::<String>::key(0, "kernel b"));
+        assert_eq!(a, BuiltCache::<String>::key(0, "kernel a"));
+        let mut cache = BuiltCache::new(2, String::as_str);
+        assert!(cache.is_empty());
+        for s in ["a", "b"] {
+            cache.insert(0, Arc::new(s.to_owned()));
+        }
+        assert!(cache.get(1, "a").is_none(), "devices are separate");
+        assert_eq!(cache.get(0, "a").as_deref().map(String::as_str), Some("a"));
+        cache.insert(0, Arc::new("c".to_owned()));
+        assert_eq!(cache.len(), 2);
+        assert!(
+            cache.get(0, "b").is_none(),
+            "the least recently used goes first"
+        );
+        assert!(cache.get(0, "a").is_some() && cache.get(0, "c").is_some());
+    }
+
+    #[test]
+    fn fnv128_matches_the_reference() {
+        // Test vectors of the FNV reference implementation.
+        let hash = |s: &str| {
+            let mut h = Fnv128::new();
+            h.bytes(s.as_bytes());
+            h.finish()
+        };
+        assert_eq!(hash(""), 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d);
+        assert_eq!(hash("a"), 0xd228_cb69_6f1a_8caf_7891_2b70_4e4a_8964);
+    }
+
+    #[test]
+    fn fields_are_delimited() {
+        let hash = |parts: &[&str]| {
+            let mut h = Fnv128::new();
+            for p in parts {
+                h.field(p.as_bytes());
+            }
+            h.finish()
+        };
+        assert_ne!(hash(&["ab", "c"]), hash(&["a", "bc"]));
+    }
+
+    #[test]
+    fn temp_suffixes_differ() {
+        assert_ne!(temp_suffix(), temp_suffix());
+    }
+}
