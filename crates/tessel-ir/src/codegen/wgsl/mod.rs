@@ -159,6 +159,7 @@
 //! which a stricter compiler (Tint) would reject.
 
 mod emit;
+mod exact;
 mod helpers;
 mod ops;
 mod trig;
