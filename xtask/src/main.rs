@@ -25,6 +25,9 @@ tasks:
       --bundle DIR      instead of running, build the same test binaries (release,
                         stripped) plus a runner into DIR; `DIR/run [--backends LIST]` on a
                         GPU host without Rust prints the same table
+      --jobs N          run each test binary as N processes that share its tests (for
+                        drivers with slow kernel compiles, such as NVIDIA's OpenCL);
+                        also accepted by `DIR/run`
       --release         build the suite with the release profile";
 
 fn main() -> ExitCode {

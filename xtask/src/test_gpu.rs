@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::Instant;
 
 /// Every backend, in table order.
@@ -39,6 +39,9 @@ struct Options {
     backends: Option<Vec<String>>,
     bundle: Option<PathBuf>,
     release: bool,
+    /// Processes per test binary: each runs a share of its tests. Above 1 it helps where
+    /// kernel compiles are slow and do not overlap within a process (NVIDIA's OpenCL).
+    jobs: usize,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -46,6 +49,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         backends: None,
         bundle: None,
         release: false,
+        jobs: 1,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -68,6 +72,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 options.bundle = Some(PathBuf::from(dir));
             }
             "--release" => options.release = true,
+            "--jobs" => {
+                options.jobs = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .ok_or("--jobs needs a positive number of processes, as in --jobs 8")?;
+            }
             other => return Err(format!("test-gpu: unknown option `{other}`")),
         }
     }
@@ -89,6 +100,7 @@ pub(crate) fn main(root: &Path, args: &[String]) -> Result<(), String> {
     run_suite(
         &binaries,
         options.backends.as_deref(),
+        options.jobs,
         &root.join("target/test-gpu"),
     )
 }
@@ -113,7 +125,12 @@ pub(crate) fn run_bundle(args: &[String]) -> Result<(), String> {
             })
         })
         .collect::<Vec<_>>();
-    run_suite(&binaries, options.backends.as_deref(), &dir.join("logs"))
+    run_suite(
+        &binaries,
+        options.backends.as_deref(),
+        options.jobs,
+        &dir.join("logs"),
+    )
 }
 
 // =====================================================================================
@@ -239,7 +256,8 @@ fn bundle(root: &Path, dir: &Path, binaries: &[Binary]) -> Result<(), String> {
 
 const RUN_SCRIPT: &str = r#"#!/bin/sh
 # Runs Tessel's conformance suite on every backend this host has and prints one table.
-# Options: --backends cpu,wgpu,opencl,cuda (a named backend that is absent fails the run).
+# Options: --backends cpu,wgpu,opencl,cuda (a named backend that is absent fails the run);
+# --jobs N runs each test binary as N processes sharing its tests (for slow compilers).
 # Logs go to logs/ beside this script.
 here="$(cd "$(dirname "$0")" && pwd)"
 exec "$here/xtask" run-bundle "$here" "$@"
@@ -275,7 +293,12 @@ struct Row {
 
 /// Runs every binary for each backend present and prints the table. `requested` is the
 /// explicit `--backends` list: those must all be present.
-fn run_suite(binaries: &[Binary], requested: Option<&[String]>, logs: &Path) -> Result<(), String> {
+fn run_suite(
+    binaries: &[Binary],
+    requested: Option<&[String]>,
+    jobs: usize,
+    logs: &Path,
+) -> Result<(), String> {
     fs::create_dir_all(logs).map_err(|e| format!("creating {}: {e}", logs.display()))?;
     let devices = probe(binaries)?;
     let wanted: Vec<String> = match requested {
@@ -289,7 +312,7 @@ fn run_suite(binaries: &[Binary], requested: Option<&[String]>, logs: &Path) -> 
             absent.push(backend.clone());
             continue;
         };
-        rows.push(run_backend(binaries, backend, &device.1, logs)?);
+        rows.push(run_backend(binaries, backend, &device.1, jobs, logs)?);
     }
 
     let mut table = String::from(
@@ -388,6 +411,7 @@ fn run_backend(
     binaries: &[Binary],
     backend: &str,
     device: &str,
+    jobs: usize,
     logs: &Path,
 ) -> Result<Row, String> {
     let own = format!("tessel-{backend}");
@@ -407,47 +431,16 @@ fn run_backend(
     {
         let (passed, failed, skipped) = (row.passed, row.failed, row.skipped);
         let binary_start = Instant::now();
-        let output = Command::new(&b.path)
-            .arg("--show-output")
-            .env("TESSEL_DEVICE", backend)
-            .env(
-                "XDG_RUNTIME_DIR",
-                std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
-            )
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", b.path.display()))?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        // A log that cannot be written loses diagnostics, not results.
-        let _ = writeln!(
-            log,
-            "==== {} {} ({})\n{stdout}{stderr}",
-            b.package, b.target, output.status
-        );
-        let failures_before = row.failures.len();
-        let mut saw_result = false;
-        for line in stdout.lines().chain(stderr.lines()) {
-            if let Some(summary) = line.strip_prefix("test result: ") {
-                saw_result = true;
-                row.passed += count(summary, "passed");
-                row.failed += count(summary, "failed");
-                row.skipped += count(summary, "ignored");
-            } else if line.contains("tessel-skip:") {
-                row.skipped += 1;
-            } else if let Some(name) = line
-                .strip_prefix("test ")
-                .and_then(|l| l.strip_suffix(" ... FAILED"))
-            {
-                row.failures
-                    .push(format!("{} {}: {name}", b.package, b.target));
-            }
-        }
-        if !saw_result || (!output.status.success() && row.failures.len() == failures_before) {
-            row.failed += 1;
-            row.failures.push(format!(
-                "{} {}: the binary exited with {} before reporting",
+        for output in run_binary(b, backend, jobs)? {
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            // A log that cannot be written loses diagnostics, not results.
+            let _ = writeln!(
+                log,
+                "==== {} {} ({})\n{stdout}{stderr}",
                 b.package, b.target, output.status
-            ));
+            );
+            tally(&mut row, b, &output.status, &stdout, &stderr);
         }
         eprintln!(
             "xtask: {backend}: {} {}: {} passed, {} failed, {} skipped in {:.1} s",
@@ -461,6 +454,81 @@ fn run_backend(
     }
     row.seconds = start.elapsed().as_secs_f64();
     Ok(row)
+}
+
+/// Runs one test binary on `backend`: as one process, or with `jobs > 1` as up to `jobs`
+/// concurrent processes that each run every `jobs`-th test (`--exact` names).
+fn run_binary(b: &Binary, backend: &str, jobs: usize) -> Result<Vec<Output>, String> {
+    let command = || {
+        let mut cmd = Command::new(&b.path);
+        cmd.arg("--show-output")
+            .env("TESSEL_DEVICE", backend)
+            .env(
+                "XDG_RUNTIME_DIR",
+                std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
+            );
+        cmd
+    };
+    let cannot_run = |e: std::io::Error| format!("cannot run {}: {e}", b.path.display());
+    if jobs == 1 {
+        return Ok(vec![command().output().map_err(cannot_run)?]);
+    }
+    let listing = Command::new(&b.path)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .map_err(cannot_run)?;
+    let names: Vec<String> = String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test").map(str::to_string))
+        .collect();
+    if names.is_empty() {
+        return Ok(vec![command().output().map_err(cannot_run)?]);
+    }
+    let shards = jobs.min(names.len());
+    let children = (0..shards)
+        .map(|k| {
+            let mut cmd = command();
+            cmd.arg("--exact")
+                .args(names.iter().skip(k).step_by(shards))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd.spawn().map_err(cannot_run)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().map_err(cannot_run))
+        .collect()
+}
+
+/// Adds one libtest run's results to `row`: its summary, `tessel-skip:` lines and the
+/// names of failed tests; a run that ended without a summary counts as one failure.
+fn tally(row: &mut Row, b: &Binary, status: &ExitStatus, stdout: &str, stderr: &str) {
+    let failures_before = row.failures.len();
+    let mut saw_result = false;
+    for line in stdout.lines().chain(stderr.lines()) {
+        if let Some(summary) = line.strip_prefix("test result: ") {
+            saw_result = true;
+            row.passed += count(summary, "passed");
+            row.failed += count(summary, "failed");
+            row.skipped += count(summary, "ignored");
+        } else if line.contains("tessel-skip:") {
+            row.skipped += 1;
+        } else if let Some(name) = line
+            .strip_prefix("test ")
+            .and_then(|l| l.strip_suffix(" ... FAILED"))
+        {
+            row.failures
+                .push(format!("{} {}: {name}", b.package, b.target));
+        }
+    }
+    if !saw_result || (!status.success() && row.failures.len() == failures_before) {
+        row.failed += 1;
+        row.failures.push(format!(
+            "{} {}: the binary exited with {status} before reporting",
+            b.package, b.target
+        ));
+    }
 }
 
 /// The number before `what` in a libtest summary (`ok. 49 passed; 0 failed; ...`).
