@@ -461,12 +461,10 @@ fn run_backend(
 fn run_binary(b: &Binary, backend: &str, jobs: usize) -> Result<Vec<Output>, String> {
     let command = || {
         let mut cmd = Command::new(&b.path);
-        cmd.arg("--show-output")
-            .env("TESSEL_DEVICE", backend)
-            .env(
-                "XDG_RUNTIME_DIR",
-                std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
-            );
+        cmd.arg("--show-output").env("TESSEL_DEVICE", backend).env(
+            "XDG_RUNTIME_DIR",
+            std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
+        );
         cmd
     };
     let cannot_run = |e: std::io::Error| format!("cannot run {}: {e}", b.path.display());
