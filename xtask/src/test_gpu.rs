@@ -440,7 +440,7 @@ fn run_backend(
                 "==== {} {} ({})\n{stdout}{stderr}",
                 b.package, b.target, output.status
             );
-            tally(&mut row, b, &output.status, &stdout, &stderr);
+            tally(&mut row, b, output.status, &stdout, &stderr);
         }
         eprintln!(
             "xtask: {backend}: {} {}: {} passed, {} failed, {} skipped in {:.1} s",
@@ -501,7 +501,7 @@ fn run_binary(b: &Binary, backend: &str, jobs: usize) -> Result<Vec<Output>, Str
 
 /// Adds one libtest run's results to `row`: its summary, `tessel-skip:` lines and the
 /// names of failed tests; a run that ended without a summary counts as one failure.
-fn tally(row: &mut Row, b: &Binary, status: &ExitStatus, stdout: &str, stderr: &str) {
+fn tally(row: &mut Row, b: &Binary, status: ExitStatus, stdout: &str, stderr: &str) {
     let failures_before = row.failures.len();
     let mut saw_result = false;
     for line in stdout.lines().chain(stderr.lines()) {
