@@ -15,6 +15,7 @@ use std::time::Duration;
 use tessel_shape::Bindings;
 
 use crate::kernel::Kernel;
+use crate::vendor::VendorOp;
 
 /// A device buffer, as its backend identifies it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -179,4 +180,13 @@ pub trait Backend: Send + Sync {
 
     /// Drops a compiled program.
     fn release(&self, program: ProgramId) -> Result<(), BackendError>;
+
+    /// A program running the library routine `op` on device `device`, or `None` where the
+    /// backend has no library for it (see [`crate::vendor`]). The program launches, times
+    /// and releases like a compiled kernel. A library that is missing at run time means
+    /// `Ok(None)`, not an error.
+    fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {
+        let _ = (device, op);
+        Ok(None)
+    }
 }

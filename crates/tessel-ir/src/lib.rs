@@ -24,6 +24,7 @@ pub mod kernel;
 pub mod launch;
 pub mod passes;
 pub mod samples;
+pub mod vendor;
 pub mod verify;
 
 pub use backend::{Backend, BackendError, BufferId, DeviceInfo, Features, ProgramId};
@@ -32,4 +33,5 @@ pub use display::inst_text;
 pub use handles::Handles;
 pub use kernel::{Access, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
 pub use launch::LaunchArgs;
+pub use vendor::{Matmul, MatmulSizes, VendorOp};
 pub use verify::{Def, VerifyError, VerifyErrorKind, verify};

@@ -1,0 +1,135 @@
+//! Library routines a backend may offer in place of a generated kernel.
+//!
+//! The graph layer recognizes a pattern (a matrix product) and asks each backend for a
+//! [`VendorOp`] program through [`Backend::vendor`](crate::Backend::vendor). A backend that
+//! has a library for it (the `gemm` crate on the CPU, cuBLAS on CUDA) returns a
+//! [`ProgramId`](crate::ProgramId) that launches, times and releases like any compiled
+//! kernel; one without returns `Ok(None)`, and the generated kernel is the only candidate.
+//! Vendor programs are measured like every other candidate, never assumed faster.
+//!
+//! Buffers bind positionally, as for kernels: a matmul takes `[lhs, rhs, out]`.
+
+use std::fmt;
+
+use tessel_shape::{Bindings, DType, Dim, EvalError};
+
+/// A library operation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum VendorOp {
+    /// A (batched) matrix product; see [`Matmul`].
+    Matmul(Matmul),
+}
+
+impl fmt::Display for VendorOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VendorOp::Matmul(m) => m.fmt(f),
+        }
+    }
+}
+
+/// `out[b] = op(lhs[b]) · op(rhs[b])` for `b < batch`, every matrix dense.
+///
+/// - `out[b]` is row-major `m × n`, at element offset `b·m·n`: `out` is contiguous.
+/// - `lhs[b]` is `m × k` at element offset `b·lhs_batch_stride`; row-major (`m` rows of
+///   `k`) or, when `lhs_transposed`, stored as its row-major transpose (`k` rows of `m`).
+/// - `rhs[b]` is `k × n` at offset `b·rhs_batch_stride`; row-major (`k` rows of `n`) or,
+///   when `rhs_transposed`, stored as `n` rows of `k`.
+///
+/// A batch stride of 0 broadcasts one matrix to every batch. Every operand and the output
+/// have element type `dtype`. Sizes are symbolic; a launch evaluates them with its dims.
+/// Sums run in `dtype` (the generated kernel does the same), in whatever order the
+/// library chooses.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Matmul {
+    /// Element type of the operands and the result.
+    pub dtype: DType,
+    /// Number of products.
+    pub batch: Dim,
+    /// Rows of the result.
+    pub m: Dim,
+    /// Columns of the result.
+    pub n: Dim,
+    /// The contracted length.
+    pub k: Dim,
+    /// Whether `lhs` is stored transposed (`k × m`).
+    pub lhs_transposed: bool,
+    /// Whether `rhs` is stored transposed (`n × k`).
+    pub rhs_transposed: bool,
+    /// Elements between consecutive `lhs` matrices (0: one matrix for every batch).
+    pub lhs_batch_stride: Dim,
+    /// Elements between consecutive `rhs` matrices (0: one matrix for every batch).
+    pub rhs_batch_stride: Dim,
+}
+
+/// A [`Matmul`] with its sizes evaluated for one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulSizes {
+    /// Number of products.
+    pub batch: usize,
+    /// Rows of the result.
+    pub m: usize,
+    /// Columns of the result.
+    pub n: usize,
+    /// The contracted length.
+    pub k: usize,
+    /// Elements between consecutive `lhs` matrices.
+    pub lhs_batch_stride: usize,
+    /// Elements between consecutive `rhs` matrices.
+    pub rhs_batch_stride: usize,
+}
+
+impl MatmulSizes {
+    /// Elements each operand must hold at least: `(lhs, rhs, out)`.
+    pub fn min_elements(&self) -> (usize, usize, usize) {
+        let last = self.batch.saturating_sub(1);
+        let (mk, kn) = (self.m * self.k, self.k * self.n);
+        let span = |stride: usize, one: usize| if one == 0 { 0 } else { last * stride + one };
+        (
+            span(self.lhs_batch_stride, mk),
+            span(self.rhs_batch_stride, kn),
+            self.batch * self.m * self.n,
+        )
+    }
+}
+
+impl Matmul {
+    /// The sizes for one launch.
+    pub fn sizes(&self, dims: &Bindings) -> Result<MatmulSizes, EvalError> {
+        let eval = |d: Dim| d.eval(dims).map(|v| v.max(0) as usize);
+        Ok(MatmulSizes {
+            batch: eval(self.batch)?,
+            m: eval(self.m)?,
+            n: eval(self.n)?,
+            k: eval(self.k)?,
+            lhs_batch_stride: eval(self.lhs_batch_stride)?,
+            rhs_batch_stride: eval(self.rhs_batch_stride)?,
+        })
+    }
+
+    /// Floating-point operations of one launch (`2·batch·m·n·k`).
+    pub fn flops(&self, dims: &Bindings) -> Result<f64, EvalError> {
+        let s = self.sizes(dims)?;
+        Ok(2.0 * s.batch as f64 * s.m as f64 * s.n as f64 * s.k as f64)
+    }
+}
+
+impl fmt::Display for Matmul {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = |b: bool| if b { "ᵀ" } else { "" };
+        write!(
+            f,
+            "matmul {} [{}] {}×{}{} · {}×{}{} (batch strides {}, {})",
+            self.dtype,
+            self.batch,
+            self.m,
+            self.k,
+            t(self.lhs_transposed),
+            self.k,
+            self.n,
+            t(self.rhs_transposed),
+            self.lhs_batch_stride,
+            self.rhs_batch_stride
+        )
+    }
+}
