@@ -32,11 +32,16 @@
 //! - **Launches** are synchronous: workgroups are split into contiguous ranges run on a
 //!   `rayon` pool of [`CpuConfig::threads`] threads. [`Backend::time`] is a host wall clock
 //!   around the launch, which on a CPU is the kernel's time (there is no device queue).
+//! - **Vendor matmul.** [`Backend::vendor`] gives f32 and f64 [`VendorOp::Matmul`]s a
+//!   program that calls the `gemm` crate (on the same pool; serially for tiny products),
+//!   with buffers `[lhs, rhs, out]`; `out` may not also be an input. Other element types
+//!   get `Ok(None)`.
 
 mod compiler;
 mod device;
 mod launch;
 mod memory;
+mod vendor;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -50,13 +55,14 @@ use tessel_ir::codegen::{self, CodegenError};
 use tessel_ir::handles::{check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
-    handles, interp, verify,
+    VendorOp, handles, interp, verify,
 };
 use tessel_shape::Bindings;
 
 use crate::compiler::{BuildError, Compiler};
 use crate::launch::KernelFn;
 use crate::memory::{HostBuffer, Memory};
+use crate::vendor::VendorProgram;
 
 /// The most loaded libraries kept in memory for reuse. Libraries of live programs stay
 /// loaded regardless; this bounds only those kept for future compiles of the same source.
@@ -105,7 +111,7 @@ pub struct CpuStats {
     pub disk_hits: u64,
     /// Kernels whose library was already loaded.
     pub memory_hits: u64,
-    /// Launches run (compiled or interpreted).
+    /// Launches run (compiled, interpreted or vendor).
     pub launches: u64,
 }
 
@@ -117,8 +123,14 @@ struct Counters {
     launches: AtomicU64,
 }
 
+/// What a [`ProgramId`] names: a kernel, or a library routine ([`Backend::vendor`]).
+enum Program {
+    Kernel(KernelProgram),
+    Vendor(VendorProgram),
+}
+
 /// A compiled (or interpreted) kernel.
-struct Program {
+struct KernelProgram {
     kernel: Kernel,
     /// The compiled entry point; `None` runs the interpreter.
     native: Option<Native>,
@@ -401,10 +413,10 @@ impl Backend for CpuBackend {
                 })
             }
         };
-        Ok(self.programs.insert(Program {
+        Ok(self.programs.insert(Program::Kernel(KernelProgram {
             kernel: kernel.clone(),
             native,
-        }))
+        })))
     }
 
     fn launch(
@@ -414,6 +426,21 @@ impl Backend for CpuBackend {
         dims: &Bindings,
     ) -> Result<(), BackendError> {
         let program = self.programs.get(program)?;
+        let program = match &*program {
+            Program::Kernel(kernel) => kernel,
+            Program::Vendor(op) => {
+                // No pool: `gemm` runs on this thread rather than failing the launch.
+                op.launch(
+                    &self.memory,
+                    self.pool.as_ref(),
+                    self.config.threads,
+                    buffers,
+                    dims,
+                )?;
+                self.counters.launches.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        };
         let kernel = &program.kernel;
         let params: Vec<&Param> = kernel
             .params
@@ -489,6 +516,11 @@ impl Backend for CpuBackend {
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
         self.programs.remove(program).map(drop)
+    }
+
+    fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {
+        self.check_device(device)?;
+        Ok(VendorProgram::new(op).map(|p| self.programs.insert(Program::Vendor(p))))
     }
 }
 

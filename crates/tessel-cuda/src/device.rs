@@ -1,5 +1,6 @@
 //! Finding CUDA devices and setting each up: its primary context, one stream, its memory
-//! pool and staging buffer, and what the driver says about it.
+//! pool and staging buffer, its cuBLAS handle (made on first use), and what the driver
+//! says about it.
 
 use std::sync::Mutex;
 
@@ -8,6 +9,7 @@ use cudarc::driver::sys::CUdevice_attribute as Attr;
 use tessel_ir::handles::lock;
 use tessel_ir::{BackendError, DeviceInfo, Features};
 
+use crate::ffi::cublas::{self, Blas};
 use crate::ffi::{self, Context, Stream};
 use crate::memory::{Pool, Staging};
 
@@ -23,6 +25,8 @@ pub(crate) struct CudaDevice {
     pub(crate) stream: Stream,
     pub(crate) pool: Mutex<Pool>,
     pub(crate) staging: Mutex<Staging>,
+    /// The cuBLAS handle, queueing on `stream`; created by the first vendor program.
+    pub(crate) blas: Mutex<Option<Blas>>,
     /// Declared last: dropped after everything that needs it bound.
     pub(crate) ctx: Context,
 }
@@ -35,6 +39,49 @@ impl CudaDevice {
             reason: format!("{call} failed: {e}"),
         }
     }
+
+    /// Makes sure the device has its cuBLAS handle: `Ok(false)` when cuBLAS is not
+    /// installed (logged once per process), an error when it is but no handle can be made.
+    pub(crate) fn ensure_blas(&self) -> Result<bool, BackendError> {
+        if cublas::load().is_err() {
+            return Ok(false);
+        }
+        if lock(&self.blas).is_some() {
+            return Ok(true);
+        }
+        // Made without the lock held (creating a handle allocates on the device, which may
+        // wait); if another thread got there first, its handle stays and this one is
+        // destroyed.
+        let made = Blas::new(&self.ctx, &self.stream).map_err(|why| BackendError::Unsupported {
+            backend: "cuda",
+            what: format!(
+                "cuBLAS is installed but unusable on {}: {why}",
+                self.info.name
+            ),
+        })?;
+        let version = made.version;
+        let spare = {
+            let mut slot = lock(&self.blas);
+            if slot.is_some() {
+                Some(made)
+            } else {
+                *slot = Some(made);
+                None
+            }
+        };
+        if spare.is_none() {
+            tracing::debug!(
+                "tessel-cuda: {}: cuBLAS {}.{}.{} handle created",
+                self.info.name,
+                version / 10000,
+                version / 100 % 100,
+                version % 100
+            );
+        }
+        // A handle that lost the race is destroyed here, with the lock released.
+        drop(spare);
+        Ok(true)
+    }
 }
 
 impl Drop for CudaDevice {
@@ -46,6 +93,8 @@ impl Drop for CudaDevice {
                 self.info.name
             );
         }
+        // The handle queues on the stream, so it goes before the stream does.
+        drop(lock(&self.blas).take());
         lock(&self.staging).clear(&self.ctx);
         if let Err(e) = lock(&self.pool).trim(&self.ctx, &self.stream) {
             tracing::warn!(
@@ -165,6 +214,7 @@ fn set_up(index: usize, ordinal: usize) -> Result<CudaDevice, DriverError> {
         stream,
         pool: Mutex::new(Pool::default()),
         staging: Mutex::new(Staging::default()),
+        blas: Mutex::new(None),
         ctx,
     })
 }

@@ -1,5 +1,5 @@
-//! Every call into the CUDA driver, NVRTC and the dynamic loader: all of this crate's
-//! `unsafe` is here, each block with the reason it is sound.
+//! Every call into the CUDA driver, NVRTC, cuBLAS ([`cublas`]) and the dynamic loader: all
+//! of this crate's `unsafe` is here, each block with the reason it is sound.
 //!
 //! The wrappers own their handles (a context, a stream, a module, an event, pinned host
 //! memory) and release them on drop. Driver handles are raw pointers, which Rust treats as
@@ -14,6 +14,8 @@ use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 use cudarc::nvrtc::result as nv;
 use cudarc::nvrtc::sys as nvsys;
+
+pub(crate) mod cublas;
 
 /// Driver entry points this crate calls (directly or inside cudarc), checked before first
 /// use: cudarc panics on a missing symbol, and an old driver lacks the newer `_v2` ones.
@@ -38,6 +40,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8Async",
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuModuleUnload",
@@ -264,6 +267,19 @@ pub(crate) fn copy_on_device(
     // SAFETY: both ranges lie in live allocations of this context (checked by the caller);
     // the pool keeps them allocated while work on the stream may use them.
     unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream.0) }
+}
+
+/// Queues setting `bytes` bytes at `dst` to zero.
+pub(crate) fn fill_zero(
+    ctx: &Context,
+    stream: &Stream,
+    dst: u64,
+    bytes: usize,
+) -> Result<(), DriverError> {
+    ctx.bind()?;
+    // SAFETY: `dst..+bytes` lies in a live allocation of this context (checked by the
+    // caller); the pool keeps it allocated while work on the stream may use it.
+    unsafe { cu::memset_d8_async(dst, 0, bytes, stream.0) }
 }
 
 /// Page-locked host memory, for staging host-to-device copies.

@@ -1,6 +1,7 @@
 //! Tessel's CUDA backend: kernels rendered in CUDA C++ ([`tessel_ir::codegen::CUDA`]),
 //! compiled by NVRTC to CUBIN for the device's exact architecture, and run through the CUDA
-//! driver API on every NVIDIA GPU the system has.
+//! driver API on every NVIDIA GPU the system has; `f32` and `f64` matrix products can also
+//! run on cuBLAS ([`Backend::vendor`]).
 //!
 //! ```no_run
 //! use tessel_cuda::CudaBackend;
@@ -38,6 +39,13 @@
 //! and the system's Pythons), where there is only a versioned `libnvrtc.so.13`. It is
 //! opened by absolute path, after its `libnvrtc-builtins`, and kept open.
 //!
+//! cuBLAS is optional. cudarc opens it by bare name through the loader path only
+//! (`LD_LIBRARY_PATH`, `ldconfig`; no folders are searched): `libcublas.so.13` is the one
+//! meant, but cudarc tries the unversioned `libcublas.so` first, then older sonames
+//! (`libcublas.so.12`, `.11`, ...). `libcublas` finds its `libcublasLt` the same way.
+//! Without cuBLAS, or with one that lacks an entry point used, [`Backend::vendor`] answers
+//! `Ok(None)` (logged once, at info level) and generated kernels run every product.
+//!
 //! | Variable | Effect |
 //! |---|---|
 //! | `TESSEL_CUDA_DEVICE` | uses only the device of this ordinal (`0`, `1`, ...) |
@@ -66,6 +74,17 @@
 //!   kernel with `groups` blocks of `local` threads, the buffers' device pointers and then
 //!   the dims by value as arguments, and return; [`Backend::synchronize`] waits.
 //!   [`Backend::time`] brackets its launch with CUDA events on the stream.
+//! - **Vendor matmul**: [`Backend::vendor`] gives `f32` and `f64` [`Matmul`]s a program
+//!   that calls cuBLAS (`cublas{S,D}gemm`, `cublas{S,D}gemmStridedBatched` when
+//!   `batch > 1`; a batch stride of 0 broadcasts). The row-major product is run as the
+//!   column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, so no operand is copied or transposed first. Each
+//!   device gets one cuBLAS handle, made by its first vendor program and bound to its
+//!   stream, so cuBLAS calls are ordered with kernels and copies, and [`Backend::time`]
+//!   brackets them with the same events. Sizes are evaluated at each launch; buffers are
+//!   checked against [`tessel_ir::MatmulSizes::min_elements`] (and the output may not be an
+//!   operand) before cuBLAS is called; sizes past cuBLAS's 32-bit `int` are
+//!   [`BackendError::Unsupported`]. `k == 0` zeroes the output; an empty output runs
+//!   nothing. Other dtypes get `Ok(None)`.
 //!
 //! # Numerics
 //!
@@ -73,9 +92,15 @@
 //! transcendentals (`exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tan`, `tanh`, `pow`, and
 //! `erf` through `exp`), which are within the CUDA Programming Guide's ulp bounds. `f16` and
 //! `bf16` compute in `float` and round after every op, as the reference does.
+//!
+//! cuBLAS matmuls sum in their dtype, in an order of cuBLAS's choosing, so they differ from
+//! the generated kernel by rounding only. The handle keeps cuBLAS's default math mode
+//! (`CUBLAS_DEFAULT_MATH`): `f32` products use full `f32` arithmetic, never TF32 tensor cores
+//! (PyTorch's default for matmul too).
 
 mod device;
 mod ffi;
+mod matmul;
 mod memory;
 mod nvrtc;
 
@@ -89,13 +114,14 @@ use rustc_hash::FxHashMap;
 use tessel_ir::codegen::{self, CUDA, CodegenError};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
-    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
-    verify,
+    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Matmul, Param,
+    ProgramId, VendorOp, verify,
 };
 use tessel_shape::Bindings;
 
 use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Event, Module};
+use crate::matmul::{Plan, Precision};
 
 /// How a [`CudaBackend`] is set up.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -155,6 +181,9 @@ pub struct CudaStats {
     pub memory_hits: u64,
     /// Kernel launches queued.
     pub launches: u64,
+    /// Vendor-program launches that queued work (a cuBLAS call, or zeroing the output of a
+    /// matmul with `k == 0`).
+    pub vendor_launches: u64,
     /// Allocations answered from the memory cache.
     pub pool_reuses: u64,
     /// Allocations that went to the driver.
@@ -167,6 +196,7 @@ struct Counters {
     disk_hits: AtomicU64,
     memory_hits: AtomicU64,
     launches: AtomicU64,
+    vendor_launches: AtomicU64,
 }
 
 /// A live buffer; its block returns to its device's pool when the last reference drops.
@@ -184,14 +214,32 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// What a [`ProgramId`] runs.
+enum Program {
+    Kernel(KernelProgram),
+    Matmul(MatmulProgram),
+}
+
 /// A compiled kernel.
-struct Program {
+struct KernelProgram {
     kernel: Kernel,
     device: Arc<CudaDevice>,
     module: Arc<Module>,
     /// The most threads per block this kernel runs with.
     max_threads: u32,
 }
+
+/// A matrix product cuBLAS runs, on a device whose cuBLAS handle exists.
+struct MatmulProgram {
+    op: Matmul,
+    precision: Precision,
+    device: Arc<CudaDevice>,
+    /// `op` as text: the program's name in errors.
+    name: String,
+}
+
+/// Two timing events queued around a program's work, and their device.
+type Timing = (Event, Event, Arc<CudaDevice>);
 
 /// The CUDA backend. See the [crate docs](crate).
 pub struct CudaBackend {
@@ -254,6 +302,7 @@ impl CudaBackend {
             disk_hits: get(&self.counters.disk_hits),
             memory_hits: get(&self.counters.memory_hits),
             launches: get(&self.counters.launches),
+            vendor_launches: get(&self.counters.vendor_launches),
             pool_reuses,
             driver_allocs,
         }
@@ -404,15 +453,29 @@ impl CudaBackend {
         Ok(module)
     }
 
-    /// Checks a launch and queues it; `None` when the grid is empty (nothing to run).
+    /// Checks a launch and queues it; the timing events when `timed` and something was
+    /// queued (an empty grid or an empty product runs nothing).
     fn enqueue(
         &self,
         program: ProgramId,
         buffers: &[BufferId],
         dims: &Bindings,
         timed: bool,
-    ) -> Result<Option<(Event, Event, Arc<CudaDevice>)>, BackendError> {
+    ) -> Result<Option<Timing>, BackendError> {
         let program = self.programs.get(program)?;
+        match &*program {
+            Program::Kernel(kernel) => self.enqueue_kernel(kernel, buffers, dims, timed),
+            Program::Matmul(matmul) => self.enqueue_matmul(matmul, buffers, dims, timed),
+        }
+    }
+
+    fn enqueue_kernel(
+        &self,
+        program: &KernelProgram,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        timed: bool,
+    ) -> Result<Option<Timing>, BackendError> {
         let kernel = &program.kernel;
         let dev = &program.device;
         let bound = self.buffers.get_all(buffers)?;
@@ -425,7 +488,7 @@ impl CudaBackend {
         )?;
         let sizes: Vec<usize> = bound.iter().map(|b| b.bytes).collect();
         let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
-        let Some((grid, block)) = launch_dims(&program, &args)? else {
+        let Some((grid, block)) = launch_dims(program, &args)? else {
             return Ok(None);
         };
         // One slot per parameter: device pointers, then dims in their dtype's width.
@@ -449,31 +512,137 @@ impl CudaBackend {
                 slot
             })
             .collect();
-        let failed = |call: &str, e: &DriverError| BackendError::Launch {
-            kernel: kernel.name.clone(),
-            reason: format!("{call} failed: {e}"),
+        queue_timed(dev, &kernel.name, timed, || {
+            program
+                .module
+                .launch(&dev.ctx, &dev.stream, grid, block, &mut slots)
+                .map_err(|e| BackendError::Launch {
+                    kernel: kernel.name.clone(),
+                    reason: format!("cuLaunchKernel failed: {e}"),
+                })?;
+            self.counters.launches.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
+    /// Checks a matmul launch ([`matmul::plan`]) and queues it: one cuBLAS call, or a zero
+    /// fill when `k == 0`, or nothing for an empty output.
+    fn enqueue_matmul(
+        &self,
+        program: &MatmulProgram,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        timed: bool,
+    ) -> Result<Option<Timing>, BackendError> {
+        let dev = &program.device;
+        let name = &program.name;
+        let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
+        let &[lhs, rhs, out] = buffers else {
+            return Err(invalid(format!(
+                "takes 3 buffers, [lhs, rhs, out], but {} were bound",
+                buffers.len()
+            )));
         };
-        let events = if timed {
-            let start = Event::new(&dev.ctx, true).map_err(|e| failed("cuEventCreate", &e))?;
-            let end = Event::new(&dev.ctx, true).map_err(|e| failed("cuEventCreate", &e))?;
-            start
-                .record(&dev.ctx, &dev.stream)
-                .map_err(|e| failed("cuEventRecord", &e))?;
-            Some((start, end))
-        } else {
-            None
-        };
-        program
-            .module
-            .launch(&dev.ctx, &dev.stream, grid, block, &mut slots)
-            .map_err(|e| failed("cuLaunchKernel", &e))?;
-        self.counters.launches.fetch_add(1, Ordering::Relaxed);
-        let Some((start, end)) = events else {
+        let bound = self.buffers.get_all(buffers)?;
+        handles::check_launch_devices(
+            "cuda",
+            name,
+            dev.index,
+            buffers,
+            bound.iter().map(|b| b.device.index),
+        )?;
+        // cuBLAS would read operand elements it has already overwritten.
+        if out == lhs || out == rhs {
+            return Err(invalid(format!(
+                "buffer {} is bound both as the output and as an operand",
+                out.0
+            )));
+        }
+        let sizes = program
+            .op
+            .sizes(dims)
+            .map_err(|e| invalid(format!("cannot evaluate its sizes: {e}")))?;
+        let plan = matmul::plan(
+            &program.op,
+            name,
+            program.precision,
+            &sizes,
+            [bound[0].bytes, bound[1].bytes, bound[2].bytes],
+        )?;
+        if plan == Plan::Nothing {
             return Ok(None);
+        }
+        let [lhs, rhs, out] = [0, 1, 2].map(|j| bound[j].ptr);
+        let work = || {
+            match plan {
+                Plan::Nothing => {}
+                Plan::Zero { bytes } => ffi::fill_zero(&dev.ctx, &dev.stream, out, bytes)
+                    .map_err(|e| dev.lost("cuMemsetD8Async", e))?,
+                Plan::Gemm(gemm) => {
+                    let blas = lock(&dev.blas);
+                    // `vendor` made the handle before it made the program, and it stays
+                    // until the device goes.
+                    let Some(blas) = blas.as_ref() else {
+                        return Err(BackendError::Launch {
+                            kernel: name.clone(),
+                            reason: "the device has no cuBLAS handle".into(),
+                        });
+                    };
+                    // cuBLAS's A' is the rhs and its B' the lhs: see `matmul`.
+                    blas.gemm(&dev.ctx, program.precision, &gemm, [rhs, lhs, out])
+                        .map_err(|reason| BackendError::Launch {
+                            kernel: name.clone(),
+                            reason,
+                        })?;
+                }
+            }
+            self.counters
+                .vendor_launches
+                .fetch_add(1, Ordering::Relaxed);
+            Ok(())
         };
-        end.record(&dev.ctx, &dev.stream)
-            .map_err(|e| failed("cuEventRecord", &e))?;
-        Ok(Some((start, end, Arc::clone(dev))))
+        queue_timed(dev, name, timed, work)
+    }
+}
+
+/// Queues `work` on `dev`'s stream, between two timing events (returned) when `timed`.
+/// Failures name the program `name`.
+fn queue_timed(
+    dev: &Arc<CudaDevice>,
+    name: &str,
+    timed: bool,
+    work: impl FnOnce() -> Result<(), BackendError>,
+) -> Result<Option<Timing>, BackendError> {
+    if !timed {
+        return work().map(|()| None);
+    }
+    let failed = |call: &str, e: DriverError| BackendError::Launch {
+        kernel: name.to_owned(),
+        reason: format!("{call} failed: {e}"),
+    };
+    let start = Event::new(&dev.ctx, true).map_err(|e| failed("cuEventCreate", e))?;
+    let end = match Event::new(&dev.ctx, true) {
+        Ok(end) => end,
+        Err(e) => {
+            start.destroy(&dev.ctx);
+            return Err(failed("cuEventCreate", e));
+        }
+    };
+    let queued = start
+        .record(&dev.ctx, &dev.stream)
+        .map_err(|e| failed("cuEventRecord", e))
+        .and_then(|()| work())
+        .and_then(|()| {
+            end.record(&dev.ctx, &dev.stream)
+                .map_err(|e| failed("cuEventRecord", e))
+        });
+    match queued {
+        Ok(()) => Ok(Some((start, end, Arc::clone(dev)))),
+        Err(e) => {
+            start.destroy(&dev.ctx);
+            end.destroy(&dev.ctx);
+            Err(e)
+        }
     }
 }
 
@@ -481,7 +650,10 @@ impl CudaBackend {
 type LaunchDims = ([u32; 3], [u32; 3]);
 
 /// A launch's grid and block sizes, or `None` when it runs nothing.
-fn launch_dims(program: &Program, args: &LaunchArgs) -> Result<Option<LaunchDims>, BackendError> {
+fn launch_dims(
+    program: &KernelProgram,
+    args: &LaunchArgs,
+) -> Result<Option<LaunchDims>, BackendError> {
     if args.groups == 0 || args.grid[3..].contains(&0) {
         return Ok(None);
     }
@@ -646,12 +818,12 @@ impl Backend for CudaBackend {
             .map_or(dev.info.max_workgroup_size, |n| {
                 u32::try_from(n).unwrap_or(0)
             });
-        Ok(self.programs.insert(Program {
+        Ok(self.programs.insert(Program::Kernel(KernelProgram {
             kernel: kernel.clone(),
             device: Arc::clone(dev),
             module,
             max_threads,
-        }))
+        })))
     }
 
     fn launch(
@@ -690,6 +862,29 @@ impl Backend for CudaBackend {
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
         self.programs.remove(program).map(drop)
+    }
+
+    /// `f32` and `f64` [`Matmul`]s run on cuBLAS; other dtypes, or no cuBLAS installed,
+    /// are `Ok(None)`. The device's cuBLAS handle is made here, on first use.
+    fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {
+        let dev = self.device(device)?;
+        match op {
+            VendorOp::Matmul(matmul) => {
+                let Some(precision) = Precision::of(matmul.dtype) else {
+                    return Ok(None);
+                };
+                if !dev.ensure_blas()? {
+                    return Ok(None);
+                }
+                let program = MatmulProgram {
+                    op: matmul.clone(),
+                    precision,
+                    device: Arc::clone(dev),
+                    name: matmul.to_string(),
+                };
+                Ok(Some(self.programs.insert(Program::Matmul(program))))
+            }
+        }
     }
 }
 

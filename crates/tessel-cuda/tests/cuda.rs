@@ -1,16 +1,21 @@
 //! The CUDA backend on every device found (restricted by `TESSEL_CUDA_DEVICE`). First the
 //! shared conformance checks of `tessel-testkit` (every op against the reference
 //! interpreter, the sample kernels, the error paths), then what only this backend has:
-//! device listing, the module caches, NVRTC's log, the caching allocator, launch limits.
+//! device listing, the module caches, NVRTC's log, the caching allocator, launch limits,
+//! and the cuBLAS matmul ([`Backend::vendor`]) against an `f64` reference.
 //! Without a driver or a GPU every test passes after printing a `tessel-skip:` line, and
 //! [`without_a_gpu_there_are_no_devices_and_no_panics`] checks the empty backend.
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use tessel_cuda::{CudaBackend, CudaConfig};
-use tessel_ir::{Access, Backend, BackendError, DeviceInfo, KernelBuilder, samples};
-use tessel_shape::{BinaryOp, Bindings, DType, UnaryOp};
-use tessel_testkit::{Check, Conformance, Op, Tolerance};
+use tessel_ir::{
+    Access, Backend, BackendError, DeviceInfo, KernelBuilder, Matmul, MatmulSizes, ProgramId,
+    VendorOp, samples,
+};
+use tessel_shape::{BinaryOp, Bindings, DType, Dim, UnaryOp, Var};
+use tessel_testkit::{Check, Conformance, Op, Rng, Tolerance};
 
 /// One backend for the whole test binary (compiles are what take time, and its module cache
 /// is shared this way).
@@ -84,6 +89,14 @@ fn without_a_gpu_there_are_no_devices_and_no_panics() {
     ));
     assert!(cuda.synchronize(n).is_err());
     assert!(cuda.compute_capability(n).is_none());
+    // The device is checked before the dtype and before cuBLAS is looked for.
+    for dtype in [DType::F32, DType::F64, DType::I32] {
+        let op = VendorOp::Matmul(matmul(dtype, [1, 2, 3, 4], (false, false), (0, 0)));
+        assert!(
+            matches!(cuda.vendor(n, &op), Err(BackendError::InvalidArgument(_))),
+            "{op}"
+        );
+    }
     if n == 0 {
         assert_eq!(cuda.cached_bytes(0), 0);
         assert!(cuda.trim().is_ok());
@@ -298,5 +311,453 @@ fn conformance_runs_directly() {
         Conformance::new(cuda, device, TOLERANCE)
             .named("conformance_runs_directly")
             .vector_add_every_dtype();
+    }
+}
+
+/// A matmul of constant sizes `[batch, m, n, k]`, with `(lhs, rhs)` transpose flags and
+/// batch strides.
+fn matmul(dtype: DType, sizes: [i64; 4], transposed: (bool, bool), strides: (i64, i64)) -> Matmul {
+    let [batch, m, n, k] = sizes.map(Dim::from);
+    Matmul {
+        dtype,
+        batch,
+        m,
+        n,
+        k,
+        lhs_transposed: transposed.0,
+        rhs_transposed: transposed.1,
+        lhs_batch_stride: Dim::from(strides.0),
+        rhs_batch_stride: Dim::from(strides.1),
+    }
+}
+
+/// The four `(lhs, rhs)` transpose combinations.
+const TRANSPOSES: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
+
+/// `op`'s cuBLAS program on `device`, or `None` after a skip line when cuBLAS is not
+/// installed (the backend answers `Ok(None)` then).
+fn cublas(test: &str, device: usize, op: &Matmul) -> Option<ProgramId> {
+    let program = backend()
+        .vendor(device, &VendorOp::Matmul(op.clone()))
+        .unwrap();
+    if program.is_none() {
+        tessel_testkit::skip(
+            &format!("cuda::{test}"),
+            "cuBLAS (libcublas.so.13) is not on the loader path",
+        );
+    }
+    program
+}
+
+/// Little-endian elements of `dtype` (`f32` or `f64`).
+fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => values
+            .iter()
+            .flat_map(|&v| (v as f32).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// The elements of `bytes`, widened to `f64`.
+fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+    match dtype {
+        DType::F32 => tessel_testkit::f32_values(bytes)
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        _ => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+    }
+}
+
+/// `op`'s product with sizes `s`, straight from [`Matmul`]'s definition in `f64`, and for
+/// each output element the sum of its terms' magnitudes, which bounds the rounding error a
+/// float sum in any order can have relative to it (with cancellation the exact result can
+/// be far smaller than its terms).
+fn reference(op: &Matmul, s: &MatmulSizes, lhs: &[f64], rhs: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let mut out = vec![0.0; s.batch * s.m * s.n];
+    let mut scale = out.clone();
+    for p in 0..s.batch {
+        let (ls, rs) = (p * s.lhs_batch_stride, p * s.rhs_batch_stride);
+        for i in 0..s.m {
+            for j in 0..s.n {
+                let (mut sum, mut magnitude) = (0.0, 0.0);
+                for l in 0..s.k {
+                    let a = if op.lhs_transposed {
+                        lhs[ls + l * s.m + i]
+                    } else {
+                        lhs[ls + i * s.k + l]
+                    };
+                    let b = if op.rhs_transposed {
+                        rhs[rs + j * s.k + l]
+                    } else {
+                        rhs[rs + l * s.n + j]
+                    };
+                    sum += a * b;
+                    magnitude += (a * b).abs();
+                }
+                out[(p * s.m + i) * s.n + j] = sum;
+                scale[(p * s.m + i) * s.n + j] = magnitude;
+            }
+        }
+    }
+    (out, scale)
+}
+
+/// Launches `program` (`op`'s) on `device` with `dims` on seeded random operands in
+/// `[-1, 1)`, each buffer exactly as large as [`MatmulSizes::min_elements`] asks, and checks
+/// the output against the `f64` reference: within `1e-4·√k` (`f32`; `1e-12·√k` for `f64`)
+/// of the terms' magnitude. The output starts as NaN, so an element left unwritten fails.
+/// When `timed`, runs it through [`Backend::time`] and returns the duration.
+fn check_program(
+    test: &str,
+    device: usize,
+    program: ProgramId,
+    op: &Matmul,
+    dims: &Bindings,
+    timed: bool,
+) -> Duration {
+    let cuda = backend();
+    let s = op.sizes(dims).unwrap();
+    let (nl, nr, no) = s.min_elements();
+    let mut rng = Rng(0x5eed_0000 ^ (s.batch * 1_000_003 + s.m * 7919 + s.n * 101 + s.k) as u64);
+    let mut values = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| match op.dtype {
+                // The values the device sees: rounded to f32.
+                DType::F32 => f64::from(rng.unit() as f32),
+                _ => rng.unit(),
+            })
+            .collect()
+    };
+    let (lhs, rhs) = (values(nl), values(nr));
+    let size = op.dtype.size_bytes();
+    let ids = [nl, nr, no].map(|n| cuda.alloc(device, n.max(1) * size).unwrap());
+    cuda.write(ids[0], 0, &encode(op.dtype, &lhs)).unwrap();
+    cuda.write(ids[1], 0, &encode(op.dtype, &rhs)).unwrap();
+    cuda.write(ids[2], 0, &encode(op.dtype, &vec![f64::NAN; no]))
+        .unwrap();
+    let elapsed = if timed {
+        cuda.time(program, &ids, dims).unwrap()
+    } else {
+        cuda.launch(program, &ids, dims).unwrap();
+        Duration::ZERO
+    };
+    let mut bytes = vec![0u8; no * size];
+    cuda.read(ids[2], 0, &mut bytes).unwrap();
+    let got = decode(op.dtype, &bytes);
+    let (want, scale) = reference(op, &s, &lhs, &rhs);
+    let eps = if op.dtype == DType::F32 { 1e-4 } else { 1e-12 };
+    let tolerance = eps * (s.k.max(1) as f64).sqrt();
+    for (i, ((g, w), magnitude)) in got.iter().zip(&want).zip(&scale).enumerate() {
+        assert!(
+            (g - w).abs() <= tolerance * magnitude,
+            "cuda::{test}: {op} with {s:?}: element {i} is {g}, want {w} (tolerance {})",
+            tolerance * magnitude
+        );
+    }
+    for id in ids {
+        cuda.free(id).unwrap();
+    }
+    elapsed
+}
+
+/// Checks `op` with constant sizes on `device` through a fresh program; `false` (after a skip
+/// line) when cuBLAS is not installed.
+fn check_matmul(test: &str, device: usize, op: &Matmul) -> bool {
+    let Some(program) = cublas(test, device, op) else {
+        return false;
+    };
+    check_program(test, device, program, op, &Bindings::new(), false);
+    backend().release(program).unwrap();
+    true
+}
+
+/// Odd sizes (no dimension a multiple of a tile), including 1×1×1 and vectors, in `f32` and
+/// `f64`.
+#[test]
+fn cublas_matmul_odd_sizes() {
+    let test = "cublas_matmul_odd_sizes";
+    for device in 0..devices(test) {
+        let before = backend().stats().vendor_launches;
+        let shapes = [
+            [1, 1, 1, 1],
+            [1, 37, 53, 29],
+            [1, 1, 67, 33],
+            [1, 45, 1, 70],
+            [1, 129, 65, 257],
+        ];
+        for dtype in [DType::F32, DType::F64] {
+            for shape in shapes {
+                if !check_matmul(test, device, &matmul(dtype, shape, (false, false), (0, 0))) {
+                    return;
+                }
+            }
+        }
+        // Other tests share the backend, so its counter may have grown by more.
+        assert!(backend().stats().vendor_launches >= before + 10);
+    }
+}
+
+/// Every combination of a transposed lhs and rhs, on sizes where each transpose changes the
+/// leading dimension cuBLAS is given.
+#[test]
+fn cublas_matmul_transposes() {
+    let test = "cublas_matmul_transposes";
+    for device in 0..devices(test) {
+        for dtype in [DType::F32, DType::F64] {
+            for transposed in TRANSPOSES {
+                for shape in [[1, 23, 41, 17], [1, 64, 3, 100]] {
+                    if !check_matmul(test, device, &matmul(dtype, shape, transposed, (0, 0))) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Batch 3 through `gemmStridedBatched`: packed strides, padded ones, and a stride of 0
+/// broadcasting one operand (or both) to every product, with every transpose combination.
+#[test]
+fn cublas_matmul_batched_strides_and_broadcast() {
+    let test = "cublas_matmul_batched_strides_and_broadcast";
+    for device in 0..devices(test) {
+        let [batch, m, n, k] = [3, 19, 27, 13];
+        let (mk, kn) = (m * k, k * n);
+        for dtype in [DType::F32, DType::F64] {
+            for transposed in TRANSPOSES {
+                for strides in [(mk, kn), (mk + 5, kn + 3), (0, kn), (mk, 0), (0, 0)] {
+                    let op = matmul(dtype, [batch, m, n, k], transposed, strides);
+                    if !check_matmul(test, device, &op) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `k == 0`: every element is an empty sum, so the output is zeroed (over whatever it held);
+/// an empty output runs nothing and is timed as zero.
+#[test]
+fn cublas_matmul_empty_sums_and_products() {
+    let test = "cublas_matmul_empty_sums_and_products";
+    let cuda = backend();
+    for device in 0..devices(test) {
+        for dtype in [DType::F32, DType::F64] {
+            let op = matmul(dtype, [2, 3, 5, 0], (false, true), (0, 0));
+            let Some(program) = cublas(test, device, &op) else {
+                return;
+            };
+            let size = dtype.size_bytes();
+            let ids = [size, size, 30 * size].map(|b| cuda.alloc(device, b).unwrap());
+            cuda.write(ids[2], 0, &encode(dtype, &[7.0; 30])).unwrap();
+            cuda.launch(program, &ids, &Bindings::new()).unwrap();
+            let mut out = vec![0xffu8; 30 * size];
+            cuda.read(ids[2], 0, &mut out).unwrap();
+            assert_eq!(decode(dtype, &out), vec![0.0; 30], "{op}");
+            cuda.release(program).unwrap();
+
+            for shape in [[2, 0, 5, 4], [2, 3, 0, 4], [0, 3, 5, 4]] {
+                let op = matmul(dtype, shape, (false, false), (0, 0));
+                let program = cublas(test, device, &op).unwrap();
+                cuda.write(ids[2], 0, &encode(dtype, &[7.0; 30])).unwrap();
+                // The operands that are not empty still need their elements: the rhs when
+                // only m is 0, the lhs when only n is.
+                let big = [0, 1].map(|_| cuda.alloc(device, 64 * size).unwrap());
+                let bound = [big[0], big[1], ids[2]];
+                assert_eq!(
+                    cuda.time(program, &bound, &Bindings::new()),
+                    Ok(Duration::ZERO)
+                );
+                cuda.read(ids[2], 0, &mut out).unwrap();
+                assert_eq!(decode(dtype, &out), vec![7.0; 30], "{op} wrote its output");
+                for id in big {
+                    cuda.free(id).unwrap();
+                }
+                cuda.release(program).unwrap();
+            }
+            for id in ids {
+                cuda.free(id).unwrap();
+            }
+        }
+    }
+}
+
+/// Sizes and strides symbolic in a variable are evaluated at each launch: one program runs
+/// two sizes.
+#[test]
+fn cublas_matmul_symbolic_sizes() {
+    let test = "cublas_matmul_symbolic_sizes";
+    let cuda = backend();
+    for device in 0..devices(test) {
+        let rows = Var::new("rows", 0, 4096).unwrap();
+        let k = 21;
+        let mut op = matmul(DType::F32, [2, 0, 33, k], (false, false), (0, 0));
+        op.m = Dim::from(rows);
+        op.lhs_batch_stride = Dim::from(rows) * Dim::from(k);
+        let Some(program) = cublas(test, device, &op) else {
+            return;
+        };
+        for m in [37, 5] {
+            check_program(
+                test,
+                device,
+                program,
+                &op,
+                &Bindings::new().with(rows, m),
+                false,
+            );
+        }
+        // Unbound, it cannot run.
+        let ids = [0, 1, 2].map(|_| cuda.alloc(device, 4).unwrap());
+        let err = cuda.launch(program, &ids, &Bindings::new()).unwrap_err();
+        assert!(matches!(err, BackendError::InvalidArgument(_)), "{err:?}");
+        for id in ids {
+            cuda.free(id).unwrap();
+        }
+        cuda.release(program).unwrap();
+    }
+}
+
+/// Launches that do not fit are errors naming the op and the sizes, before cuBLAS is called:
+/// a buffer one element short, the wrong number of buffers, the output bound as an operand,
+/// a released program.
+#[test]
+fn cublas_matmul_rejects_bad_launches() {
+    let test = "cublas_matmul_rejects_bad_launches";
+    let cuda = backend();
+    for device in 0..devices(test) {
+        let op = matmul(DType::F32, [2, 4, 5, 6], (false, false), (24, 0));
+        let Some(program) = cublas(test, device, &op) else {
+            return;
+        };
+        // lhs 48 elements, rhs 30, out 40.
+        let needed = [48, 30, 40];
+        for short in 0..3 {
+            let ids = needed.map(|n| cuda.alloc(device, n * 4).unwrap());
+            let small = cuda.alloc(device, (needed[short] - 1) * 4).unwrap();
+            let mut bound = ids;
+            bound[short] = small;
+            let err = cuda.launch(program, &bound, &Bindings::new()).unwrap_err();
+            let BackendError::InvalidArgument(why) = &err else {
+                panic!("{err:?}")
+            };
+            let role = ["`lhs`", "`rhs`", "`out`"][short];
+            assert!(
+                why.contains("matmul f32") && why.contains(role) && why.contains("m 4, n 5, k 6"),
+                "{why}"
+            );
+            // Exactly large enough runs.
+            cuda.launch(program, &ids, &Bindings::new()).unwrap();
+            let err = cuda
+                .launch(program, &ids[..2], &Bindings::new())
+                .unwrap_err();
+            assert!(matches!(err, BackendError::InvalidArgument(_)), "{err:?}");
+            let aliased = [ids[0], ids[1], ids[0]];
+            let err = cuda
+                .launch(program, &aliased, &Bindings::new())
+                .unwrap_err();
+            assert!(matches!(err, BackendError::InvalidArgument(_)), "{err:?}");
+            for id in ids.into_iter().chain([small]) {
+                cuda.free(id).unwrap();
+            }
+        }
+        cuda.synchronize(device).unwrap();
+        cuda.release(program).unwrap();
+        let ids = needed.map(|n| cuda.alloc(device, n * 4).unwrap());
+        let err = cuda.launch(program, &ids, &Bindings::new()).unwrap_err();
+        assert!(matches!(err, BackendError::InvalidArgument(_)), "{err:?}");
+        assert!(cuda.release(program).is_err());
+        for id in ids {
+            cuda.free(id).unwrap();
+        }
+    }
+}
+
+/// Only `f32` and `f64` have a cuBLAS program; other dtypes get `Ok(None)` and run as
+/// generated kernels.
+#[test]
+fn cublas_matmul_declines_other_dtypes() {
+    let test = "cublas_matmul_declines_other_dtypes";
+    let cuda = backend();
+    for device in 0..devices(test) {
+        for dtype in [DType::I32, DType::I64, DType::F16, DType::BF16] {
+            let op = VendorOp::Matmul(matmul(dtype, [1, 8, 8, 8], (false, false), (0, 0)));
+            assert_eq!(cuda.vendor(device, &op), Ok(None), "{op}");
+        }
+    }
+}
+
+/// [`Backend::time`] brackets the cuBLAS call with events on the backend's stream: a
+/// non-zero duration, and the product it timed is right.
+#[test]
+fn cublas_matmul_is_timed() {
+    let test = "cublas_matmul_is_timed";
+    for device in 0..devices(test) {
+        for (dtype, batch) in [(DType::F32, 1), (DType::F64, 1), (DType::F32, 4)] {
+            let op = matmul(
+                dtype,
+                [batch, 256, 192, 320],
+                (false, false),
+                (256 * 320, 0),
+            );
+            let Some(program) = cublas(test, device, &op) else {
+                return;
+            };
+            let elapsed = check_program(test, device, program, &op, &Bindings::new(), true);
+            assert!(
+                elapsed > Duration::ZERO && elapsed < Duration::from_secs(10),
+                "{op}: {elapsed:?}"
+            );
+            backend().release(program).unwrap();
+        }
+    }
+}
+
+/// `f32` products run in full `f32`, not on TF32 tensor cores (a 10-bit mantissa): every
+/// lhs element is `1 + 2⁻¹²`, which TF32 rounds to 1, and every rhs element 1. Each partial
+/// sum of up to 64 such terms is exact in `f32`, so in any summation order every output
+/// element is exactly `64 + 2⁻⁶`, where TF32 would give 64.
+#[test]
+fn cublas_f32_matmul_is_full_precision() {
+    let test = "cublas_f32_matmul_is_full_precision";
+    let cuda = backend();
+    for device in 0..devices(test) {
+        let [m, n, k] = [128, 96, 64];
+        let op = matmul(
+            DType::F32,
+            [1, m as i64, n as i64, k as i64],
+            (false, false),
+            (0, 0),
+        );
+        let Some(program) = cublas(test, device, &op) else {
+            return;
+        };
+        let x = 1.0 + 2f64.powi(-12);
+        let ids = [m * k, k * n, m * n].map(|e: usize| cuda.alloc(device, e * 4).unwrap());
+        cuda.write(ids[0], 0, &encode(DType::F32, &vec![x; m * k]))
+            .unwrap();
+        cuda.write(ids[1], 0, &encode(DType::F32, &vec![1.0; k * n]))
+            .unwrap();
+        cuda.launch(program, &ids, &Bindings::new()).unwrap();
+        let mut out = vec![0u8; m * n * 4];
+        cuda.read(ids[2], 0, &mut out).unwrap();
+        let want = 64.0 + 2f64.powi(-6);
+        let got = decode(DType::F32, &out);
+        assert!(
+            got.iter().all(|&v| v == want),
+            "{op}: want {want} everywhere (full f32), got {:?} (64 would be TF32)",
+            got.iter().find(|&&v| v != want)
+        );
+        for id in ids {
+            cuda.free(id).unwrap();
+        }
+        cuda.release(program).unwrap();
     }
 }

@@ -80,15 +80,26 @@ pub struct MatmulSizes {
 }
 
 impl MatmulSizes {
-    /// Elements each operand must hold at least: `(lhs, rhs, out)`.
+    /// Elements each operand must hold at least: `(lhs, rhs, out)`. Saturates instead of
+    /// overflowing, so absurd sizes fail a buffer-length check rather than passing it.
     pub fn min_elements(&self) -> (usize, usize, usize) {
-        let last = self.batch.saturating_sub(1);
-        let (mk, kn) = (self.m * self.k, self.k * self.n);
-        let span = |stride: usize, one: usize| if one == 0 { 0 } else { last * stride + one };
+        if self.batch == 0 {
+            return (0, 0, 0);
+        }
+        let last = self.batch - 1;
+        let mk = self.m.saturating_mul(self.k);
+        let kn = self.k.saturating_mul(self.n);
+        let span = |stride: usize, one: usize| {
+            if one == 0 {
+                0
+            } else {
+                last.saturating_mul(stride).saturating_add(one)
+            }
+        };
         (
             span(self.lhs_batch_stride, mk),
             span(self.rhs_batch_stride, kn),
-            self.batch * self.m * self.n,
+            self.batch.saturating_mul(self.m).saturating_mul(self.n),
         )
     }
 }

@@ -1,0 +1,327 @@
+//! Library routines in place of generated kernels ([`tessel_ir::vendor`]): the matrix
+//! product through the `gemm` crate, for `f32` and `f64`. Other element types get no
+//! program: gemm has no bf16 or integer routines, and its f16 one is left out because
+//! Tessel computes f16 in f32, which it need not match.
+//!
+//! A launch evaluates the op's sizes, locks its three buffers in id order (as kernel
+//! launches do: `lhs` and `rhs` for reading, `out` for writing), checks every length, and
+//! calls `gemm` once per product. Where to parallelize is chosen per launch: inside each
+//! product when one is large enough for `gemm` to split, else across the batch, else not
+//! at all (a hop to the pool costs more than a tiny product takes).
+
+use std::sync::{RwLockReadGuard, RwLockWriteGuard};
+
+use gemm::Parallelism;
+use rayon::ThreadPool;
+use rayon::prelude::*;
+use tessel_ir::{BackendError, BufferId, Matmul, MatmulSizes, VendorOp};
+use tessel_shape::{Bindings, DType};
+
+use crate::memory::{self, HostBuffer, Memory};
+
+/// A vendor program: a [`Matmul`] whose element type `gemm` supports.
+pub(crate) struct VendorProgram {
+    op: Matmul,
+}
+
+impl VendorProgram {
+    /// The program for `op`, or `None` where this backend has no routine for it.
+    pub(crate) fn new(op: &VendorOp) -> Option<Self> {
+        match op {
+            VendorOp::Matmul(m) => {
+                matches!(m.dtype, DType::F32 | DType::F64).then(|| VendorProgram { op: m.clone() })
+            }
+        }
+    }
+
+    /// Runs the op on `buffers` (`[lhs, rhs, out]`) with the sizes `dims` gives. `pool`
+    /// has `threads` workers; without a pool every product runs on the calling thread.
+    pub(crate) fn launch(
+        &self,
+        memory: &Memory,
+        pool: Option<&ThreadPool>,
+        threads: usize,
+        buffers: &[BufferId],
+        dims: &Bindings,
+    ) -> Result<(), BackendError> {
+        let op = &self.op;
+        let invalid = |reason: String| BackendError::InvalidArgument(format!("{op}: {reason}"));
+        let &[lhs, rhs, out] = buffers else {
+            return Err(invalid(format!(
+                "takes 3 buffers [lhs, rhs, out], but {} were bound",
+                buffers.len()
+            )));
+        };
+        // `gemm` reads the inputs while it writes the output, so an output that is also an
+        // input would be read after it was partly overwritten (and a shared and a mutable
+        // borrow of one buffer cannot both exist anyway).
+        if out == lhs || out == rhs {
+            return Err(invalid(format!(
+                "the output buffer {} is also bound as an input; bind a separate buffer",
+                out.0
+            )));
+        }
+        let sizes = op.sizes(dims).map_err(|e| invalid(e.to_string()))?;
+        if !fits(&sizes) {
+            return Err(invalid(format!(
+                "{} overflow the address space",
+                describe(&sizes)
+            )));
+        }
+        // One lock per distinct buffer (lhs and rhs may be one), taken in id order so that
+        // launches and copies locking overlapping sets cannot deadlock.
+        let shared = memory.get_sorted(buffers)?;
+        let mut reads: Vec<(BufferId, RwLockReadGuard<'_, HostBuffer>)> = Vec::with_capacity(2);
+        let mut write: Option<RwLockWriteGuard<'_, HostBuffer>> = None;
+        for (id, buffer) in &shared {
+            if *id == out {
+                write = Some(memory::write(buffer));
+            } else {
+                reads.push((*id, memory::read(buffer)));
+            }
+        }
+        let read = |id: BufferId| reads.iter().find(|(r, _)| *r == id).map(|(_, g)| g.bytes());
+        let (Some(lhs_bytes), Some(rhs_bytes), Some(out_guard)) =
+            (read(lhs), read(rhs), &mut write)
+        else {
+            // `get_sorted` returned every id or failed, so this is not reached.
+            return Err(invalid("a bound buffer could not be locked".into()));
+        };
+        let operands = Operands {
+            ids: [lhs, rhs, out],
+            sizes,
+            lhs_transposed: op.lhs_transposed,
+            rhs_transposed: op.rhs_transposed,
+            pool: pool.filter(|_| threads > 1),
+            threads,
+        };
+        let out_bytes = out_guard.bytes_mut();
+        match op.dtype {
+            DType::F32 => operands.run::<f32>(lhs_bytes, rhs_bytes, out_bytes),
+            DType::F64 => operands.run::<f64>(lhs_bytes, rhs_bytes, out_bytes),
+            other => Err(format!("no gemm routine for {other}")),
+        }
+        .map_err(invalid)
+    }
+}
+
+/// An element type `gemm` has a routine for. Only `f32` and `f64` implement it: `gemm`
+/// panics on any other type.
+trait Element: bytemuck::Pod + Send + Sync + 'static {
+    const ONE: Self;
+    const NAME: &'static str;
+}
+
+impl Element for f32 {
+    const ONE: Self = 1.0;
+    const NAME: &'static str = "f32";
+}
+
+impl Element for f64 {
+    const ONE: Self = 1.0;
+    const NAME: &'static str = "f64";
+}
+
+/// One launch's sizes and layout, checked to fit ([`fits`]).
+struct Operands<'p> {
+    /// `[lhs, rhs, out]`, for error messages.
+    ids: [BufferId; 3],
+    sizes: MatmulSizes,
+    lhs_transposed: bool,
+    rhs_transposed: bool,
+    /// `None` where there is no pool or it has one thread.
+    pool: Option<&'p ThreadPool>,
+    threads: usize,
+}
+
+impl Operands<'_> {
+    fn run<T: Element>(&self, lhs: &[u8], rhs: &[u8], out: &mut [u8]) -> Result<(), String> {
+        let s = &self.sizes;
+        // `min_elements` asks for one matrix of each operand even when `batch` is 0, but
+        // an empty batch reads nothing, so it needs no elements.
+        let (need_lhs, need_rhs, need_out) = if s.batch == 0 {
+            (0, 0, 0)
+        } else {
+            s.min_elements()
+        };
+        let lhs = self.elements::<T>("lhs", 0, lhs, need_lhs)?;
+        let rhs = self.elements::<T>("rhs", 1, rhs, need_rhs)?;
+        let out_len = out.len();
+        let out: &mut [T] = elements_mut(out)
+            .and_then(|o| o.get_mut(..need_out))
+            .ok_or_else(|| self.too_small::<T>("out", 2, out_len, need_out))?;
+        if s.m == 0 || s.n == 0 || s.batch == 0 {
+            return Ok(());
+        }
+        if s.k == 0 {
+            // An empty sum: gemm would zero the output too, but saying so here is plainer.
+            out.fill(T::zeroed());
+            return Ok(());
+        }
+        let (mn, mk, kn) = (s.m * s.n, s.m * s.k, s.k * s.n);
+        let product = |b: usize, out: &mut [T], parallelism: Parallelism| {
+            let at = |stride: usize, len: usize| b * stride..b * stride + len;
+            let (Some(l), Some(r)) = (
+                lhs.get(at(s.lhs_batch_stride, mk)),
+                rhs.get(at(s.rhs_batch_stride, kn)),
+            ) else {
+                // `elements` checked the spans of every batch; not reached.
+                return Err(format!("batch {b} lies outside the operands"));
+            };
+            self.product(l, r, out, parallelism)
+        };
+        // gemm's own cut-off below which it runs a product on one thread.
+        let threshold = gemm::get_threading_threshold();
+        let work = mn.saturating_mul(s.k);
+        match self.pool {
+            Some(pool) if work >= threshold => pool.install(|| {
+                out.chunks_exact_mut(mn)
+                    .enumerate()
+                    .try_for_each(|(b, o)| product(b, o, Parallelism::Rayon(self.threads)))
+            }),
+            Some(pool) if s.batch > 1 && work.saturating_mul(s.batch) >= threshold => {
+                pool.install(|| {
+                    out.par_chunks_exact_mut(mn)
+                        .enumerate()
+                        .try_for_each(|(b, o)| product(b, o, Parallelism::None))
+                })
+            }
+            _ => out
+                .chunks_exact_mut(mn)
+                .enumerate()
+                .try_for_each(|(b, o)| product(b, o, Parallelism::None)),
+        }
+    }
+
+    /// `out = lhs · rhs` for one product: `lhs` holds the `m × k` matrix (transposed or
+    /// not), `rhs` the `k × n` one, `out` the row-major `m × n` result.
+    fn product<T: Element>(
+        &self,
+        lhs: &[T],
+        rhs: &[T],
+        out: &mut [T],
+        parallelism: Parallelism,
+    ) -> Result<(), String> {
+        let MatmulSizes { m, n, k, .. } = self.sizes;
+        let stride = |x: usize| isize::try_from(x).map_err(|_| format!("stride {x} overflows"));
+        // (column stride, row stride) of each operand, in elements: a transposed `m × k`
+        // matrix is stored as `k` rows of `m`, so a step along a row of it is a step of `m`.
+        let (lhs_cs, lhs_rs) = if self.lhs_transposed {
+            (stride(m)?, 1)
+        } else {
+            (1, stride(k)?)
+        };
+        let (rhs_cs, rhs_rs) = if self.rhs_transposed {
+            (stride(k)?, 1)
+        } else {
+            (1, stride(n)?)
+        };
+        let out_rs = stride(n)?;
+        // `fits` checked these products do not overflow.
+        if lhs.len() < m * k || rhs.len() < k * n || out.len() < m * n {
+            return Err(format!(
+                "a product's operands are shorter than {}",
+                describe(&self.sizes)
+            ));
+        }
+        // SAFETY: `run` checked every buffer against `MatmulSizes::min_elements()` (after
+        // `fits` checked that none of its products overflow) and sliced each batch's
+        // matrices out of them, and the line above checks each slice again: `lhs` holds
+        // `m·k` elements, `rhs` `k·n` and `out` `m·n`. With the strides above, the
+        // farthest element gemm touches is `(m-1)·lhs_rs + (k-1)·lhs_cs = m·k - 1` in
+        // `lhs` in either layout, likewise `k·n - 1` in `rhs` and `m·n - 1` in `out`, all
+        // in bounds; each length fits in `isize` (a slice's does), so no offset
+        // overflows. `out` is a `&mut` slice of the write-locked output buffer, which is
+        // not an input (`launch` rejects that), so it aliases neither `lhs` nor `rhs`,
+        // and the locks are held until gemm returns (also with `Parallelism::Rayon`,
+        // which joins its tasks before returning). `T` is `f32` or `f64` (the only
+        // `Element`s), which gemm supports. `read_dst` is false, so gemm never reads
+        // `out`; alpha (its factor for `out`) is then ignored and beta is 1.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                out.as_mut_ptr(),
+                1,
+                out_rs,
+                false,
+                lhs.as_ptr(),
+                lhs_cs,
+                lhs_rs,
+                rhs.as_ptr(),
+                rhs_cs,
+                rhs_rs,
+                T::zeroed(),
+                T::ONE,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+        Ok(())
+    }
+
+    /// The first `need` elements of the operand `name` (position `slot`) as `T`s.
+    fn elements<'a, T: Element>(
+        &self,
+        name: &str,
+        slot: usize,
+        bytes: &'a [u8],
+        need: usize,
+    ) -> Result<&'a [T], String> {
+        // Trailing bytes short of a whole element are not part of any element.
+        let whole = bytes.len() / size_of::<T>() * size_of::<T>();
+        bytes
+            .get(..whole)
+            .and_then(|b| bytemuck::try_cast_slice::<u8, T>(b).ok())
+            .and_then(|e| e.get(..need))
+            .ok_or_else(|| self.too_small::<T>(name, slot, bytes.len(), need))
+    }
+
+    fn too_small<T: Element>(&self, name: &str, slot: usize, bytes: usize, need: usize) -> String {
+        format!(
+            "{name} buffer {} has {bytes} bytes, but {} need {need} elements of {} = {} bytes",
+            self.ids[slot].0,
+            describe(&self.sizes),
+            T::NAME,
+            need.saturating_mul(size_of::<T>()),
+        )
+    }
+}
+
+/// `bytes` as `T`s; `None` if misaligned (host buffers are 64-byte aligned, so never).
+fn elements_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
+    let whole = bytes.len() / size_of::<T>() * size_of::<T>();
+    bytemuck::try_cast_slice_mut(bytes.get_mut(..whole)?).ok()
+}
+
+/// Whether every product and span [`MatmulSizes::min_elements`] computes fits in `usize`.
+/// It multiplies unchecked, and sizes bound at launch can be anything.
+fn fits(s: &MatmulSizes) -> bool {
+    let span = |stride: usize, one: usize| {
+        s.batch
+            .saturating_sub(1)
+            .checked_mul(stride)
+            .and_then(|x| x.checked_add(one))
+    };
+    let products = (s.m.checked_mul(s.k), s.k.checked_mul(s.n));
+    let (Some(mk), Some(kn)) = products else {
+        return false;
+    };
+    span(s.lhs_batch_stride, mk).is_some()
+        && span(s.rhs_batch_stride, kn).is_some()
+        && s.batch
+            .checked_mul(s.m)
+            .and_then(|x| x.checked_mul(s.n))
+            .is_some()
+}
+
+/// The sizes, for error messages.
+fn describe(s: &MatmulSizes) -> String {
+    format!(
+        "sizes batch {}, m {}, n {}, k {} (batch strides {}, {})",
+        s.batch, s.m, s.n, s.k, s.lhs_batch_stride, s.rhs_batch_stride
+    )
+}

@@ -1,0 +1,262 @@
+//! cuBLAS, through cudarc: finding the library, one handle per device that queues on the
+//! device's stream, and the `f32`/`f64` GEMM calls. Part of [`ffi`](super), under the same
+//! rule: each `unsafe` block says why it is sound.
+//!
+//! cudarc opens cuBLAS on first use, by bare file names through the dynamic loader, and
+//! **panics** when it cannot, or when a function it looks up is missing. So [`load`] checks
+//! both first, once per process, and nothing else here runs before it has succeeded.
+
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+
+use cudarc::cublas::result as blas;
+use cudarc::cublas::sys as bsys;
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+
+use super::{Context, Stream};
+use crate::matmul::{Gemm, Precision};
+
+/// Every cuBLAS entry point called here, directly or inside cudarc.
+const SYMBOLS: &[&str] = &[
+    "cublasCreate_v2",
+    "cublasDestroy_v2",
+    "cublasSetStream_v2",
+    "cublasSetMathMode",
+    "cublasGetVersion_v2",
+    "cublasSgemm_v2",
+    "cublasDgemm_v2",
+    "cublasSgemmStridedBatched",
+    "cublasDgemmStridedBatched",
+];
+
+/// Whether cuBLAS can be used; `Err` says why not. It is looked for once per process, and
+/// the outcome is logged once.
+pub(crate) fn load() -> Result<(), &'static str> {
+    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let found = find();
+            match &found {
+                Ok(()) => tracing::debug!("tessel-cuda: cuBLAS loaded"),
+                Err(why) => tracing::info!(
+                    "tessel-cuda: {why}: no cuBLAS matmul; generated kernels run matrix products"
+                ),
+            }
+            found
+        })
+        .as_ref()
+        .copied()
+        .map_err(String::as_str)
+}
+
+fn find() -> Result<(), String> {
+    // SAFETY: dlopens cuBLAS by cudarc's names and closes it again; loading it runs only its
+    // own initializers, as in any CUDA program.
+    if !unsafe { bsys::is_culib_present() } {
+        return Err(format!(
+            "cuBLAS (libcublas.so.13) is not on the loader path; cudarc looks for {}",
+            cudarc::get_lib_name_candidates("cublas").join(", ")
+        ));
+    }
+    // SAFETY: a loadable library was just found, so `culib` (which panics when none loads)
+    // returns one; cudarc keeps it loaded for the process.
+    let lib = unsafe { bsys::culib() };
+    for name in SYMBOLS {
+        // SAFETY: the symbol is only looked up, never called through this pointer type.
+        if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
+            return Err(format!("the cuBLAS library found lacks `{name}`"));
+        }
+    }
+    Ok(())
+}
+
+/// A cuBLAS handle bound to one device's stream; destroyed on drop.
+pub(crate) struct Blas {
+    handle: bsys::cublasHandle_t,
+    /// The context the handle was created in, made current again to destroy it.
+    ctx: sys::CUcontext,
+    /// cuBLAS's version, `10000·major + 100·minor + patch`.
+    pub(crate) version: i32,
+}
+
+// SAFETY: cuBLAS handles may be used from any thread once their context is current (every
+// method binds it first); the owner serializes the calls through a mutex.
+unsafe impl Send for Blas {}
+
+impl Blas {
+    /// A handle for `ctx`'s device that queues its work on `stream`, so that it runs in
+    /// order with the kernels and copies queued there, with cuBLAS's default math mode.
+    pub(crate) fn new(ctx: &Context, stream: &Stream) -> Result<Blas, String> {
+        load().map_err(str::to_owned)?;
+        ctx.bind()
+            .map_err(|e| format!("cuCtxSetCurrent failed: {e}"))?;
+        // cuBLAS takes the device of the current context.
+        let handle = blas::create_handle().map_err(|e| format!("cublasCreate failed: {e}"))?;
+        // From here on, dropping `this` destroys the handle, on the error paths too.
+        let mut this = Blas {
+            handle,
+            ctx: ctx.ctx,
+            version: 0,
+        };
+        // SAFETY: the handle is live; the stream is live and belongs to the handle's context.
+        unsafe { blas::set_stream(handle, stream.0.cast()) }
+            .map_err(|e| format!("cublasSetStream failed: {e}"))?;
+        // A new handle already has the default mode; stating it keeps the precision promise
+        // here, where it is made: `f32` products in full `f32`, never TF32 tensor cores
+        // (PyTorch's default for matmul too).
+        // SAFETY: the handle is live; the mode is one of the enum's values.
+        unsafe { bsys::cublasSetMathMode(handle, bsys::cublasMath_t::CUBLAS_DEFAULT_MATH) }
+            .result()
+            .map_err(|e| format!("cublasSetMathMode failed: {e}"))?;
+        let mut version: c_int = 0;
+        // SAFETY: the handle is live; writes one int through a valid pointer.
+        unsafe { bsys::cublasGetVersion_v2(handle, &raw mut version) }
+            .result()
+            .map_err(|e| format!("cublasGetVersion failed: {e}"))?;
+        this.version = version;
+        Ok(this)
+    }
+
+    /// Queues the GEMM `g` on the handle's stream, in `precision`: `C'` at device address
+    /// `c` from `A'` at `a` and `B'` at `b` (see [`Gemm`]), `alpha = 1`, `beta = 0`. The
+    /// caller has checked, with [`crate::matmul::plan`], that each address starts a live
+    /// allocation of this context holding every element the call reads or writes, and that
+    /// `c`'s allocation is neither input's. `Err` names the call that failed.
+    pub(crate) fn gemm(
+        &self,
+        ctx: &Context,
+        precision: Precision,
+        g: &Gemm,
+        [a, b, c]: [u64; 3],
+    ) -> Result<(), String> {
+        ctx.bind()
+            .map_err(|e| format!("cuCtxSetCurrent failed: {e}"))?;
+        let op = |transposed: bool| {
+            if transposed {
+                bsys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                bsys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (ta, tb) = (op(g.transa), op(g.transb));
+        let h = self.handle;
+        // Device addresses, never dereferenced on the host.
+        let input = |addr: u64| std::ptr::with_exposed_provenance::<c_void>(addr as usize);
+        let (a, b) = (input(a), input(b));
+        let c = std::ptr::with_exposed_provenance_mut::<c_void>(c as usize);
+        let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
+        let batched = g.batch > 1;
+        // SAFETY: the handle is live and its context current. `a`, `b` and `c` lie in live
+        // allocations of this context, large enough for every element the sizes, leading
+        // dimensions and batch strides of `g` reach (the caller's checks), and the memory
+        // pool keeps them allocated until the work queued on this stream before their reuse
+        // has run. `alpha` and `beta` point to host locals: in cuBLAS's default (host)
+        // pointer mode they are read before the call returns.
+        let (routine, result) = unsafe {
+            match (precision, batched) {
+                (Precision::F32, false) => (
+                    "cublasSgemm_v2",
+                    blas::sgemm(
+                        h,
+                        ta,
+                        tb,
+                        g.m,
+                        g.n,
+                        g.k,
+                        &raw const one32,
+                        a.cast(),
+                        g.lda,
+                        b.cast(),
+                        g.ldb,
+                        &raw const zero32,
+                        c.cast(),
+                        g.ldc,
+                    ),
+                ),
+                (Precision::F64, false) => (
+                    "cublasDgemm_v2",
+                    blas::dgemm(
+                        h,
+                        ta,
+                        tb,
+                        g.m,
+                        g.n,
+                        g.k,
+                        &raw const one64,
+                        a.cast(),
+                        g.lda,
+                        b.cast(),
+                        g.ldb,
+                        &raw const zero64,
+                        c.cast(),
+                        g.ldc,
+                    ),
+                ),
+                (Precision::F32, true) => (
+                    "cublasSgemmStridedBatched",
+                    blas::sgemm_strided_batched(
+                        h,
+                        ta,
+                        tb,
+                        g.m,
+                        g.n,
+                        g.k,
+                        &raw const one32,
+                        a.cast(),
+                        g.lda,
+                        g.stride_a,
+                        b.cast(),
+                        g.ldb,
+                        g.stride_b,
+                        &raw const zero32,
+                        c.cast(),
+                        g.ldc,
+                        g.stride_c,
+                        g.batch,
+                    ),
+                ),
+                (Precision::F64, true) => (
+                    "cublasDgemmStridedBatched",
+                    blas::dgemm_strided_batched(
+                        h,
+                        ta,
+                        tb,
+                        g.m,
+                        g.n,
+                        g.k,
+                        &raw const one64,
+                        a.cast(),
+                        g.lda,
+                        g.stride_a,
+                        b.cast(),
+                        g.ldb,
+                        g.stride_b,
+                        &raw const zero64,
+                        c.cast(),
+                        g.ldc,
+                        g.stride_c,
+                        g.batch,
+                    ),
+                ),
+            }
+        };
+        result.map_err(|e| format!("{routine} failed: {e}"))
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: the context outlives the handle (its device destroys the handle before
+        // releasing the context); the handle is destroyed once, here. cuBLAS finishes the
+        // work it queued before releasing what that work uses.
+        let result = unsafe {
+            cu::ctx::set_current(self.ctx)
+                .map_err(|e| e.to_string())
+                .and_then(|()| blas::destroy_handle(self.handle).map_err(|e| e.to_string()))
+        };
+        if let Err(e) = result {
+            tracing::debug!("tessel-cuda: destroying a cuBLAS handle failed: {e}");
+        }
+    }
+}
