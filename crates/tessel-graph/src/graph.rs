@@ -122,6 +122,33 @@ impl Op {
         }
     }
 
+    /// The same op with every operand `c` replaced by `f(c)`, in operand order; payloads
+    /// (axes, pads, values) are kept.
+    #[must_use]
+    pub fn map_children(&self, mut f: impl FnMut(NodeId) -> NodeId) -> Op {
+        match self {
+            Op::Leaf(_) | Op::Const(_) | Op::Index(_) => self.clone(),
+            Op::Unary(u, a) => Op::Unary(*u, f(*a)),
+            Op::Binary(b, x, y) => {
+                let x = f(*x);
+                Op::Binary(*b, x, f(*y))
+            }
+            Op::Ternary(t, x, y, z) => {
+                let (x, y) = (f(*x), f(*y));
+                Op::Ternary(*t, x, y, f(*z))
+            }
+            Op::Cast(a) => Op::Cast(f(*a)),
+            Op::Bitcast(a) => Op::Bitcast(f(*a)),
+            Op::Reshape(a) => Op::Reshape(f(*a)),
+            Op::Permute(a, perm) => Op::Permute(f(*a), perm.clone()),
+            Op::Expand(a) => Op::Expand(f(*a)),
+            Op::Pad(a, pads, value) => Op::Pad(f(*a), pads.clone(), *value),
+            Op::Shrink(a, ranges) => Op::Shrink(f(*a), ranges.clone()),
+            Op::Flip(a, axes) => Op::Flip(f(*a), axes.clone()),
+            Op::Reduce(r, a, axes) => Op::Reduce(*r, f(*a), axes.clone()),
+        }
+    }
+
     /// Whether the op only moves elements (its value at a coordinate is the operand's value
     /// at another coordinate, or a pad constant).
     pub fn is_movement(&self) -> bool {

@@ -133,11 +133,27 @@ impl std::error::Error for KernelizeError {}
 /// Builds the schedule that computes `targets`. Targets that are already leaves need no
 /// kernel. Leaves appear as [`Slot::Input`]s numbered as [`signature`] numbers them.
 pub fn kernelize(graph: &Graph, targets: &[NodeId]) -> Result<Schedule, KernelizeError> {
+    kernelize_with(graph, targets, &[])
+}
+
+/// [`kernelize`], with the nodes of `separate` also materialized, each by a kernel of its
+/// own (never absorbed as a second output of a consumer's kernel): an alternative
+/// partition, e.g. one where a library routine can write a product its consumers read.
+pub fn kernelize_with(
+    graph: &Graph,
+    targets: &[NodeId],
+    separate: &[NodeId],
+) -> Result<Schedule, KernelizeError> {
     let order = graph.toposort(targets);
     let (_, leaves) = signature(graph, targets);
     let leaf_slot: FxHashMap<LeafId, usize> =
         leaves.iter().enumerate().map(|(i, &l)| (l, i)).collect();
-    let materialized = choose_materialized(graph, &order, targets);
+    let mut materialized = choose_materialized(graph, &order, targets);
+    materialized.extend(
+        separate
+            .iter()
+            .filter(|n| !matches!(graph.node(**n).op, Op::Leaf(_))),
+    );
 
     // Lower consumers before producers so a consumer can absorb a producer it evaluates at
     // its own coordinates; `absorbed` records who wrote what.
@@ -158,6 +174,7 @@ pub fn kernelize(graph: &Graph, targets: &[NodeId]) -> Result<Schedule, Kerneliz
             .copied()
             .filter(|m| {
                 *m != root
+                    && !separate.contains(m)
                     && !written_by.contains_key(m)
                     && graph.node(*m).shape == graph.node(root).shape
             })

@@ -1,17 +1,33 @@
 //! Tessel's lazy tensor graph and the kernelizer that fuses it into kernel IR.
 //!
+//! - [`egraph`]: every equivalent form of a value in one class ([`EGraph`]), rewrites as
+//!   data ([`Rewrite`], [`rules()`]), saturation within a [`Budget`], and extraction of
+//!   the cheapest form back into a graph ([`simplify()`]).
+//! - [`extract`](mod@extract): the cheapest closed, acyclic set of measured candidates
+//!   that produces the wanted values ([`extract::extract`]).
 //! - [`graph`]: hash-consed, reference-counted nodes ([`Graph`], [`Node`], [`Op`]).
 //! - [`kernelize`](mod@kernelize): which values get buffers, which ops fuse, and the
 //!   lowering of each kernel to `tessel_ir` ([`kernelize()`], [`Schedule`]).
+//! - [`vendor`]: values a library routine can compute (matrix products), as alternatives
+//!   to the generated kernels ([`find_matmuls`]).
 //!
 //! **Architecture Invariant:** `tessel-graph` never emits source code and never touches a
 //! device: it produces `tessel_ir::Kernel`s and a schedule of buffer slots.
 
+pub mod egraph;
+pub mod extract;
 pub mod graph;
 pub mod kernelize;
 mod lower;
+pub mod vendor;
 
+pub use egraph::{
+    Budget, ClassId, EClass, EGraph, ENode, Extraction, Rewrite, SaturationReport, Simplified,
+    StopReason, rules, simplify,
+};
 pub use graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
+pub use vendor::{VendorMatch, find_matmuls};
 pub use kernelize::{
-    KernelizeError, Schedule, ScheduledKernel, Signature, Slot, kernelize, signature,
+    KernelizeError, Schedule, ScheduledKernel, Signature, Slot, kernelize, kernelize_with,
+    signature,
 };

@@ -12,6 +12,7 @@ mod device;
 mod element;
 mod error;
 mod ops;
+mod planner;
 mod runtime;
 mod tensor;
 

@@ -16,12 +16,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use rustc_hash::FxHashMap;
-use tessel_graph::{Graph, LeafId, Node, NodeId, Op, Signature, Slot, kernelize, signature};
-use tessel_ir::{Backend, BufferId, ProgramId};
-use tessel_shape::{Bindings, DType, Dim};
+use tessel_graph::{Graph, LeafId, Node, NodeId, Op, Signature, signature};
+use tessel_ir::{Backend, BufferId};
+use tessel_shape::{Bindings, DType};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::planner::{self, Plan, PlanSlot};
 
 /// Plans kept per runtime before the oldest is evicted.
 pub const PLAN_CACHE_LIMIT: usize = 512;
@@ -39,37 +40,6 @@ pub(crate) struct State {
     next_leaf: u64,
     plans: FxHashMap<(Signature, Device), Arc<Plan>>,
     plan_order: VecDeque<(Signature, Device)>,
-}
-
-/// A compiled schedule, replayable on any leaves with the same signature.
-pub(crate) struct Plan {
-    device: Device,
-    backend: Arc<dyn Backend>,
-    kernels: Vec<PlanKernel>,
-    /// Materialized nodes by topological position, with dtype and element count.
-    buffers: Vec<(usize, DType, Dim)>,
-}
-
-struct PlanKernel {
-    program: ProgramId,
-    /// Per buffer parameter: a leaf (by signature order) or a buffer (by position).
-    args: Vec<PlanSlot>,
-}
-
-#[derive(Clone, Copy)]
-enum PlanSlot {
-    Input(usize),
-    Node(usize),
-}
-
-impl Drop for Plan {
-    fn drop(&mut self) {
-        for k in &self.kernels {
-            if let Err(e) = self.backend.release(k.program) {
-                tracing::warn!("releasing a program on {}: {e}", self.device);
-            }
-        }
-    }
 }
 
 /// What one realize did.
@@ -242,40 +212,26 @@ impl Runtime {
         let plan = if let Some(plan) = st.plans.get(&key) {
             plan.clone()
         } else {
-            let schedule =
-                kernelize(&st.graph, &targets).map_err(|e| Error::Internal(e.to_string()))?;
+            let parts = planner::partition(&st.graph, &targets, &order)?;
             drop(st);
             // Compile without the lock: other threads keep recording.
-            let pos: FxHashMap<NodeId, usize> =
-                order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-            let mut kernels = Vec::with_capacity(schedule.kernels.len());
-            for k in &schedule.kernels {
-                tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{}", k.kernel.name, k.kernel);
-                let program = backend.compile(device.ordinal, &k.kernel)?;
-                report.compiled += 1;
-                let args = k
-                    .args
-                    .iter()
-                    .map(|a| match a {
-                        Slot::Input(i) => PlanSlot::Input(*i),
-                        Slot::Node(n) => PlanSlot::Node(pos[n]),
-                    })
-                    .collect();
-                kernels.push(PlanKernel { program, args });
-            }
+            let compiled = planner::compile(parts, &backend, device)?;
+            report.compiled += compiled.built;
             self.compiled
-                .fetch_add(report.compiled as u64, Ordering::Relaxed);
-            let buffers = schedule
-                .buffers
-                .iter()
-                .map(|(n, d, len)| (pos[n], *d, *len))
-                .collect();
-            let plan = Arc::new(Plan {
-                device,
-                backend: backend.clone(),
-                kernels,
-                buffers,
-            });
+                .fetch_add(compiled.built as u64, Ordering::Relaxed);
+            let plan = if compiled.needs_choice() {
+                // Candidates are measured on this realize's own inputs.
+                let mut st = self.lock();
+                let mut inputs = Vec::with_capacity(leaves.len());
+                for leaf in &leaves {
+                    inputs.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
+                }
+                drop(st);
+                planner::choose(compiled, &inputs)?
+            } else {
+                compiled.default_plan()
+            };
+            let plan = Arc::new(plan);
             st = self.lock();
             // Another thread may have realized part of this subgraph meanwhile; the plan is
             // still right for the structure it was built for, but not for the graph now.

@@ -1,0 +1,208 @@
+//! The built-in rule set, one table; each rule says why it is sound and for which dtypes.
+//!
+//! "Exact" means the rewritten form computes the same bits as the original on every input
+//! (NaN payloads aside), as [`Scalar`] defines the ops. Two rules are exact only in real
+//! arithmetic and are flagged: `exp-log` and the `sum-*` pair on floats.
+
+use std::sync::LazyLock;
+
+use tessel_shape::{BinaryOp, DType, Scalar, TernaryOp, UnaryOp};
+
+use super::rewrite::is_permutation;
+use super::{ClassId, Condition, EGraph, ENode, Match, Rewrite, RewriteError};
+use crate::graph::{NodeId, Op};
+
+static RULES: LazyLock<Vec<Rewrite>> = LazyLock::new(build);
+
+/// The built-in rewrites: the algebraic identities, movement folding, sum distribution and
+/// constant folding listed in this module's table.
+pub fn rules() -> &'static [Rewrite] {
+    &RULES
+}
+
+type Built = Result<Rewrite, RewriteError>;
+
+fn rw(name: &'static str, lhs: &'static str, rhs: &'static str, when: &[Condition]) -> Built {
+    Rewrite::new(name, lhs, rhs, when)
+}
+
+fn rw_fn(name: &'static str, lhs: &'static str, rhs: fn(&mut EGraph, &Match) -> Option<ClassId>) -> Built {
+    Rewrite::with_fn(name, lhs, rhs, &[])
+}
+
+#[rustfmt::skip]
+fn build() -> Vec<Rewrite> {
+    use Condition::{IdentityPerm, Integer, NotNegZero, SameShape, SignClear};
+    let table: Vec<Built> = vec![
+        // x * 1 = x: exact on every dtype (NaN * 1 = NaN, -0 * 1 = -0; bool: x and true).
+        rw("mul-one",         "(mul ?x 1)",                   "?x",                  &[]),
+        rw("one-mul",         "(mul 1 ?x)",                   "?x",                  &[]),
+        // x + 0 = x: exact on integers and bool (x or false); on floats only where x has
+        // no -0 (-0 + +0 = +0), i.e. sign-clear x.
+        rw("add-zero",        "(add ?x 0)",                   "?x",                  &[NotNegZero("?x")]),
+        rw("zero-add",        "(add 0 ?x)",                   "?x",                  &[NotNegZero("?x")]),
+        // x + -0 = x: exact on floats, the only dtypes with a -0.
+        rw("add-neg-zero",    "(add ?x -0)",                  "?x",                  &[]),
+        rw("neg-zero-add",    "(add -0 ?x)",                  "?x",                  &[]),
+        // x - 0 = x: exact on every dtype sub supports (-0 - +0 = -0).
+        rw("sub-zero",        "(sub ?x 0)",                   "?x",                  &[]),
+        // x - x = 0: integers only (wrapping). Floats: inf - inf and NaN - NaN are NaN;
+        // sub is not defined on bool.
+        rw("sub-self",        "(sub ?x ?x)",                  "0",                   &[Integer("?x")]),
+        // -(-x) = x: exact on floats (two sign flips) and integers (wrapping: -MIN = MIN).
+        rw("neg-neg",         "(neg (neg ?x))",               "?x",                  &[]),
+        // exp(log x) = x for sign-clear x (floats only: exp and log are): log +0 = -inf
+        // and exp -inf = +0, NaN stays NaN, +inf stays +inf. FLAGGED: for positive x exact
+        // in real arithmetic only; the rewritten form skips two roundings (and the
+        // original's overflow to inf for x within an ulp of the dtype's max).
+        rw("exp-log",         "(exp (log ?x))",               "?x",                  &[SignClear("?x")]),
+        // Movement composition: exact on every dtype (only coordinates change).
+        rw("permute-id",      "(permute $p ?x)",              "?x",                  &[IdentityPerm("$p")]),
+        rw_fn("permute-permute", "(permute $q (permute $p ?x))", compose_permutes),
+        rw("reshape-reshape", "(reshape (reshape ?x))",       "(reshape ?x)",        &[]),
+        rw("reshape-id",      "(reshape ?x)",                 "?x",                  &[SameShape("?x", "root")]),
+        rw("expand-id",       "(expand ?x)",                  "?x",                  &[SameShape("?x", "root")]),
+        // sum a + sum b = sum (a + b), same axes and operand shapes, both ways: exact on
+        // integers (wrapping addition is associative) and bool (or). FLAGGED: floats up to
+        // rounding (the additions are reassociated).
+        rw("sum-add",         "(add (reduce-sum $ax ?a) (reduce-sum $ax ?b))",
+                              "(reduce-sum $ax (add ?a ?b))",                        &[SameShape("?a", "?b")]),
+        rw("sum-split",       "(reduce-sum $ax (add ?a ?b))",
+                              "(add (reduce-sum $ax ?a) (reduce-sum $ax ?b))",       &[]),
+        // Constant folding through Scalar: see `folded`.
+        Ok(Rewrite::custom("const-fold", |egraph, class, node| {
+            egraph.class(class).constant().is_none() && folded(egraph, node).is_some()
+        }, fold)),
+    ];
+    table
+        .into_iter()
+        .filter_map(|rule| {
+            rule.map_err(|e| {
+                debug_assert!(false, "{e}");
+                tracing::error!(target: "tessel::egraph", "built-in {e}");
+            })
+            .ok()
+        })
+        .collect()
+}
+
+/// `permute(permute(x, p), q)`: axis `k` of the result is axis `q[k]` of the inner
+/// permute, which is axis `p[q[k]]` of `x`. The identity composition is `x` itself.
+fn compose_permutes(egraph: &mut EGraph, m: &Match) -> Option<ClassId> {
+    let (q, p, x) = (m.subst.axes("$q")?, m.subst.axes("$p")?, m.subst.class("?x")?);
+    let composed: Box<[usize]> = q.iter().map(|&k| p.get(k).copied()).collect::<Option<_>>()?;
+    if !is_permutation(&composed, composed.len()) {
+        return None;
+    }
+    if composed.iter().enumerate().all(|(i, &a)| i == a) {
+        return Some(x);
+    }
+    let (root, inner) = (egraph.class(m.class), egraph.class(x));
+    let (dtype, shape) = (root.dtype(), root.shape().clone());
+    let shape_ok = composed
+        .iter()
+        .zip(shape.iter())
+        .all(|(&a, d)| inner.shape()[a] == *d);
+    debug_assert!(shape_ok, "permute composition {composed:?} of {:?}", m.node);
+    shape_ok.then(|| egraph.add(ENode::new(Op::Permute(x.operand(), composed), dtype, shape)))
+}
+
+/// Replaces a foldable e-node by its constant (see [`folded`]).
+fn fold(egraph: &mut EGraph, m: &Match) -> Option<ClassId> {
+    let value = folded(egraph, &m.node)?;
+    let node = ENode::new(Op::Const(value), m.node.dtype(), m.node.shape().clone());
+    Some(egraph.add(node))
+}
+
+/// The constant an e-node over constant classes equals, where every backend computes that
+/// value exactly as [`Scalar`] does:
+/// - integers and `bool`: every op (`Scalar` defines wrapping, division by zero, shifts
+///   past the width, and the emitters guard to match);
+/// - floats: ops IEEE 754 rounds correctly on every backend: `neg`, `abs`, `sign`, the
+///   rounding ops, `isnan`, `isinf`, `add`, `sub`, `mul`, `max`, `min`, comparisons,
+///   `where`, casts (except `f64` to `f16`/`bf16`, which Tessel rounds once and a device
+///   may round twice) and bitcasts. Not `div`, `rem`, `pow`, `recip`, `sqrt`, `rsqrt`,
+///   the transcendentals or a float `mad`: WGSL and OpenCL allow ulps of error (and
+///   unfused `mad`) there, so the device result may differ from Rust's;
+/// - movement of a constant (reshape, permute, expand, flip, shrink, and a pad with the
+///   same value) is that constant in the new shape.
+///
+/// Denormals: a device that flushes them may differ from the folded value there.
+fn folded(egraph: &EGraph, node: &ENode) -> Option<Scalar> {
+    let konst = |c: &NodeId| egraph.class(ClassId::of_operand(*c)).constant();
+    let value = match node.op() {
+        Op::Unary(op, a) => {
+            let a = konst(a)?;
+            let exact = matches!(
+                op,
+                UnaryOp::Neg
+                    | UnaryOp::Abs
+                    | UnaryOp::Sign
+                    | UnaryOp::Floor
+                    | UnaryOp::Ceil
+                    | UnaryOp::Round
+                    | UnaryOp::Trunc
+                    | UnaryOp::IsNan
+                    | UnaryOp::IsInf
+            );
+            if a.dtype().is_float() && !exact {
+                return None;
+            }
+            a.unary(*op).ok()?
+        }
+        Op::Binary(op, a, b) => {
+            let (a, b) = (konst(a)?, konst(b)?);
+            let exact = op.is_comparison()
+                || matches!(
+                    op,
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min
+                );
+            if a.dtype().is_float() && !exact {
+                return None;
+            }
+            a.binary(*op, b).ok()?
+        }
+        Op::Ternary(op, a, b, c) => {
+            let (a, b, c) = (konst(a)?, konst(b)?, konst(c)?);
+            if *op == TernaryOp::MulAdd && a.dtype().is_float() {
+                return None;
+            }
+            Scalar::ternary(*op, a, b, c).ok()?
+        }
+        Op::Cast(a) => {
+            let a = konst(a)?;
+            if a.dtype() == DType::F64 && matches!(node.dtype(), DType::F16 | DType::BF16) {
+                return None;
+            }
+            a.cast(node.dtype())
+        }
+        Op::Bitcast(a) => konst(a)?.bitcast(node.dtype()).ok()?,
+        Op::Reshape(a) | Op::Permute(a, _) | Op::Expand(a) | Op::Flip(a, _) | Op::Shrink(a, _) => {
+            konst(a)?
+        }
+        Op::Pad(a, _, pad) => {
+            let a = konst(a)?;
+            if a != pad.cast(node.dtype()) {
+                return None;
+            }
+            a
+        }
+        Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Reduce(..) => return None,
+    };
+    (value.dtype() == node.dtype()).then_some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_built_in_rule_builds() {
+        let names: Vec<&str> = rules().iter().map(Rewrite::name).collect();
+        assert_eq!(names.len(), 18, "{names:?}");
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "rule names are unique");
+    }
+}

@@ -1,0 +1,1092 @@
+//! Extraction: the cheapest closed set of measured candidates that produces the targets.
+//!
+//! The e-graph planner hands this module pure data: values ([`ClassId`]s), the classes that
+//! are already realized (free), the classes the caller wants, and [`Candidate`] programs, each
+//! writing one or more classes from the classes it reads at a measured cost. [`extract`]
+//! picks the candidates to run.
+//!
+//! # Invariants of a plan
+//!
+//! - *Closed*: every target and every class a chosen candidate reads is available or written
+//!   by a chosen candidate.
+//! - *Single writer*: no class is written by two chosen candidates. An available class counts
+//!   as written already: a leaf keeps its own buffer, so a candidate that would overwrite it
+//!   is never chosen.
+//! - *Acyclic*: the chosen candidates run in an order where each runs after the producers of
+//!   what it reads. [`Extraction::chosen`] is such an order.
+//!
+//! The cost of a plan is the sum of its candidates' costs; a producer shared by several
+//! consumers is paid once, which is why the best plan is a set, not a tree per target.
+//!
+//! # Algorithm
+//!
+//! 1. **Tree costs** (Knuth's generalisation of Dijkstra to AND-OR graphs): a candidate is
+//!    ready once all its reads are settled; its tree cost is its cost plus its reads' tree
+//!    costs, and a class settles at its cheapest ready producer. Classes that only cycles can
+//!    produce never settle, so cycles need no special case, and candidates reading such a
+//!    class are dropped: they cannot be in any acyclic plan. Settling order gives each class
+//!    a `rank`; it is near-linear (`O((C + E) log C)`).
+//! 2. **Greedy plan** (the upper bound): from the targets, highest rank first (consumers
+//!    before producers), give each needed class its cheapest-by-tree-cost producer that
+//!    writes no class already written and closes no cycle (the check of step 3). No
+//!    backtracking: if a class has no such producer, only the search can find a plan.
+//! 3. **Branch and bound**: depth first, pick the unresolved needed class of highest rank and
+//!    try its producers in tree-cost order, skipping any that would write a written class or
+//!    close a cycle (a walk from its reads through chosen writers reaching its writes). A node
+//!    is pruned when `cost so far + lower bound` cannot beat the plans kept. The lower bound
+//!    sums, over unresolved classes, the cheapest `cost / writes.len()` among their
+//!    producers. It is admissible: each unresolved class is written by exactly one new
+//!    candidate, which writes at most `writes.len()` of them, so the shares charged to a
+//!    candidate never exceed its cost.
+//!
+//! The search keeps the two cheapest distinct plans (pruning against the second), so
+//! [`Extraction::runner_up`] is the true second-best plan when the search completes and the
+//! runtime has a fallback if the winner fails; [`Problem::without`] re-extracts without a
+//! failed candidate. Search is bounded by a [`Budget`]; when it runs out the best plan so far
+//! (at worst the greedy one) is returned with `exhausted: true`.
+//!
+//! Unlike the seed's extraction (zyx 0.17), nothing here panics on a bad problem (errors
+//! name the class), two candidates never write one class, a cycle is never chosen, the
+//! search is budgeted instead of exponential, and the bound prunes before costs add up.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+
+/// A value (e-class) of the extraction problem; prints as `c{N}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClassId(pub u32);
+
+impl fmt::Display for ClassId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "c{}", self.0)
+    }
+}
+
+/// A program that could run: it reads some classes and writes others.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// The caller's identifier (e.g. an e-node id); opaque to extraction.
+    pub id: usize,
+    /// The classes it produces; a candidate writing nothing is never chosen.
+    pub writes: Vec<ClassId>,
+    /// The classes it needs.
+    pub reads: Vec<ClassId>,
+    /// Measured time in seconds; finite and non-negative.
+    pub cost: f64,
+}
+
+/// An extraction problem: candidates, free classes and wanted classes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Problem {
+    /// Every candidate; [`Extraction::chosen`] indexes this vector.
+    pub candidates: Vec<Candidate>,
+    /// Classes available for free (realized buffers).
+    pub available: Vec<ClassId>,
+    /// Classes the plan must produce (or find available).
+    pub targets: Vec<ClassId>,
+}
+
+impl Problem {
+    /// The same problem without the candidates whose [`Candidate::id`] is in `excluded`, e.g.
+    /// to re-extract after a chosen candidate failed to run. Indices shift: map the new
+    /// extraction's indices through the new problem's candidates.
+    pub fn without(&self, excluded: &[usize]) -> Problem {
+        let mut rest = self.clone();
+        rest.candidates.retain(|c| !excluded.contains(&c.id));
+        rest
+    }
+}
+
+/// Limits on the branch-and-bound search; the greedy plan is always computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Search nodes (partial plans expanded) at most.
+    pub max_nodes: usize,
+    /// Wall-clock time at most, counted from the call to [`extract`].
+    pub max_time: Duration,
+}
+
+impl Default for Budget {
+    /// 20 000 nodes or 20 ms, whichever comes first.
+    fn default() -> Self {
+        Budget {
+            max_nodes: 20_000,
+            max_time: Duration::from_millis(20),
+        }
+    }
+}
+
+/// The result of [`extract`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Extraction {
+    /// Indices into [`Problem::candidates`], in a valid execution order (producers first).
+    pub chosen: Vec<usize>,
+    /// Sum of the chosen candidates' costs.
+    pub cost: f64,
+    /// The cheapest other plan found (same format as `chosen`) and its cost: the fallback if
+    /// the winner fails at execution.
+    pub runner_up: Option<(Vec<usize>, f64)>,
+    /// The budget ran out before the search finished, so `chosen` may not be optimal.
+    pub exhausted: bool,
+    /// Search nodes expanded.
+    pub nodes_explored: usize,
+}
+
+/// Why no plan could be extracted.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExtractError {
+    /// A candidate's cost is NaN, infinite or negative.
+    InvalidCost {
+        /// The candidate's [`Candidate::id`].
+        id: usize,
+        /// The offending cost.
+        cost: f64,
+    },
+    /// `class` is needed for `target` but is not available and no candidate can write it.
+    NoProducer {
+        /// The class nothing produces.
+        class: ClassId,
+        /// The target that needs it.
+        target: ClassId,
+    },
+    /// Every way to produce `target` depends on itself: only cyclic plans exist.
+    OnlyCyclic {
+        /// The target.
+        target: ClassId,
+    },
+    /// Each target is producible alone, but every plan found needs two candidates writing one
+    /// class (or a cycle between them).
+    NoValidPlan {
+        /// The targets.
+        targets: Vec<ClassId>,
+        /// The search stopped on its budget, so a plan may still exist.
+        exhausted: bool,
+    },
+}
+
+impl fmt::Display for ExtractError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExtractError::InvalidCost { id, cost } => {
+                write!(f, "candidate {id} has cost {cost}, not a finite time >= 0")
+            }
+            ExtractError::NoProducer { class, target } => {
+                write!(
+                    f,
+                    "class {class}, needed for target {target}, has no producer"
+                )
+            }
+            ExtractError::OnlyCyclic { target } => {
+                write!(
+                    f,
+                    "target {target} can only be produced from itself (a cycle)"
+                )
+            }
+            ExtractError::NoValidPlan { targets, exhausted } => {
+                let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+                let why = if *exhausted {
+                    "found within the budget"
+                } else {
+                    "exists"
+                };
+                write!(
+                    f,
+                    "no plan producing {} without double writes {why}",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ExtractError {}
+
+/// Extracts the cheapest closed, single-writer, acyclic plan producing `problem.targets`.
+/// See the module docs for the algorithm and guarantees.
+pub fn extract(problem: &Problem, budget: Budget) -> Result<Extraction, ExtractError> {
+    let start = Instant::now();
+    let m = Model::new(problem)?;
+    for &t in &m.targets {
+        if m.tree[t] == f64::INFINITY {
+            return Err(m.diagnose(problem, t));
+        }
+    }
+    let mut s = Search::new(&m, budget, start);
+    if let Some(plan) = s.greedy() {
+        s.offer(plan);
+    }
+    s.run();
+    let Some((best, cost)) = s.best.take() else {
+        return Err(ExtractError::NoValidPlan {
+            targets: m.targets.iter().map(|&t| m.classes[t]).collect(),
+            exhausted: s.exhausted,
+        });
+    };
+    Ok(Extraction {
+        chosen: m.execution_order(&best),
+        cost,
+        runner_up: s
+            .second
+            .take()
+            .map(|(plan, c)| (m.execution_order(&plan), c)),
+        exhausted: s.exhausted,
+        nodes_explored: s.nodes,
+    })
+}
+
+/// Marks "no candidate" / "no rank" in dense tables.
+const NONE: usize = usize::MAX;
+
+/// Dense, validated form of a [`Problem`], shared by the greedy pass and the search.
+struct Model {
+    /// Dense class index to its id.
+    classes: Vec<ClassId>,
+    available: Vec<bool>,
+    /// Needed targets (not available), deduplicated.
+    targets: Vec<usize>,
+    /// Per candidate, deduplicated.
+    writes: Vec<Vec<usize>>,
+    /// Per candidate, deduplicated, available classes dropped (they order nothing).
+    reads: Vec<Vec<usize>>,
+    cost: Vec<f64>,
+    /// Per class: the candidates that may appear in some plan, cheapest tree cost first.
+    producers: Vec<Vec<usize>>,
+    /// Per class: tree cost (0 if available, infinite if only cycles produce it).
+    tree: Vec<f64>,
+    /// Per class: settling order of the tree-cost pass (0 for available, `NONE` if unsettled).
+    rank: Vec<usize>,
+    /// Per class: the admissible lower-bound share, min over producers of cost / writes.
+    share: Vec<f64>,
+}
+
+impl Model {
+    fn new(problem: &Problem) -> Result<Model, ExtractError> {
+        let cands = &problem.candidates;
+        if let Some(c) = cands.iter().find(|c| !c.cost.is_finite() || c.cost < 0.0) {
+            return Err(ExtractError::InvalidCost {
+                id: c.id,
+                cost: c.cost,
+            });
+        }
+        let mut index: FxHashMap<ClassId, usize> = FxHashMap::default();
+        let mut classes = Vec::new();
+        // Sorted, deduplicated dense indices; interns classes on first sight.
+        let mut dense = |ids: &[ClassId]| {
+            let mut new = |c| {
+                classes.push(c);
+                classes.len() - 1
+            };
+            let mut v: Vec<usize> = ids
+                .iter()
+                .map(|&c| *index.entry(c).or_insert_with(|| new(c)))
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let leaves = dense(&problem.available);
+        let mut targets = dense(&problem.targets);
+        let writes: Vec<Vec<usize>> = cands.iter().map(|c| dense(&c.writes)).collect();
+        let mut reads: Vec<Vec<usize>> = cands.iter().map(|c| dense(&c.reads)).collect();
+        let cost: Vec<f64> = cands.iter().map(|c| c.cost).collect();
+        let (n, np) = (classes.len(), cands.len());
+        let mut available = vec![false; n];
+        for c in leaves {
+            available[c] = true;
+        }
+        targets.retain(|&t| !available[t]);
+        for r in &mut reads {
+            r.retain(|&c| !available[c]);
+        }
+        // Never overwrite a realized buffer, and a candidate reading its own output is a
+        // cycle of one: neither can be in a plan, and the cycle check assumes neither.
+        let eligible: Vec<bool> = (0..np)
+            .map(|p| {
+                writes[p]
+                    .iter()
+                    .all(|&w| !available[w] && reads[p].binary_search(&w).is_err())
+            })
+            .collect();
+
+        // Tree costs (Knuth's AND-OR Dijkstra). `tree` is tentative until a class is ranked;
+        // heap keys are cost bits, since non-negative floats order like their bit patterns.
+        let mut readers = vec![Vec::new(); n];
+        for p in (0..np).filter(|&p| eligible[p]) {
+            reads[p].iter().for_each(|&r| readers[r].push(p));
+        }
+        let mut missing: Vec<usize> = reads.iter().map(Vec::len).collect();
+        let mut tree: Vec<f64> = available
+            .iter()
+            .map(|&a| if a { 0.0 } else { f64::INFINITY })
+            .collect();
+        let mut rank: Vec<usize> = available
+            .iter()
+            .map(|&a| if a { 0 } else { NONE })
+            .collect();
+        let mut ctree = vec![f64::INFINITY; np];
+        let mut ready: Vec<usize> = (0..np)
+            .filter(|&p| eligible[p] && missing[p] == 0)
+            .collect();
+        let (mut heap, mut settled) = (BinaryHeap::new(), 0);
+        loop {
+            for p in ready.drain(..) {
+                ctree[p] = cost[p] + reads[p].iter().map(|&r| tree[r]).sum::<f64>();
+                for &w in &writes[p] {
+                    if ctree[p] < tree[w] {
+                        tree[w] = ctree[p];
+                        heap.push(Reverse((ctree[p].to_bits(), w)));
+                    }
+                }
+            }
+            let Some(Reverse((_, c))) = heap.pop() else {
+                break;
+            };
+            if rank[c] == NONE {
+                settled += 1;
+                rank[c] = settled;
+                for &p in &readers[c] {
+                    missing[p] -= 1;
+                    if missing[p] == 0 {
+                        ready.push(p);
+                    }
+                }
+            }
+        }
+
+        // A candidate is usable iff all its reads settled: then its writes settled too.
+        let mut producers = vec![Vec::new(); n];
+        let mut share = vec![f64::INFINITY; n];
+        for p in (0..np).filter(|&p| eligible[p] && ctree[p].is_finite()) {
+            for &w in &writes[p] {
+                producers[w].push(p);
+                share[w] = share[w].min(cost[p] / writes[p].len() as f64);
+            }
+        }
+        for list in &mut producers {
+            list.sort_unstable_by(|&a, &b| {
+                ctree[a]
+                    .total_cmp(&ctree[b])
+                    .then(cost[a].total_cmp(&cost[b]))
+                    .then(a.cmp(&b))
+            });
+        }
+        Ok(Model {
+            classes,
+            available,
+            targets,
+            writes,
+            reads,
+            cost,
+            producers,
+            tree,
+            rank,
+            share,
+        })
+    }
+
+    /// Explains why `target` has no finite tree cost: the first class on its producer paths
+    /// that nothing writes, or else a cycle.
+    fn diagnose(&self, problem: &Problem, target: usize) -> ExtractError {
+        let mut seen = vec![false; self.classes.len()];
+        let mut stack = vec![target];
+        while let Some(c) = stack.pop() {
+            if std::mem::replace(&mut seen[c], true) {
+                continue;
+            }
+            // Any candidate writing `c` counts here, even one excluded from plans, so that
+            // a self-reading candidate is reported as a cycle rather than as no producer.
+            let writers: Vec<usize> = (0..problem.candidates.len())
+                .filter(|&p| {
+                    self.writes[p].contains(&c)
+                        && self.writes[p].iter().all(|&w| !self.available[w])
+                })
+                .collect();
+            if writers.is_empty() {
+                return ExtractError::NoProducer {
+                    class: self.classes[c],
+                    target: self.classes[target],
+                };
+            }
+            for p in writers {
+                stack.extend(
+                    self.reads[p]
+                        .iter()
+                        .filter(|&&r| self.tree[r].is_infinite()),
+                );
+            }
+        }
+        ExtractError::OnlyCyclic {
+            target: self.classes[target],
+        }
+    }
+
+    /// Orders an acyclic plan producers first (Kahn's algorithm, lowest index first on ties).
+    fn execution_order(&self, plan: &[usize]) -> Vec<usize> {
+        let mut writer = vec![NONE; self.classes.len()];
+        for &p in plan {
+            for &w in &self.writes[p] {
+                writer[w] = p;
+            }
+        }
+        let mut waiting = vec![0; self.cost.len()];
+        let mut consumers = vec![Vec::new(); self.cost.len()];
+        for &p in plan {
+            for &r in self.reads[p].iter().filter(|&&r| writer[r] != NONE) {
+                waiting[p] += 1;
+                consumers[writer[r]].push(p);
+            }
+        }
+        let mut ready: BinaryHeap<_> = plan
+            .iter()
+            .filter(|&&p| waiting[p] == 0)
+            .map(|&p| Reverse(p))
+            .collect();
+        let mut order = Vec::with_capacity(plan.len());
+        while let Some(Reverse(p)) = ready.pop() {
+            order.push(p);
+            for &q in &consumers[p] {
+                waiting[q] -= 1;
+                if waiting[q] == 0 {
+                    ready.push(Reverse(q));
+                }
+            }
+        }
+        debug_assert_eq!(order.len(), plan.len(), "extracted plan is cyclic");
+        order
+    }
+}
+
+/// One expanded search node: the class being resolved and the producer being tried.
+struct Frame {
+    class: usize,
+    next: usize,
+    cost: f64,
+    bound: f64,
+    taken: Option<usize>,
+}
+
+/// Branch-and-bound state (module docs, step 3). Explicit stack: depth grows with the
+/// number of classes, too deep for recursion on large graphs.
+struct Search<'a> {
+    m: &'a Model,
+    budget: Budget,
+    deadline: Option<Instant>,
+    /// Per class: the chosen candidate writing it, or `NONE`.
+    writer: Vec<usize>,
+    /// Per class: how many targets and chosen candidates need it.
+    need: Vec<usize>,
+    /// Needed, unwritten classes, and each one's position in it (`NONE` when absent).
+    unresolved: Vec<usize>,
+    pos: Vec<usize>,
+    chosen: Vec<usize>,
+    /// Epoch marks for the cycle walk, so it never clears per-class tables.
+    seen: Vec<u32>,
+    epoch: u32,
+    walk: Vec<usize>,
+    best: Option<(Vec<usize>, f64)>,
+    second: Option<(Vec<usize>, f64)>,
+    nodes: usize,
+    exhausted: bool,
+}
+
+impl<'a> Search<'a> {
+    fn new(m: &'a Model, budget: Budget, start: Instant) -> Self {
+        let n = m.classes.len();
+        let mut s = Search {
+            m,
+            budget,
+            deadline: start.checked_add(budget.max_time),
+            writer: vec![NONE; n],
+            need: vec![0; n],
+            unresolved: Vec::new(),
+            pos: vec![NONE; n],
+            chosen: Vec::new(),
+            seen: vec![0; n],
+            epoch: 0,
+            walk: Vec::new(),
+            best: None,
+            second: None,
+            nodes: 0,
+            exhausted: false,
+        };
+        for &t in &m.targets {
+            s.need_more(t);
+        }
+        s
+    }
+
+    fn add_unresolved(&mut self, c: usize) {
+        self.pos[c] = self.unresolved.len();
+        self.unresolved.push(c);
+    }
+
+    fn remove_unresolved(&mut self, c: usize) {
+        let i = std::mem::replace(&mut self.pos[c], NONE);
+        self.unresolved.swap_remove(i);
+        if let Some(&moved) = self.unresolved.get(i) {
+            self.pos[moved] = i;
+        }
+    }
+
+    fn need_more(&mut self, c: usize) {
+        self.need[c] += 1;
+        if self.need[c] == 1 && self.writer[c] == NONE {
+            self.add_unresolved(c);
+        }
+    }
+
+    fn choose(&mut self, p: usize) {
+        for &w in &self.m.writes[p] {
+            self.writer[w] = p;
+            if self.pos[w] != NONE {
+                self.remove_unresolved(w);
+            }
+        }
+        for &r in &self.m.reads[p] {
+            self.need_more(r);
+        }
+        self.chosen.push(p);
+    }
+
+    fn unchoose(&mut self, p: usize) {
+        self.chosen.pop();
+        for &r in &self.m.reads[p] {
+            self.need[r] -= 1;
+            if self.need[r] == 0 && self.pos[r] != NONE {
+                self.remove_unresolved(r);
+            }
+        }
+        for &w in &self.m.writes[p] {
+            self.writer[w] = NONE;
+            if self.need[w] > 0 {
+                self.add_unresolved(w);
+            }
+        }
+    }
+
+    /// The greedy plan (module docs, step 2), sorted; `None` when single-writer conflicts
+    /// or cycles leave a needed class without a producer, and only the search can find one.
+    /// Leaves the search state as it found it.
+    fn greedy(&mut self) -> Option<Vec<usize>> {
+        let m = self.m;
+        // Consumers before producers: a multi-output producer picked for a consumer's input
+        // then covers its other outputs instead of duplicating them. Reads are mostly
+        // unwritten when their consumer is chosen, so the cycle walks stay short.
+        let mut heap: BinaryHeap<(usize, usize)> =
+            self.unresolved.iter().map(|&c| (m.rank[c], c)).collect();
+        let mut complete = true;
+        while let Some((_, c)) = heap.pop() {
+            if self.writer[c] != NONE {
+                continue;
+            }
+            let mut usable = m.producers[c].iter().copied();
+            let Some(p) = usable.find(|&p| self.fits(p) && !self.closes_cycle(p)) else {
+                complete = false;
+                break;
+            };
+            self.choose(p);
+            heap.extend(
+                m.reads[p]
+                    .iter()
+                    .filter(|&&r| self.writer[r] == NONE)
+                    .map(|&r| (m.rank[r], r)),
+            );
+        }
+        let plan = complete.then(|| {
+            let mut plan = self.chosen.clone();
+            plan.sort_unstable();
+            plan
+        });
+        while let Some(&p) = self.chosen.last() {
+            self.unchoose(p);
+        }
+        plan
+    }
+
+    /// No class `p` writes is written yet.
+    fn fits(&self, p: usize) -> bool {
+        self.m.writes[p].iter().all(|&w| self.writer[w] == NONE)
+    }
+
+    /// Would choosing `p` close a cycle? Only if its reads reach its writes through the
+    /// chosen writers, since every cycle through `p` leaves by a read and returns by a write.
+    fn closes_cycle(&mut self, p: usize) -> bool {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        self.walk.clear();
+        self.walk.extend_from_slice(&self.m.reads[p]);
+        while let Some(c) = self.walk.pop() {
+            if self.m.writes[p].contains(&c) {
+                return true;
+            }
+            if self.seen[c] == epoch || self.writer[c] == NONE {
+                continue;
+            }
+            self.seen[c] = epoch;
+            self.walk.extend_from_slice(&self.m.reads[self.writer[c]]);
+        }
+        false
+    }
+
+    /// Keeps `plan` (sorted candidate indices) if it is among the two cheapest distinct plans.
+    fn offer(&mut self, plan: Vec<usize>) {
+        let is = |kept: &Option<(Vec<usize>, f64)>| kept.as_ref().is_some_and(|k| k.0 == plan);
+        if is(&self.best) || is(&self.second) {
+            return;
+        }
+        let cost: f64 = plan.iter().map(|&p| self.m.cost[p]).sum();
+        if self.best.as_ref().is_none_or(|b| cost < b.1) {
+            self.second = self.best.replace((plan, cost));
+        } else if self.second.as_ref().is_none_or(|s| cost < s.1) {
+            self.second = Some((plan, cost));
+        }
+    }
+
+    /// A node must beat the second plan kept to change the top two.
+    fn threshold(&self) -> f64 {
+        self.second.as_ref().map_or(f64::INFINITY, |s| s.1)
+    }
+
+    fn out_of_budget(&mut self) -> bool {
+        // Reading the clock every node would cost more than the node itself.
+        if self.nodes >= self.budget.max_nodes
+            || (self.nodes.is_multiple_of(64) && self.deadline.is_none_or(|d| Instant::now() >= d))
+        {
+            self.exhausted = true;
+        }
+        self.exhausted
+    }
+
+    /// Expands the current partial plan: records it if complete, returns its frame if worth
+    /// branching on.
+    fn expand(&mut self, cost: f64) -> Option<Frame> {
+        if self.out_of_budget() {
+            return None;
+        }
+        self.nodes += 1;
+        let (mut class, mut bound) = (NONE, 0.0);
+        for &c in &self.unresolved {
+            bound += self.m.share[c];
+            if class == NONE || self.m.rank[c] > self.m.rank[class] {
+                class = c;
+            }
+        }
+        if class == NONE {
+            let mut plan = self.chosen.clone();
+            plan.sort_unstable();
+            self.offer(plan);
+            return None;
+        }
+        (cost + bound < self.threshold()).then_some(Frame {
+            class,
+            next: 0,
+            cost,
+            bound,
+            taken: None,
+        })
+    }
+
+    /// Can `p` extend the frame's plan, and might the result beat the threshold?
+    fn admits(&mut self, p: usize, cost: f64, bound: f64) -> bool {
+        if !self.fits(p) {
+            return false;
+        }
+        // Children's bound is at least this: p's writes leave the frontier, its reads may join.
+        let freed: f64 = self.m.writes[p]
+            .iter()
+            .filter(|&&w| self.pos[w] != NONE)
+            .map(|&w| self.m.share[w])
+            .sum();
+        cost + self.m.cost[p] + (bound - freed) < self.threshold() && !self.closes_cycle(p)
+    }
+
+    fn run(&mut self) {
+        let m = self.m;
+        let mut stack: Vec<Frame> = self.expand(0.0).into_iter().collect();
+        while let Some(top) = stack.last_mut() {
+            if let Some(p) = top.taken.take() {
+                self.unchoose(p);
+            }
+            if self.exhausted {
+                break;
+            }
+            let mut child = None;
+            let producers = &m.producers[top.class];
+            while let Some(&p) = producers.get(top.next) {
+                top.next += 1;
+                if self.admits(p, top.cost, top.bound) {
+                    self.choose(p);
+                    top.taken = Some(p);
+                    child = Some(self.expand(top.cost + m.cost[p]));
+                    break;
+                }
+            }
+            match child {
+                None => drop(stack.pop()),
+                Some(Some(frame)) => stack.push(frame),
+                // A leaf or a pruned child: the next turn undoes `taken` and moves on.
+                Some(None) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustc_hash::FxHashSet;
+
+    type Spec<'a> = (&'a [u32], &'a [u32], f64);
+
+    /// Candidate `i` of `specs` gets id `10 + i`, so ids and indices never coincide.
+    fn problem(specs: &[Spec<'_>], available: &[u32], targets: &[u32]) -> Problem {
+        let ids = |v: &[u32]| v.iter().map(|&c| ClassId(c)).collect::<Vec<_>>();
+        let candidates = specs.iter().enumerate();
+        Problem {
+            candidates: candidates
+                .map(|(i, &(w, r, cost))| Candidate {
+                    id: 10 + i,
+                    writes: ids(w),
+                    reads: ids(r),
+                    cost,
+                })
+                .collect(),
+            available: ids(available),
+            targets: ids(targets),
+        }
+    }
+
+    fn big() -> Budget {
+        Budget {
+            max_nodes: usize::MAX,
+            max_time: Duration::from_secs(60),
+        }
+    }
+
+    fn sorted(mut v: Vec<usize>) -> Vec<usize> {
+        v.sort_unstable();
+        v
+    }
+
+    /// Runs `order` in sequence: each candidate reads only classes available or already
+    /// written, writes only fresh classes, and the targets end up produced.
+    fn valid_order(p: &Problem, order: &[usize]) -> bool {
+        let mut have: FxHashSet<ClassId> = p.available.iter().copied().collect();
+        let mut used = FxHashSet::default();
+        order.iter().all(|&i| {
+            let c = &p.candidates[i];
+            used.insert(i)
+                && c.reads.iter().all(|r| have.contains(r))
+                && c.writes.iter().all(|&w| have.insert(w))
+        }) && p.targets.iter().all(|t| have.contains(t))
+    }
+
+    /// Targets t1 = 1, t2 = 2 and a shared s = 3 over leaf 0 (the brief's example).
+    fn shared() -> Problem {
+        let specs: [Spec<'_>; 5] = [
+            (&[3], &[0], 5.0),
+            (&[1], &[3], 1.0),
+            (&[2], &[3], 1.0),
+            (&[1], &[0], 4.0),
+            (&[2], &[0], 4.0),
+        ];
+        problem(&specs, &[0], &[1, 2])
+    }
+
+    #[test]
+    fn cheaper_alternative_wins_and_runner_up_is_the_other() {
+        let p = problem(&[(&[1], &[0], 2.0), (&[1], &[0], 1.0)], &[0], &[1]);
+        let e = extract(&p, Budget::default()).unwrap();
+        assert_eq!((e.chosen, e.cost, e.exhausted), (vec![1], 1.0, false));
+        assert_eq!(e.runner_up, Some((vec![0], 2.0)));
+        // The runtime's fallback: drop the failed winner (by id) and extract again.
+        let rest = p.without(&[11]);
+        let again = extract(&rest, Budget::default()).unwrap();
+        assert_eq!(
+            (rest.candidates[again.chosen[0]].id, again.runner_up),
+            (10, None)
+        );
+    }
+
+    #[test]
+    fn shared_producer_beats_separately_cheap_ones() {
+        let p = shared();
+        let m = Model::new(&p).unwrap();
+        let greedy = Search::new(&m, big(), Instant::now()).greedy().unwrap();
+        assert_eq!(
+            sorted(greedy),
+            vec![3, 4],
+            "tree costs favour the separate producers"
+        );
+        let e = extract(&p, Budget::default()).unwrap();
+        assert_eq!(
+            (e.cost, e.chosen[0]),
+            (7.0, 0),
+            "the shared producer, first"
+        );
+        assert!(valid_order(&p, &e.chosen));
+        assert_eq!(e.runner_up.map(|r| r.1), Some(8.0));
+    }
+
+    #[test]
+    fn multi_output_candidate_against_single_ones() {
+        for (multi, expect) in [(3.0, vec![0]), (5.0, vec![1, 2])] {
+            let p = problem(
+                &[(&[1, 2], &[0], multi), (&[1], &[0], 2.0), (&[2], &[0], 2.0)],
+                &[0],
+                &[1, 2],
+            );
+            let e = extract(&p, big()).unwrap();
+            assert_eq!(sorted(e.chosen.clone()), expect);
+            assert!(valid_order(&p, &e.chosen), "never two writers of one class");
+        }
+    }
+
+    #[test]
+    fn cycles_are_never_chosen() {
+        // x = 1 from y = 2 and y from x, both cheap; x from the leaf, dear.
+        let p = problem(
+            &[(&[1], &[2], 1.0), (&[2], &[1], 1.0), (&[1], &[0], 10.0)],
+            &[0],
+            &[1, 2],
+        );
+        let e = extract(&p, big()).unwrap();
+        assert_eq!((e.chosen, e.cost, e.runner_up), (vec![2, 1], 11.0, None));
+        let err = extract(&p.without(&[12]), big()).unwrap_err();
+        assert_eq!(err, ExtractError::OnlyCyclic { target: ClassId(1) });
+        assert!(err.to_string().contains("target c1"), "{err}");
+        let selfish = problem(&[(&[1], &[1, 0], 1.0)], &[0], &[1]);
+        assert!(matches!(
+            extract(&selfish, big()),
+            Err(ExtractError::OnlyCyclic { .. })
+        ));
+    }
+
+    #[test]
+    fn missing_producer_names_the_class() {
+        let err = extract(&problem(&[(&[1], &[5], 1.0)], &[0], &[1]), big()).unwrap_err();
+        assert_eq!(
+            err,
+            ExtractError::NoProducer {
+                class: ClassId(5),
+                target: ClassId(1)
+            }
+        );
+        assert!(
+            err.to_string().contains("class c5, needed for target c1"),
+            "{err}"
+        );
+        let bad = problem(&[(&[1], &[0], f64::NAN)], &[0], &[1]);
+        assert!(matches!(
+            extract(&bad, big()),
+            Err(ExtractError::InvalidCost { id: 10, .. })
+        ));
+        // Each target alone is producible; together only by writing c2 twice.
+        let clash = problem(&[(&[1, 2], &[0], 1.0), (&[2, 3], &[0], 1.0)], &[0], &[1, 3]);
+        let err = extract(&clash, big()).unwrap_err();
+        assert!(matches!(
+            err,
+            ExtractError::NoValidPlan {
+                exhausted: false,
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("producing c1, c3"), "{err}");
+        // Overwriting a realized buffer is no way to produce a value.
+        let clobber = problem(&[(&[0, 1], &[], 1.0)], &[0], &[1]);
+        assert!(matches!(
+            extract(&clobber, big()),
+            Err(ExtractError::NoProducer { .. })
+        ));
+    }
+
+    #[test]
+    fn tiny_budget_returns_the_greedy_plan() {
+        for max_nodes in [0, 1] {
+            let e = extract(&shared(), Budget { max_nodes, ..big() }).unwrap();
+            assert_eq!((e.cost, e.exhausted), (8.0, true));
+            assert!(e.nodes_explored <= max_nodes && valid_order(&shared(), &e.chosen));
+        }
+    }
+
+    #[test]
+    fn execution_order_respects_dependencies() {
+        // d = 4 from b = 2 and c = 3, both from a = 1, from the leaf; consumers listed first.
+        let specs: [Spec<'_>; 4] = [
+            (&[4], &[2, 3], 1.0),
+            (&[3], &[1], 1.0),
+            (&[2], &[1], 1.0),
+            (&[1], &[0], 1.0),
+        ];
+        assert_eq!(
+            extract(&problem(&specs, &[0], &[4]), big()).unwrap().chosen,
+            vec![3, 1, 2, 0]
+        );
+        let nothing = extract(&problem(&[], &[0], &[0]), big()).unwrap();
+        assert_eq!((nothing.chosen, nothing.cost), (vec![], 0.0));
+    }
+
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((self.0 >> 33) % n as u64) as usize
+        }
+
+        fn class(&mut self, lo: usize, hi: usize) -> ClassId {
+            ClassId((lo + self.below(hi - lo)) as u32)
+        }
+    }
+
+    /// A problem over `classes` classes, the first `leaves` available: mostly a DAG, with
+    /// some cycles, second outputs and writes of leaves, and tied costs.
+    fn random_problem(rng: &mut Lcg, classes: usize, leaves: usize) -> Problem {
+        let mut candidates: Vec<Candidate> = Vec::new();
+        for id in 0..=rng.below(12) {
+            let mut writes = vec![rng.class(leaves, classes)];
+            if rng.below(4) == 0 {
+                let lo = if rng.below(5) == 0 { 0 } else { leaves };
+                let w = rng.class(lo, classes);
+                if w != writes[0] {
+                    writes.push(w);
+                }
+            }
+            let below = writes.iter().map(|w| w.0 as usize).min().unwrap();
+            let hi = if rng.below(5) == 0 {
+                classes
+            } else {
+                below.max(1)
+            };
+            let reads = (0..rng.below(3)).map(|_| rng.class(0, hi)).collect();
+            candidates.push(Candidate {
+                id,
+                writes,
+                reads,
+                cost: rng.below(10) as f64 * 0.5,
+            });
+        }
+        let mut targets = vec![rng.class(leaves, classes)];
+        if rng.below(2) == 0 {
+            targets.push(rng.class(0, classes));
+        }
+        Problem {
+            candidates,
+            available: (0..leaves as u32).map(ClassId).collect(),
+            targets,
+        }
+    }
+
+    /// Costs of every valid subset, and of the irredundant ones (each candidate writes
+    /// something needed): exactly the plans the search enumerates.
+    fn brute_force(p: &Problem) -> (Vec<f64>, Vec<f64>) {
+        let (mut all, mut irredundant) = (Vec::new(), Vec::new());
+        for mask in 0u32..1 << p.candidates.len() {
+            let set: Vec<&Candidate> = (0..p.candidates.len())
+                .filter(|i| mask >> i & 1 == 1)
+                .map(|i| &p.candidates[i])
+                .collect();
+            // Topological placement: fails exactly when the set is cyclic or not closed.
+            let mut order: Vec<usize> = Vec::new();
+            let mut have: FxHashSet<ClassId> = p.available.iter().copied().collect();
+            while let Some(i) = (0..set.len())
+                .find(|i| !order.contains(i) && set[*i].reads.iter().all(|r| have.contains(r)))
+            {
+                order.push(i);
+                have.extend(set[i].writes.iter().copied());
+            }
+            let sub = Problem {
+                candidates: set.iter().map(|&c| c.clone()).collect(),
+                ..p.clone()
+            };
+            if order.len() < set.len() || !valid_order(&sub, &order) {
+                continue;
+            }
+            let cost = set.iter().map(|c| c.cost).sum();
+            all.push(cost);
+            let needed =
+                |c: &ClassId| p.targets.contains(c) || set.iter().any(|d| d.reads.contains(c));
+            if set.iter().all(|c| c.writes.iter().any(needed)) {
+                irredundant.push(cost);
+            }
+        }
+        all.sort_by(f64::total_cmp);
+        irredundant.sort_by(f64::total_cmp);
+        (all, irredundant)
+    }
+
+    #[test]
+    fn matches_brute_force_on_random_problems() {
+        let mut rng = Lcg(0x5eed);
+        let mut solved = 0;
+        for _ in 0..400 {
+            let (classes, leaves) = (3 + rng.below(6), 1 + rng.below(2));
+            let p = random_problem(&mut rng, classes, leaves);
+            let (all, irredundant) = brute_force(&p);
+            let result = extract(&p, big());
+            let Some(&opt) = all.first() else {
+                assert!(result.is_err(), "{p:?}");
+                continue;
+            };
+            solved += 1;
+            let e = result.unwrap_or_else(|err| panic!("{err} for {p:?}"));
+            assert!(
+                !e.exhausted && (e.cost - opt).abs() < 1e-9,
+                "{e:?} vs {opt} for {p:?}"
+            );
+            assert!(valid_order(&p, &e.chosen), "{e:?} for {p:?}");
+            match (e.runner_up, irredundant.get(1)) {
+                (Some((plan, cost)), Some(&second)) => {
+                    assert!((cost - second).abs() < 1e-9, "{cost} vs {second} for {p:?}");
+                    assert!(valid_order(&p, &plan) && sorted(plan) != sorted(e.chosen));
+                }
+                (None, None) => {}
+                (got, want) => panic!("runner-up {got:?}, brute force {want:?} for {p:?}"),
+            }
+        }
+        assert!(solved > 150, "too few feasible random problems: {solved}");
+    }
+
+    #[test]
+    fn large_problem_within_default_budget() {
+        // 1000 classes (100 leaves), two producers each reading 1-3 of the 50 classes below,
+        // and every fourth class a third one that also writes the next class: 2025 candidates.
+        let mut rng = Lcg(42);
+        let mut candidates = Vec::new();
+        for c in 100..1000u32 {
+            for k in 0..2 + u32::from(c % 4 == 0) {
+                let reads = (0..=rng.below(3))
+                    .map(|_| ClassId(c - 1 - rng.below(50) as u32))
+                    .collect();
+                let second = (k == 2 && c < 999).then_some(ClassId(c + 1));
+                let writes = std::iter::once(ClassId(c)).chain(second).collect();
+                let cost = 1e-6 * (1 + rng.below(100)) as f64;
+                candidates.push(Candidate {
+                    id: candidates.len(),
+                    writes,
+                    reads,
+                    cost,
+                });
+            }
+        }
+        let available = (0..100).map(ClassId).collect();
+        let p = Problem {
+            candidates,
+            available,
+            targets: (950..1000).map(ClassId).collect(),
+        };
+        assert_eq!(p.candidates.len(), 2025);
+        let start = Instant::now();
+        let e = extract(&p, Budget::default()).unwrap();
+        let elapsed = start.elapsed();
+        assert!(valid_order(&p, &e.chosen) && e.nodes_explored <= Budget::default().max_nodes);
+        assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+    }
+}

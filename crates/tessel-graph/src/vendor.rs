@@ -1,0 +1,187 @@
+//! Vendor patterns: values of the graph that a library routine can compute.
+//!
+//! `Tensor::matmul` records `sum(expand(a) * expand(b))` over an iteration space
+//! `[..batch, m, k, n]`, reducing `k`. [`find_matmuls`] recognizes that shape in the graph
+//! and describes it as a [`VendorOp::Matmul`] over buffers: each operand is a leaf read
+//! as it is stored (row-major, or transposed when it is a `permute` swapping the last two
+//! axes of a leaf), or a node that must be materialized first. The match is an
+//! *alternative*: the runtime asks each backend for the routine, and the generated kernel
+//! stays a candidate; measurement decides.
+
+use rustc_hash::FxHashMap;
+use tessel_ir::{Matmul, VendorOp};
+use tessel_shape::{Dim, Shape};
+
+use crate::graph::{Graph, NodeId, Op, ReduceOp};
+
+/// A matrix product found in the graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VendorMatch {
+    /// The routine.
+    pub op: VendorOp,
+    /// The nodes whose contiguous buffers the routine reads: `[lhs, rhs]`.
+    pub operands: [NodeId; 2],
+    /// The nodes the routine can write, each holding the product's bytes in row-major
+    /// order: the reduction itself and the reshapes stacked on it.
+    pub writes: Vec<NodeId>,
+    /// Nodes to materialize so the routine can run: the non-leaf operands, and the
+    /// topmost of `writes` (so a fused consumer reads the product instead of absorbing it).
+    pub materialize: Vec<NodeId>,
+}
+
+/// Every matrix product among `order` (a topological order of the realized subgraph).
+pub fn find_matmuls(graph: &Graph, order: &[NodeId]) -> Vec<VendorMatch> {
+    let mut consumers: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
+    for &n in order {
+        for c in graph.node(n).op.children() {
+            consumers.entry(c).or_default().push(n);
+        }
+    }
+    order
+        .iter()
+        .filter_map(|&n| match_matmul(graph, n, &consumers))
+        .collect()
+}
+
+fn match_matmul(
+    graph: &Graph,
+    reduce: NodeId,
+    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
+) -> Option<VendorMatch> {
+    let node = graph.node(reduce);
+    let Op::Reduce(ReduceOp::Sum, product, axes) = &node.op else {
+        return None;
+    };
+    let space = graph.node(*product).shape.dims().to_vec();
+    let rank = space.len().checked_sub(3)?;
+    if axes.as_ref() != [rank + 1] || !node.dtype.is_float() {
+        return None;
+    }
+    let Op::Binary(tessel_shape::BinaryOp::Mul, x, y) = graph.node(*product).op else {
+        return None;
+    };
+    let (batch, m, k, n) = (
+        &space[..rank],
+        space[rank],
+        space[rank + 1],
+        space[rank + 2],
+    );
+    // lhs varies over (batch, m, k) and is broadcast along n; rhs over (batch, k, n).
+    let lhs = operand(graph, x, rank, [rank, rank + 1], rank + 2, batch)?;
+    let rhs = operand(graph, y, rank, [rank + 1, rank + 2], rank, batch)?;
+    let batch_len = batch.iter().fold(Dim::constant(1), |acc, d| acc * *d);
+
+    // The product's bytes are also every pure reshape stacked on it.
+    let mut writes = vec![reduce];
+    let mut top = reduce;
+    while let Some([parent]) = consumers.get(&top).map(Vec::as_slice)
+        && matches!(graph.node(*parent).op, Op::Reshape(_))
+    {
+        writes.push(*parent);
+        top = *parent;
+    }
+    let mut materialize: Vec<NodeId> = [lhs.node, rhs.node]
+        .into_iter()
+        .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
+        .collect();
+    materialize.push(top);
+    Some(VendorMatch {
+        op: VendorOp::Matmul(Matmul {
+            dtype: node.dtype,
+            batch: batch_len,
+            m,
+            n,
+            k,
+            lhs_transposed: lhs.transposed,
+            rhs_transposed: rhs.transposed,
+            lhs_batch_stride: if lhs.batched { m * k } else { Dim::constant(0) },
+            rhs_batch_stride: if rhs.batched { k * n } else { Dim::constant(0) },
+        }),
+        operands: [lhs.node, rhs.node],
+        writes,
+        materialize,
+    })
+}
+
+/// How the routine reads one operand.
+struct Operand {
+    /// The node whose contiguous buffer holds it.
+    node: NodeId,
+    /// Stored as the transpose of the matrix the product needs.
+    transposed: bool,
+    /// One matrix per batch (else one matrix broadcast to every batch).
+    batched: bool,
+}
+
+/// Resolves the factor `x` of the product: `x` is `expand(v)` (or `v` itself where
+/// nothing is broadcast) with `v` of shape `[..batch or 1s, rows/cols, 1 at unit_axis]`.
+fn operand(
+    graph: &Graph,
+    x: NodeId,
+    rank: usize,
+    matrix_axes: [usize; 2],
+    unit_axis: usize,
+    batch: &[Dim],
+) -> Option<Operand> {
+    let v = match graph.node(x).op {
+        Op::Expand(v) => v,
+        _ => x,
+    };
+    let shape = &graph.node(v).shape;
+    if shape.ndim() != rank + 3 || shape[unit_axis] != Dim::constant(1) {
+        return None;
+    }
+    let own_batch = &shape.dims()[..rank];
+    let batched = if own_batch == batch {
+        true
+    } else if own_batch.iter().all(|d| *d == Dim::constant(1)) {
+        false
+    } else {
+        // Broadcast along some batch axes only: no single stride describes it.
+        return None;
+    };
+    let rows_cols = [shape[matrix_axes[0]], shape[matrix_axes[1]]];
+
+    // Reshapes keep row-major order, so they never change which bytes are read.
+    let mut base = v;
+    while let Op::Reshape(inner) = graph.node(base).op {
+        base = inner;
+    }
+    if matches!(graph.node(base).op, Op::Leaf(_)) {
+        return Some(Operand {
+            node: base,
+            transposed: false,
+            batched,
+        });
+    }
+    if let Op::Permute(inner, perm) = &graph.node(base).op
+        && matches!(graph.node(*inner).op, Op::Leaf(_))
+        && swaps_last_two(perm)
+        && ends_with(&graph.node(base).shape, rows_cols)
+    {
+        return Some(Operand {
+            node: *inner,
+            transposed: true,
+            batched,
+        });
+    }
+    // Computed (a cast, an elementwise op, another view): materialized contiguously.
+    Some(Operand {
+        node: base,
+        transposed: false,
+        batched,
+    })
+}
+
+fn swaps_last_two(perm: &[usize]) -> bool {
+    let n = perm.len();
+    n >= 2
+        && perm[..n - 2].iter().enumerate().all(|(i, &p)| i == p)
+        && perm[n - 2] == n - 1
+        && perm[n - 1] == n - 2
+}
+
+fn ends_with(shape: &Shape, last: [Dim; 2]) -> bool {
+    let d = shape.dims();
+    d.len() >= 2 && d[d.len() - 2..] == last
+}
