@@ -27,8 +27,8 @@ impl EGraph {
         let mut chosen = FxHashSet::default();
         let mut stack: Vec<ClassId> = targets.iter().copied().collect();
         while let Some(class) = stack.pop() {
-            if let Some(node) = extraction.node(class)
-                && chosen.insert(std::ptr::from_ref(node))
+            if let (Some(i), Some(node)) = (extraction.index(class), extraction.node(class))
+                && chosen.insert((class, i))
             {
                 stack.extend(node.children().map(|c| self.find(c)));
             }
@@ -45,7 +45,7 @@ impl EGraph {
                 writeln!(out, "    penwidth=2; color=blue;")?;
             }
             for (i, node) in class.nodes().iter().enumerate() {
-                let style = if chosen.contains(&std::ptr::from_ref(node)) {
+                let style = if chosen.contains(&(id, i)) {
                     ", style=filled, fillcolor=lightblue"
                 } else {
                     ""

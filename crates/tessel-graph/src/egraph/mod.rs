@@ -16,7 +16,7 @@
 //! converts at the two boundaries ([`EGraph::from_graph`], [`Extraction::to_graph`]).
 //!
 //! **Invariants** (egg's, restored by [`EGraph::rebuild`]; [`EGraph::add`] and
-//! [`EGraph::union`] may break the last three until then):
+//! [`EGraph::union`] may break the last four until then):
 //! - *union-find*: every id ever made names a class through [`EGraph::find`]; a class is
 //!   stored only under its canonical id;
 //! - *types*: every e-node of a class has the class's dtype and shape; [`EGraph::union`]
@@ -133,7 +133,9 @@ impl ENode {
     #[must_use]
     pub fn map_children(&self, mut f: impl FnMut(ClassId) -> ClassId) -> ENode {
         ENode::new(
-            self.0.op.map_children(|c| f(ClassId::of_operand(c)).operand()),
+            self.0
+                .op
+                .map_children(|c| f(ClassId::of_operand(c)).operand()),
             self.0.dtype,
             self.0.shape.clone(),
         )
@@ -323,6 +325,7 @@ impl EGraph {
         let id = ClassId(u32::try_from(self.uf.len()).expect("fewer than 2^32 e-nodes"));
         let data = self.make(&node);
         let mut children: Vec<ClassId> = node.children().collect();
+        children.sort_unstable();
         children.dedup();
         for child in children {
             self.class_mut(child).parents.push(id);
@@ -429,6 +432,12 @@ impl EGraph {
             );
             return false;
         }
+        if let (Some(x), Some(y)) = (class_a.data.constant, class_b.data.constant) {
+            debug_assert!(
+                x == y || (x.is_nan() && y.is_nan()),
+                "merging constants {x} and {y} ({a:?}, {b:?})"
+            );
+        }
         if let (Some(leaf_a), Some(leaf_b)) = (class_a.data.leaf, class_b.data.leaf) {
             debug_assert!(false, "leaves {leaf_a:?} and {leaf_b:?} never merge");
             return false;
@@ -451,7 +460,9 @@ impl EGraph {
         root_class.data = data;
         root_class.nodes.extend(absorbed_class.nodes);
         let root_parents = root_grew.then(|| root_class.parents.clone());
-        root_class.parents.extend_from_slice(&absorbed_class.parents);
+        root_class
+            .parents
+            .extend_from_slice(&absorbed_class.parents);
         if let Some(parents) = root_parents {
             self.analysis_pending.extend(parents);
         }

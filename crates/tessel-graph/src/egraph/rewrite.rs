@@ -49,7 +49,10 @@ pub struct Subst {
 impl Subst {
     /// The class bound to `?var`.
     pub fn class(&self, var: &str) -> Option<ClassId> {
-        self.classes.iter().find(|(v, _)| *v == var).map(|&(_, c)| c)
+        self.classes
+            .iter()
+            .find(|(v, _)| *v == var)
+            .map(|&(_, c)| c)
     }
 
     /// The axes bound to `$var`.
@@ -288,7 +291,10 @@ impl Pat {
         if matches!(op, PatOp::Reshape | PatOp::Expand) && !is_root {
             return Some("an applier's reshape or expand must be its root".into());
         }
-        let consts = children.iter().filter(|c| matches!(c, Pat::Const(_))).count();
+        let consts = children
+            .iter()
+            .filter(|c| matches!(c, Pat::Const(_)))
+            .count();
         if consts > 0 && !matches!(op, PatOp::Binary(_)) || consts > 1 {
             return Some("an applier's constant must be one operand of a binary op".into());
         }
@@ -433,7 +439,11 @@ impl Pat {
                     return None;
                 }
                 let dims: Vec<Dim> = perm.iter().map(|&p| shape[p]).collect();
-                ENode::new(Op::Permute(operand(0), perm.into()), dtype, Shape::new(dims))
+                ENode::new(
+                    Op::Permute(operand(0), perm.into()),
+                    dtype,
+                    Shape::new(dims),
+                )
             }
             PatOp::Reduce(r, v) => {
                 let axes = subst.axes(v)?;
@@ -444,7 +454,11 @@ impl Pat {
                 for &a in axes {
                     dims[a] = Dim::constant(1);
                 }
-                ENode::new(Op::Reduce(r, operand(0), axes.into()), dtype, Shape::new(dims))
+                ENode::new(
+                    Op::Reduce(r, operand(0), axes.into()),
+                    dtype,
+                    Shape::new(dims),
+                )
             }
         };
         Some(egraph.add(node))

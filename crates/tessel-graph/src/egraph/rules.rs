@@ -14,8 +14,26 @@ use crate::graph::{NodeId, Op};
 
 static RULES: LazyLock<Vec<Rewrite>> = LazyLock::new(build);
 
-/// The built-in rewrites: the algebraic identities, movement folding, sum distribution and
-/// constant folding listed in this module's table.
+/// The built-in rewrites, each sound for the dtypes it fires on:
+///
+/// | rule                 | rewrite                          | fires on                      |
+/// |----------------------|----------------------------------|-------------------------------|
+/// | `mul-one`, `one-mul` | `x * 1`, `1 * x` → `x`           | every dtype                   |
+/// | `add-zero`, `zero-add` | `x + 0`, `0 + x` → `x`         | not floats, or `x` sign-clear |
+/// | `add-neg-zero`, `neg-zero-add` | `x + -0`, `-0 + x` → `x` | floats                  |
+/// | `sub-zero`           | `x - 0` → `x`                    | every dtype `sub` supports    |
+/// | `sub-self`           | `x - x` → `0`                    | integers                      |
+/// | `neg-neg`            | `-(-x)` → `x`                    | every dtype `neg` supports    |
+/// | `exp-log`            | `exp(log x)` → `x`               | floats, `x` sign-clear (\*)   |
+/// | `permute-id`         | identity permute → operand       | every dtype                   |
+/// | `permute-permute`    | two permutes → one, or operand   | every dtype                   |
+/// | `reshape-reshape`    | two reshapes → one               | every dtype                   |
+/// | `reshape-id`, `expand-id` | to the operand's shape → operand | every dtype              |
+/// | `sum-add`, `sum-split` | `sum a + sum b` ↔ `sum (a + b)` | every dtype (\*)            |
+/// | `const-fold`         | an op on constants → its value   | where devices match `Scalar`  |
+///
+/// (\*) Exact on integers and bool; on floats exact in real arithmetic only (rounding).
+/// Sign-clear is the e-class analysis described in [`egraph`](crate::egraph).
 pub fn rules() -> &'static [Rewrite] {
     &RULES
 }
@@ -26,7 +44,11 @@ fn rw(name: &'static str, lhs: &'static str, rhs: &'static str, when: &[Conditio
     Rewrite::new(name, lhs, rhs, when)
 }
 
-fn rw_fn(name: &'static str, lhs: &'static str, rhs: fn(&mut EGraph, &Match) -> Option<ClassId>) -> Built {
+fn rw_fn(
+    name: &'static str,
+    lhs: &'static str,
+    rhs: fn(&mut EGraph, &Match) -> Option<ClassId>,
+) -> Built {
     Rewrite::with_fn(name, lhs, rhs, &[])
 }
 
@@ -35,40 +57,40 @@ fn build() -> Vec<Rewrite> {
     use Condition::{IdentityPerm, Integer, NotNegZero, SameShape, SignClear};
     let table: Vec<Built> = vec![
         // x * 1 = x: exact on every dtype (NaN * 1 = NaN, -0 * 1 = -0; bool: x and true).
-        rw("mul-one",         "(mul ?x 1)",                   "?x",                  &[]),
-        rw("one-mul",         "(mul 1 ?x)",                   "?x",                  &[]),
+        rw("mul-one",         "(mul ?x 1)",      "?x", &[]),
+        rw("one-mul",         "(mul 1 ?x)",      "?x", &[]),
         // x + 0 = x: exact on integers and bool (x or false); on floats only where x has
         // no -0 (-0 + +0 = +0), i.e. sign-clear x.
-        rw("add-zero",        "(add ?x 0)",                   "?x",                  &[NotNegZero("?x")]),
-        rw("zero-add",        "(add 0 ?x)",                   "?x",                  &[NotNegZero("?x")]),
+        rw("add-zero",        "(add ?x 0)",      "?x", &[NotNegZero("?x")]),
+        rw("zero-add",        "(add 0 ?x)",      "?x", &[NotNegZero("?x")]),
         // x + -0 = x: exact on floats, the only dtypes with a -0.
-        rw("add-neg-zero",    "(add ?x -0)",                  "?x",                  &[]),
-        rw("neg-zero-add",    "(add -0 ?x)",                  "?x",                  &[]),
+        rw("add-neg-zero",    "(add ?x -0)",     "?x", &[]),
+        rw("neg-zero-add",    "(add -0 ?x)",     "?x", &[]),
         // x - 0 = x: exact on every dtype sub supports (-0 - +0 = -0).
-        rw("sub-zero",        "(sub ?x 0)",                   "?x",                  &[]),
+        rw("sub-zero",        "(sub ?x 0)",      "?x", &[]),
         // x - x = 0: integers only (wrapping). Floats: inf - inf and NaN - NaN are NaN;
         // sub is not defined on bool.
-        rw("sub-self",        "(sub ?x ?x)",                  "0",                   &[Integer("?x")]),
+        rw("sub-self",        "(sub ?x ?x)",     "0",  &[Integer("?x")]),
         // -(-x) = x: exact on floats (two sign flips) and integers (wrapping: -MIN = MIN).
-        rw("neg-neg",         "(neg (neg ?x))",               "?x",                  &[]),
+        rw("neg-neg",         "(neg (neg ?x))",  "?x", &[]),
         // exp(log x) = x for sign-clear x (floats only: exp and log are): log +0 = -inf
         // and exp -inf = +0, NaN stays NaN, +inf stays +inf. FLAGGED: for positive x exact
         // in real arithmetic only; the rewritten form skips two roundings (and the
         // original's overflow to inf for x within an ulp of the dtype's max).
-        rw("exp-log",         "(exp (log ?x))",               "?x",                  &[SignClear("?x")]),
+        rw("exp-log",         "(exp (log ?x))",  "?x", &[SignClear("?x")]),
         // Movement composition: exact on every dtype (only coordinates change).
-        rw("permute-id",      "(permute $p ?x)",              "?x",                  &[IdentityPerm("$p")]),
+        rw("permute-id",      "(permute $p ?x)", "?x", &[IdentityPerm("$p")]),
         rw_fn("permute-permute", "(permute $q (permute $p ?x))", compose_permutes),
-        rw("reshape-reshape", "(reshape (reshape ?x))",       "(reshape ?x)",        &[]),
-        rw("reshape-id",      "(reshape ?x)",                 "?x",                  &[SameShape("?x", "root")]),
-        rw("expand-id",       "(expand ?x)",                  "?x",                  &[SameShape("?x", "root")]),
+        rw("reshape-reshape", "(reshape (reshape ?x))", "(reshape ?x)", &[]),
+        rw("reshape-id",      "(reshape ?x)",    "?x", &[SameShape("?x", "root")]),
+        rw("expand-id",       "(expand ?x)",     "?x", &[SameShape("?x", "root")]),
         // sum a + sum b = sum (a + b), same axes and operand shapes, both ways: exact on
         // integers (wrapping addition is associative) and bool (or). FLAGGED: floats up to
         // rounding (the additions are reassociated).
-        rw("sum-add",         "(add (reduce-sum $ax ?a) (reduce-sum $ax ?b))",
-                              "(reduce-sum $ax (add ?a ?b))",                        &[SameShape("?a", "?b")]),
-        rw("sum-split",       "(reduce-sum $ax (add ?a ?b))",
-                              "(add (reduce-sum $ax ?a) (reduce-sum $ax ?b))",       &[]),
+        rw("sum-add",   "(add (reduce-sum $ax ?a) (reduce-sum $ax ?b))",
+                        "(reduce-sum $ax (add ?a ?b))",                   &[SameShape("?a", "?b")]),
+        rw("sum-split", "(reduce-sum $ax (add ?a ?b))",
+                        "(add (reduce-sum $ax ?a) (reduce-sum $ax ?b))",  &[]),
         // Constant folding through Scalar: see `folded`.
         Ok(Rewrite::custom("const-fold", |egraph, class, node| {
             egraph.class(class).constant().is_none() && folded(egraph, node).is_some()
@@ -89,8 +111,15 @@ fn build() -> Vec<Rewrite> {
 /// `permute(permute(x, p), q)`: axis `k` of the result is axis `q[k]` of the inner
 /// permute, which is axis `p[q[k]]` of `x`. The identity composition is `x` itself.
 fn compose_permutes(egraph: &mut EGraph, m: &Match) -> Option<ClassId> {
-    let (q, p, x) = (m.subst.axes("$q")?, m.subst.axes("$p")?, m.subst.class("?x")?);
-    let composed: Box<[usize]> = q.iter().map(|&k| p.get(k).copied()).collect::<Option<_>>()?;
+    let (q, p, x) = (
+        m.subst.axes("$q")?,
+        m.subst.axes("$p")?,
+        m.subst.class("?x")?,
+    );
+    let composed: Box<[usize]> = q
+        .iter()
+        .map(|&k| p.get(k).copied())
+        .collect::<Option<_>>()?;
     if !is_permutation(&composed, composed.len()) {
         return None;
     }
@@ -102,7 +131,7 @@ fn compose_permutes(egraph: &mut EGraph, m: &Match) -> Option<ClassId> {
     let shape_ok = composed
         .iter()
         .zip(shape.iter())
-        .all(|(&a, d)| inner.shape()[a] == *d);
+        .all(|(&a, d)| inner.shape().get(a) == Some(d));
     debug_assert!(shape_ok, "permute composition {composed:?} of {:?}", m.node);
     shape_ok.then(|| egraph.add(ENode::new(Op::Permute(x.operand(), composed), dtype, shape)))
 }

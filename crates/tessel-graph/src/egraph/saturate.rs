@@ -17,7 +17,9 @@ use super::{EGraph, Rewrite};
 pub struct Budget {
     /// Iterations (search all rules, apply all matches, rebuild).
     pub iterations: usize,
-    /// E-nodes: applying stops once the e-graph holds this many.
+    /// E-nodes: applying stops once the e-graph holds this many. The count is absolute:
+    /// an e-graph that starts this large is not rewritten at all, so scale it with the
+    /// graph (a few times its node count).
     pub nodes: usize,
     /// Wall-clock time, checked between rules and every few hundred matches.
     pub time: Duration,

@@ -140,8 +140,12 @@ impl<'a> Extraction<'a> {
     /// The e-node chosen for `class`.
     pub fn node(&self, class: ClassId) -> Option<&'a ENode> {
         let class = self.egraph.find(class);
-        let &(i, ..) = self.best.get(&class)?;
-        self.egraph.class(class).nodes().get(i)
+        self.egraph.class(class).nodes().get(self.index(class)?)
+    }
+
+    /// The index in its class of the e-node chosen for `class`.
+    pub(super) fn index(&self, class: ClassId) -> Option<usize> {
+        self.best.get(&self.egraph.find(class)).map(|b| b.0)
     }
 
     /// Writes the chosen forms of `targets` into `graph` (a new one or one in use: leaves
@@ -232,6 +236,21 @@ impl std::fmt::Debug for Simplified {
 
 /// Simplifies the subgraph behind `targets`: builds its e-graph, saturates it with the
 /// built-in [`rules()`] within `budget`, and writes the cheapest form into a new graph.
+///
+/// # Example
+/// ```
+/// use tessel_graph::{Budget, Graph, LeafId, Node, Op, simplify};
+/// use tessel_shape::{BinaryOp, DType, Scalar, Shape};
+///
+/// let mut g = Graph::new();
+/// let node = |op| Node { op, dtype: DType::F32, shape: Shape::from([4]) };
+/// let x = g.add(node(Op::Leaf(LeafId(7))));
+/// let one = g.add(node(Op::Const(Scalar::F32(1.0))));
+/// let y = g.add(node(Op::Binary(BinaryOp::Mul, x, one)));
+/// let s = simplify(&g, &[y], Budget::default());
+/// assert_eq!(s.graph.node(s.targets[0]).op, Op::Leaf(LeafId(7)));
+/// assert_eq!(s.report.applied("mul-one"), 1);
+/// ```
 pub fn simplify(graph: &Graph, targets: &[NodeId], budget: Budget) -> Simplified {
     let nodes_before = graph.toposort(targets).len();
     let (mut egraph, classes) = EGraph::from_graph(graph, targets);
