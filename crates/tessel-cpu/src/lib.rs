@@ -90,10 +90,7 @@ impl CpuConfig {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        let cache_dir = var("TESSEL_CACHE_DIR")
-            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessel")))
-            .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessel")))
-            .unwrap_or_else(|| std::env::temp_dir().join("tessel"));
+        let cache_dir = tessel_ir::cache::default_root();
         CpuConfig {
             cc: var("TESSEL_CC"),
             cache_dir,

@@ -145,10 +145,7 @@ impl CudaConfig {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        let root = var("TESSEL_CACHE_DIR")
-            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessel")))
-            .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessel")))
-            .unwrap_or_else(|| std::env::temp_dir().join("tessel"));
+        let root = tessel_ir::cache::default_root();
         let device = std::env::var("TESSEL_CUDA_DEVICE").ok().and_then(|v| {
             let v = v.trim();
             if v.is_empty() {

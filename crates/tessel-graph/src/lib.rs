@@ -26,8 +26,8 @@ pub use egraph::{
     StopReason, rules, simplify,
 };
 pub use graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
-pub use vendor::{VendorMatch, find_matmuls};
 pub use kernelize::{
     KernelizeError, Schedule, ScheduledKernel, Signature, Slot, kernelize, kernelize_with,
     signature,
 };
+pub use vendor::{VendorMatch, find_matmuls};

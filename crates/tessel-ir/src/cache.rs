@@ -142,6 +142,20 @@ pub fn temp_suffix() -> String {
     )
 }
 
+/// The root of Tessel's on-disk caches: `$TESSEL_CACHE_DIR`, else `$XDG_CACHE_HOME/tessel`,
+/// else `$HOME/.cache/tessel`, else the temporary directory's `tessel`.
+pub fn default_root() -> std::path::PathBuf {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    var("TESSEL_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessel")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessel")))
+        .unwrap_or_else(|| std::env::temp_dir().join("tessel"))
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -198,18 +212,4 @@ mod tests {
     fn temp_suffixes_differ() {
         assert_ne!(temp_suffix(), temp_suffix());
     }
-}
-
-/// The root of Tessel's on-disk caches: `$TESSEL_CACHE_DIR`, else `$XDG_CACHE_HOME/tessel`,
-/// else `$HOME/.cache/tessel`, else the temporary directory's `tessel`.
-pub fn default_root() -> std::path::PathBuf {
-    let var = |name: &str| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(std::path::PathBuf::from)
-    };
-    var("TESSEL_CACHE_DIR")
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tessel")))
-        .or_else(|| var("HOME").map(|d| d.join(".cache").join("tessel")))
-        .unwrap_or_else(|| std::env::temp_dir().join("tessel"))
 }

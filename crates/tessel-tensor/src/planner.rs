@@ -21,12 +21,16 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
+use tessel_graph::egraph::Budget as RewriteBudget;
 use tessel_graph::extract::{self, Budget, ClassId, Problem};
-use tessel_graph::{Graph, NodeId, Schedule, Slot, find_matmuls, kernelize, kernelize_with};
+use tessel_graph::{
+    Graph, LeafId, NodeId, Op, Schedule, Simplified, Slot, find_matmuls, kernelize, kernelize_with,
+    signature, simplify,
+};
 use tessel_ir::cache::{Fnv128, temp_suffix};
 use tessel_ir::{Backend, BufferId, Kernel, ProgramId, VendorOp};
 use tessel_shape::{Bindings, DType, Dim};
@@ -42,6 +46,11 @@ pub(crate) struct Plan {
     pub(crate) kernels: Vec<PlanKernel>,
     /// Materialized nodes by topological position, with dtype and element count.
     pub(crate) buffers: Vec<(usize, DType, Dim)>,
+    /// Plan input `k` is the realize's leaf `inputs[k]` (in its signature order): rewrites
+    /// may drop or reorder leaves.
+    pub(crate) inputs: Vec<usize>,
+    /// `(position, k)`: the buffer at `position` holds the realize's target `k`.
+    pub(crate) outputs: Vec<(usize, usize)>,
 }
 
 pub(crate) struct PlanKernel {
@@ -115,10 +124,54 @@ pub(crate) struct Partitions {
     /// Zero-element targets: a buffer, no kernel.
     empty: Vec<usize>,
     targets: Vec<usize>,
+    inputs: Vec<usize>,
+    outputs: Vec<(usize, usize)>,
 }
 
-/// Builds the candidates for `targets` (see the module docs).
-pub(crate) fn partition(graph: &Graph, targets: &[NodeId], order: &[NodeId]) -> Result<Partitions> {
+/// Whether the e-graph rewrites run (`TESSEL_REWRITES=0` turns them off, for debugging).
+fn rewrites_enabled() -> bool {
+    static ON: LazyLock<bool> =
+        LazyLock::new(|| std::env::var("TESSEL_REWRITES").map_or(true, |v| v.trim() != "0"));
+    *ON
+}
+
+/// Builds the candidates for `targets`, whose subgraph reads `leaves` (in signature
+/// order), after simplifying it with the e-graph's rewrites (see the module docs).
+pub(crate) fn partition(
+    graph: &Graph,
+    targets: &[NodeId],
+    leaves: &[LeafId],
+) -> Result<Partitions> {
+    let simplified = rewrites_enabled().then(|| {
+        let size = graph.toposort(targets).len();
+        let budget = RewriteBudget {
+            iterations: 16,
+            nodes: 4 * size + 256,
+            time: Duration::from_millis(50),
+        };
+        simplify(graph, targets, budget)
+    });
+    // A target that became a leaf, or the same node as another target, would need a copy
+    // the plan does not make: such a realize runs its graph as recorded.
+    let usable = |s: &Simplified| {
+        let distinct: FxHashSet<NodeId> = s.targets.iter().copied().collect();
+        distinct.len() == s.targets.len()
+            && s.targets
+                .iter()
+                .all(|&t| !matches!(s.graph.node(t).op, Op::Leaf(_)))
+    };
+    let (graph, targets) = match &simplified {
+        Some(s) if usable(s) => (&s.graph, s.targets.as_slice()),
+        _ => (graph, targets),
+    };
+    let order = graph.toposort(targets);
+    let order = order.as_slice();
+    let (_, own_leaves) = signature(graph, targets);
+    let inputs = own_leaves
+        .iter()
+        .map(|l| leaves.iter().position(|x| x == l))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| Error::Internal("rewriting the graph invented a leaf".into()))?;
     let pos: FxHashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let internal = |e: tessel_graph::KernelizeError| Error::Internal(e.to_string());
     let default = kernelize(graph, targets).map_err(internal)?;
@@ -127,6 +180,12 @@ pub(crate) fn partition(graph: &Graph, targets: &[NodeId], order: &[NodeId]) -> 
         buffers: FxHashMap::default(),
         empty: Vec::new(),
         targets: targets.iter().map(|t| pos[t]).collect(),
+        inputs,
+        outputs: targets
+            .iter()
+            .enumerate()
+            .map(|(k, t)| (pos[t], k))
+            .collect(),
     };
     add_schedule(&mut parts, &default, &pos, true);
     let written: FxHashSet<usize> = parts
@@ -178,11 +237,9 @@ pub(crate) fn partition(graph: &Graph, targets: &[NodeId], order: &[NodeId]) -> 
 fn operand_slot(graph: &Graph, node: NodeId, pos: &FxHashMap<NodeId, usize>) -> PlanSlot {
     match graph.node(node).op {
         // Leaves bind by signature order, which numbers them as the toposort meets them.
-        tessel_graph::Op::Leaf(_) => PlanSlot::Input(
+        Op::Leaf(_) => PlanSlot::Input(
             pos.iter()
-                .filter(|(n, p)| {
-                    **p < pos[&node] && matches!(graph.node(**n).op, tessel_graph::Op::Leaf(_))
-                })
+                .filter(|(n, p)| **p < pos[&node] && matches!(graph.node(**n).op, Op::Leaf(_)))
                 .count(),
         ),
         _ => PlanSlot::Node(pos[&node]),
@@ -232,6 +289,8 @@ pub(crate) struct Compiled {
     buffers: FxHashMap<usize, (DType, Dim)>,
     empty: Vec<usize>,
     targets: Vec<usize>,
+    inputs: Vec<usize>,
+    outputs: Vec<(usize, usize)>,
     /// Programs compiled (kernels and routines).
     pub(crate) built: usize,
 }
@@ -249,6 +308,8 @@ pub(crate) fn compile(
         buffers: parts.buffers,
         empty: parts.empty,
         targets: parts.targets,
+        inputs: parts.inputs,
+        outputs: parts.outputs,
         built: 0,
     };
     // Routines are asked for first: without one, the alternative partition is pointless.
@@ -269,7 +330,7 @@ pub(crate) fn compile(
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(target: "tessel::plan", "{device}: no library routine for {op}: {e}")
+                tracing::warn!(target: "tessel::plan", "{device}: no library routine for {op}: {e}");
             }
         }
     }
@@ -288,7 +349,7 @@ pub(crate) fn compile(
                 return Err(e.into());
             }
             Err(e) => {
-                tracing::warn!(target: "tessel::plan", "{device}: dropping alternative kernel {}: {e}", kernel.name)
+                tracing::warn!(target: "tessel::plan", "{device}: dropping alternative kernel {}: {e}", kernel.name);
             }
         }
     }
@@ -344,6 +405,8 @@ impl Compiled {
             backend: self.backend.clone(),
             kernels,
             buffers,
+            inputs: std::mem::take(&mut self.inputs),
+            outputs: std::mem::take(&mut self.outputs),
         }
     }
 
@@ -360,10 +423,12 @@ impl Compiled {
     }
 }
 
-/// Measures every candidate on `inputs` and returns the plan of the cheapest closed set.
-pub(crate) fn choose(compiled: Compiled, inputs: &[BufferId]) -> Result<Plan> {
+/// Measures every candidate on the realize's leaves (`leaves`, in signature order) and
+/// returns the plan of the cheapest closed set.
+pub(crate) fn choose(compiled: Compiled, leaves: &[BufferId]) -> Result<Plan> {
+    let inputs: Vec<BufferId> = compiled.inputs.iter().map(|&i| leaves[i]).collect();
     let mut m = Measurer::new(&compiled);
-    let outcome = m.run(&compiled, inputs);
+    let outcome = m.run(&compiled, &inputs);
     m.free();
     let times = outcome?;
     let problem = Problem {
@@ -501,7 +566,7 @@ impl Measurer {
                 Ok(None) => {}
                 Err(e) if c.default => return Err(e),
                 Err(e) => {
-                    tracing::warn!(target: "tessel::plan", "{}: dropping {}: {e}", self.device, c.work.name())
+                    tracing::warn!(target: "tessel::plan", "{}: dropping {}: {e}", self.device, c.work.name());
                 }
             }
         }

@@ -206,13 +206,12 @@ impl Runtime {
             return Ok(RealizeReport::default());
         }
         let (sig, leaves) = signature(&st.graph, &targets);
-        let order = st.graph.toposort(&targets);
         let key = (sig, device);
         let mut report = RealizeReport::default();
         let plan = if let Some(plan) = st.plans.get(&key) {
             plan.clone()
         } else {
-            let parts = planner::partition(&st.graph, &targets, &order)?;
+            let parts = planner::partition(&st.graph, &targets, &leaves)?;
             drop(st);
             // Compile without the lock: other threads keep recording.
             let compiled = planner::compile(parts, &backend, device)?;
@@ -251,11 +250,12 @@ impl Runtime {
         };
 
         // Bind inputs, uploading host leaves on first use.
-        let mut inputs = Vec::with_capacity(leaves.len());
+        let mut bound = Vec::with_capacity(leaves.len());
         for leaf in &leaves {
-            inputs.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
+            bound.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
         }
         drop(st);
+        let inputs: Vec<BufferId> = plan.inputs.iter().map(|&i| bound[i]).collect();
 
         let mut temps: FxHashMap<usize, BufferId> = FxHashMap::default();
         let result = self.run_plan(&plan, &inputs, &mut temps);
@@ -269,8 +269,8 @@ impl Runtime {
             return Err(e);
         }
         for (&p, &buffer) in &temps {
-            let node = order[p];
-            if targets.contains(&node) {
+            if let Some(&(_, k)) = plan.outputs.iter().find(|(q, _)| *q == p) {
+                let node = targets[k];
                 let leaf = LeafId(st.next_leaf);
                 st.next_leaf += 1;
                 st.leaves.insert(leaf, LeafData::Device { device, buffer });

@@ -18,3 +18,4 @@ mod fusion_elementwise;
 mod matmul;
 mod movement;
 mod reduce;
+mod rewrites;
