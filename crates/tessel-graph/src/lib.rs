@@ -1,8 +1,8 @@
 //! Tessel's lazy tensor graph and the kernelizer that fuses it into kernel IR.
 //!
 //! - [`egraph`]: every equivalent form of a value in one class ([`EGraph`]), rewrites as
-//!   data ([`Rewrite`], [`rules()`]), saturation within a [`Budget`], and extraction of
-//!   the cheapest form back into a graph ([`simplify()`]).
+//!   data ([`Rewrite`], [`rules()`]), saturation within an [`egraph::Budget`], and
+//!   extraction of the cheapest form back into a graph ([`simplify()`]).
 //! - [`extract`](mod@extract): the cheapest closed, acyclic set of measured candidates
 //!   that produces the wanted values ([`extract::extract`]).
 //! - [`graph`]: hash-consed, reference-counted nodes ([`Graph`], [`Node`], [`Op`]).
@@ -21,10 +21,7 @@ pub mod kernelize;
 mod lower;
 pub mod vendor;
 
-pub use egraph::{
-    Budget, ClassId, EClass, EGraph, ENode, Extraction, Rewrite, SaturationReport, Simplified,
-    StopReason, rules, simplify,
-};
+pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{
     KernelizeError, Schedule, ScheduledKernel, Signature, Slot, kernelize, kernelize_with,

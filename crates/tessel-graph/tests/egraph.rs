@@ -5,11 +5,8 @@
 
 use std::time::Duration;
 
-use tessel_graph::egraph::Condition;
-use tessel_graph::{
-    Budget, ClassId, EGraph, ENode, Graph, LeafId, NodeId, Op, ReduceOp, Rewrite, StopReason,
-    signature, simplify,
-};
+use tessel_graph::egraph::{Budget, ClassId, Condition, ENode, StopReason};
+use tessel_graph::{EGraph, Graph, LeafId, NodeId, Op, ReduceOp, Rewrite, signature, simplify};
 use tessel_shape::{BinaryOp, DType, Scalar, Shape, UnaryOp};
 
 #[path = "egraph/random.rs"]

@@ -11,6 +11,7 @@
 mod device;
 mod element;
 mod error;
+pub mod inspect;
 mod ops;
 mod planner;
 mod runtime;

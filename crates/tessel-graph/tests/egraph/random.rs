@@ -2,7 +2,8 @@
 //! before and after `simplify`.
 
 use rustc_hash::FxHashMap;
-use tessel_graph::{NodeId, Op, ReduceOp, StopReason, signature, simplify};
+use tessel_graph::egraph::StopReason;
+use tessel_graph::{NodeId, Op, ReduceOp, signature, simplify};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, UnaryOp};
 
 use super::support::{Env, Lcg, assert_same, realize};

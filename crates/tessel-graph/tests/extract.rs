@@ -1,0 +1,358 @@
+//! Extraction over measured candidates: fixed fake costs (cheaper alternatives win, a
+//! shared producer beats two separately cheap ones, cycles are never chosen, budgets
+//! return the greedy plan) and a seeded comparison with brute force.
+
+use std::time::Duration;
+
+use rustc_hash::FxHashSet;
+use tessel_graph::extract::*;
+
+type Spec<'a> = (&'a [u32], &'a [u32], f64);
+
+/// Candidate `i` of `specs` gets id `10 + i`, so ids and indices never coincide.
+fn problem(specs: &[Spec<'_>], available: &[u32], targets: &[u32]) -> Problem {
+    let ids = |v: &[u32]| v.iter().map(|&c| ClassId(c)).collect::<Vec<_>>();
+    let candidates = specs.iter().enumerate();
+    Problem {
+        candidates: candidates
+            .map(|(i, &(w, r, cost))| Candidate {
+                id: 10 + i,
+                writes: ids(w),
+                reads: ids(r),
+                cost,
+            })
+            .collect(),
+        available: ids(available),
+        targets: ids(targets),
+    }
+}
+
+fn big() -> Budget {
+    Budget {
+        max_nodes: usize::MAX,
+        max_time: Duration::from_secs(60),
+    }
+}
+
+fn sorted(mut v: Vec<usize>) -> Vec<usize> {
+    v.sort_unstable();
+    v
+}
+
+/// Runs `order` in sequence: each candidate reads only classes available or already
+/// written, writes only fresh classes, and the targets end up produced.
+fn valid_order(p: &Problem, order: &[usize]) -> bool {
+    let mut have: FxHashSet<ClassId> = p.available.iter().copied().collect();
+    let mut used = FxHashSet::default();
+    order.iter().all(|&i| {
+        let c = &p.candidates[i];
+        used.insert(i)
+            && c.reads.iter().all(|r| have.contains(r))
+            && c.writes.iter().all(|&w| have.insert(w))
+    }) && p.targets.iter().all(|t| have.contains(t))
+}
+
+/// Targets t1 = 1, t2 = 2 and a shared s = 3 over leaf 0 (the brief's example).
+fn shared() -> Problem {
+    let specs: [Spec<'_>; 5] = [
+        (&[3], &[0], 5.0),
+        (&[1], &[3], 1.0),
+        (&[2], &[3], 1.0),
+        (&[1], &[0], 4.0),
+        (&[2], &[0], 4.0),
+    ];
+    problem(&specs, &[0], &[1, 2])
+}
+
+#[test]
+fn cheaper_alternative_wins_and_runner_up_is_the_other() {
+    let p = problem(&[(&[1], &[0], 2.0), (&[1], &[0], 1.0)], &[0], &[1]);
+    let e = extract(&p, Budget::default()).unwrap();
+    assert_eq!((e.chosen, e.cost, e.exhausted), (vec![1], 1.0, false));
+    assert_eq!(e.runner_up, Some((vec![0], 2.0)));
+    // The runtime's fallback: drop the failed winner (by id) and extract again.
+    let rest = p.without(&[11]);
+    let again = extract(&rest, Budget::default()).unwrap();
+    assert_eq!(
+        (rest.candidates[again.chosen[0]].id, again.runner_up),
+        (10, None)
+    );
+}
+
+#[test]
+fn shared_producer_beats_separately_cheap_ones() {
+    let p = shared();
+    let no_search = Budget {
+        max_nodes: 0,
+        ..big()
+    };
+    let greedy = extract(&p, no_search).unwrap();
+    assert!(greedy.exhausted);
+    assert_eq!(
+        sorted(greedy.chosen),
+        vec![3, 4],
+        "tree costs favour the separate producers"
+    );
+    let e = extract(&p, Budget::default()).unwrap();
+    assert_eq!(
+        (e.cost, e.chosen[0]),
+        (7.0, 0),
+        "the shared producer, first"
+    );
+    assert!(valid_order(&p, &e.chosen));
+    assert_eq!(e.runner_up.map(|r| r.1), Some(8.0));
+}
+
+#[test]
+fn multi_output_candidate_against_single_ones() {
+    for (multi, expect) in [(3.0, vec![0]), (5.0, vec![1, 2])] {
+        let p = problem(
+            &[(&[1, 2], &[0], multi), (&[1], &[0], 2.0), (&[2], &[0], 2.0)],
+            &[0],
+            &[1, 2],
+        );
+        let e = extract(&p, big()).unwrap();
+        assert_eq!(sorted(e.chosen.clone()), expect);
+        assert!(valid_order(&p, &e.chosen), "never two writers of one class");
+    }
+}
+
+#[test]
+fn cycles_are_never_chosen() {
+    // x = 1 from y = 2 and y from x, both cheap; x from the leaf, dear.
+    let p = problem(
+        &[(&[1], &[2], 1.0), (&[2], &[1], 1.0), (&[1], &[0], 10.0)],
+        &[0],
+        &[1, 2],
+    );
+    let e = extract(&p, big()).unwrap();
+    assert_eq!((e.chosen, e.cost, e.runner_up), (vec![2, 1], 11.0, None));
+    let err = extract(&p.without(&[12]), big()).unwrap_err();
+    assert_eq!(err, ExtractError::OnlyCyclic { target: ClassId(1) });
+    assert!(err.to_string().contains("target c1"), "{err}");
+    let selfish = problem(&[(&[1], &[1, 0], 1.0)], &[0], &[1]);
+    assert!(matches!(
+        extract(&selfish, big()),
+        Err(ExtractError::OnlyCyclic { .. })
+    ));
+}
+
+#[test]
+fn missing_producer_names_the_class() {
+    let err = extract(&problem(&[(&[1], &[5], 1.0)], &[0], &[1]), big()).unwrap_err();
+    assert_eq!(
+        err,
+        ExtractError::NoProducer {
+            class: ClassId(5),
+            target: ClassId(1)
+        }
+    );
+    assert!(
+        err.to_string().contains("class c5, needed for target c1"),
+        "{err}"
+    );
+    let bad = problem(&[(&[1], &[0], f64::NAN)], &[0], &[1]);
+    assert!(matches!(
+        extract(&bad, big()),
+        Err(ExtractError::InvalidCost { id: 10, .. })
+    ));
+    // Each target alone is producible; together only by writing c2 twice.
+    let clash = problem(&[(&[1, 2], &[0], 1.0), (&[2, 3], &[0], 1.0)], &[0], &[1, 3]);
+    let err = extract(&clash, big()).unwrap_err();
+    assert!(matches!(
+        err,
+        ExtractError::NoValidPlan {
+            exhausted: false,
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("producing c1, c3"), "{err}");
+    // Overwriting a realized buffer is no way to produce a value.
+    let clobber = problem(&[(&[0, 1], &[], 1.0)], &[0], &[1]);
+    assert!(matches!(
+        extract(&clobber, big()),
+        Err(ExtractError::NoProducer { .. })
+    ));
+}
+
+#[test]
+fn tiny_budget_returns_the_greedy_plan() {
+    for max_nodes in [0, 1] {
+        let e = extract(&shared(), Budget { max_nodes, ..big() }).unwrap();
+        assert_eq!((e.cost, e.exhausted), (8.0, true));
+        assert!(e.nodes_explored <= max_nodes && valid_order(&shared(), &e.chosen));
+    }
+}
+
+#[test]
+fn execution_order_respects_dependencies() {
+    // d = 4 from b = 2 and c = 3, both from a = 1, from the leaf; consumers listed first.
+    let specs: [Spec<'_>; 4] = [
+        (&[4], &[2, 3], 1.0),
+        (&[3], &[1], 1.0),
+        (&[2], &[1], 1.0),
+        (&[1], &[0], 1.0),
+    ];
+    assert_eq!(
+        extract(&problem(&specs, &[0], &[4]), big()).unwrap().chosen,
+        vec![3, 1, 2, 0]
+    );
+    let nothing = extract(&problem(&[], &[0], &[0]), big()).unwrap();
+    assert_eq!((nothing.chosen, nothing.cost), (vec![], 0.0));
+}
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+
+    fn class(&mut self, lo: usize, hi: usize) -> ClassId {
+        ClassId((lo + self.below(hi - lo)) as u32)
+    }
+}
+
+/// A problem over `classes` classes, the first `leaves` available: mostly a DAG, with
+/// some cycles, second outputs and writes of leaves, and tied costs.
+fn random_problem(rng: &mut Lcg, classes: usize, leaves: usize) -> Problem {
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for id in 0..=rng.below(12) {
+        let mut writes = vec![rng.class(leaves, classes)];
+        if rng.below(4) == 0 {
+            let lo = if rng.below(5) == 0 { 0 } else { leaves };
+            let w = rng.class(lo, classes);
+            if w != writes[0] {
+                writes.push(w);
+            }
+        }
+        let below = writes.iter().map(|w| w.0 as usize).min().unwrap();
+        let hi = if rng.below(5) == 0 {
+            classes
+        } else {
+            below.max(1)
+        };
+        let reads = (0..rng.below(3)).map(|_| rng.class(0, hi)).collect();
+        candidates.push(Candidate {
+            id,
+            writes,
+            reads,
+            cost: rng.below(10) as f64 * 0.5,
+        });
+    }
+    let mut targets = vec![rng.class(leaves, classes)];
+    if rng.below(2) == 0 {
+        targets.push(rng.class(0, classes));
+    }
+    Problem {
+        candidates,
+        available: (0..leaves as u32).map(ClassId).collect(),
+        targets,
+    }
+}
+
+/// Costs of every valid subset, and of the irredundant ones (each candidate writes
+/// something needed): exactly the plans the search enumerates.
+fn brute_force(p: &Problem) -> (Vec<f64>, Vec<f64>) {
+    let (mut all, mut irredundant) = (Vec::new(), Vec::new());
+    for mask in 0u32..1 << p.candidates.len() {
+        let set: Vec<&Candidate> = (0..p.candidates.len())
+            .filter(|i| mask >> i & 1 == 1)
+            .map(|i| &p.candidates[i])
+            .collect();
+        // Topological placement: fails exactly when the set is cyclic or not closed.
+        let mut order: Vec<usize> = Vec::new();
+        let mut have: FxHashSet<ClassId> = p.available.iter().copied().collect();
+        while let Some(i) = (0..set.len())
+            .find(|i| !order.contains(i) && set[*i].reads.iter().all(|r| have.contains(r)))
+        {
+            order.push(i);
+            have.extend(set[i].writes.iter().copied());
+        }
+        let sub = Problem {
+            candidates: set.iter().map(|&c| c.clone()).collect(),
+            ..p.clone()
+        };
+        if order.len() < set.len() || !valid_order(&sub, &order) {
+            continue;
+        }
+        let cost = set.iter().map(|c| c.cost).sum();
+        all.push(cost);
+        let needed = |c: &ClassId| p.targets.contains(c) || set.iter().any(|d| d.reads.contains(c));
+        if set.iter().all(|c| c.writes.iter().any(needed)) {
+            irredundant.push(cost);
+        }
+    }
+    all.sort_by(f64::total_cmp);
+    irredundant.sort_by(f64::total_cmp);
+    (all, irredundant)
+}
+
+#[test]
+fn matches_brute_force_on_random_problems() {
+    let mut rng = Lcg(0x5eed);
+    let mut solved = 0;
+    for _ in 0..400 {
+        let (classes, leaves) = (3 + rng.below(6), 1 + rng.below(2));
+        let p = random_problem(&mut rng, classes, leaves);
+        let (all, irredundant) = brute_force(&p);
+        let result = extract(&p, big());
+        let Some(&opt) = all.first() else {
+            assert!(result.is_err(), "{p:?}");
+            continue;
+        };
+        solved += 1;
+        let e = result.unwrap_or_else(|err| panic!("{err} for {p:?}"));
+        assert!(
+            !e.exhausted && (e.cost - opt).abs() < 1e-9,
+            "{e:?} vs {opt} for {p:?}"
+        );
+        assert!(valid_order(&p, &e.chosen), "{e:?} for {p:?}");
+        match (e.runner_up, irredundant.get(1)) {
+            (Some((plan, cost)), Some(&second)) => {
+                assert!((cost - second).abs() < 1e-9, "{cost} vs {second} for {p:?}");
+                assert!(valid_order(&p, &plan) && sorted(plan) != sorted(e.chosen));
+            }
+            (None, None) => {}
+            (got, want) => panic!("runner-up {got:?}, brute force {want:?} for {p:?}"),
+        }
+    }
+    assert!(solved > 150, "too few feasible random problems: {solved}");
+}
+
+#[test]
+fn large_problem_within_default_budget() {
+    // 1000 classes (100 leaves), two producers each reading 1-3 of the 50 classes below,
+    // and every fourth class a third one that also writes the next class: 2025 candidates.
+    let mut rng = Lcg(42);
+    let mut candidates = Vec::new();
+    for c in 100..1000u32 {
+        for k in 0..2 + u32::from(c % 4 == 0) {
+            let reads = (0..=rng.below(3))
+                .map(|_| ClassId(c - 1 - rng.below(50) as u32))
+                .collect();
+            let second = (k == 2 && c < 999).then_some(ClassId(c + 1));
+            let writes = std::iter::once(ClassId(c)).chain(second).collect();
+            let cost = 1e-6 * (1 + rng.below(100)) as f64;
+            candidates.push(Candidate {
+                id: candidates.len(),
+                writes,
+                reads,
+                cost,
+            });
+        }
+    }
+    let available = (0..100).map(ClassId).collect();
+    let p = Problem {
+        candidates,
+        available,
+        targets: (950..1000).map(ClassId).collect(),
+    };
+    assert_eq!(p.candidates.len(), 2025);
+    let e = extract(&p, Budget::default()).unwrap();
+    assert!(valid_order(&p, &e.chosen) && e.nodes_explored <= Budget::default().max_nodes);
+}
