@@ -239,7 +239,8 @@ impl std::fmt::Debug for Simplified {
 ///
 /// # Example
 /// ```
-/// use tessel_graph::{Budget, Graph, LeafId, Node, Op, simplify};
+/// use tessel_graph::egraph::Budget;
+/// use tessel_graph::{Graph, LeafId, Node, Op, simplify};
 /// use tessel_shape::{BinaryOp, DType, Scalar, Shape};
 ///
 /// let mut g = Graph::new();
