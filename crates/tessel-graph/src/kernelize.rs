@@ -7,7 +7,9 @@
 //! - a value that contains an unmaterialized reduction and is broadcast (`Expand`) into a
 //!   larger iteration space, since recomputing it per broadcast element would repeat the
 //!   reduction;
-//! - a value that contains a reduction and has several consumers.
+//! - a value that contains a reduction and has several consumers;
+//! - a value with several consumers whose computation inlines more than
+//!   `MAX_INLINE_OPS` (64) ops, so sharing stays linear in the graph's size.
 //!
 //! Elementwise chains and movement ops never materialize: movement folds into the index
 //! arithmetic of loads (with validity masks for pads), so views cost nothing.
@@ -158,6 +160,7 @@ pub fn kernelize_with(
     // Lower consumers before producers so a consumer can absorb a producer it evaluates at
     // its own coordinates; `absorbed` records who wrote what.
     let mut written_by: FxHashMap<NodeId, usize> = FxHashMap::default();
+    let mut below = Descendants::default();
     let mut kernels: Vec<ScheduledKernel> = Vec::new();
     let mut empty: Vec<NodeId> = Vec::new();
     for &root in order.iter().rev() {
@@ -197,7 +200,7 @@ pub fn kernelize_with(
                 .skip(1)
                 .copied()
                 .filter(|m| {
-                    lowered.args.iter().any(|a| matches!(a, Slot::Node(n) if !lowered.writes.contains(n) && depends_on(graph, *n, *m)))
+                    lowered.args.iter().any(|a| matches!(a, Slot::Node(n) if !lowered.writes.contains(n) && below.depends_on(graph, *n, *m)))
                 })
                 .collect();
             if bad.is_empty() {
@@ -255,20 +258,32 @@ pub fn kernelize_with(
 }
 
 /// Whether materialized node `from` needs `target`'s value (through unmaterialized nodes,
-/// or through other materialized nodes, which need it in turn).
-fn depends_on(graph: &Graph, from: NodeId, target: NodeId) -> bool {
-    let mut stack = vec![from];
-    let mut seen = FxHashSet::default();
-    while let Some(n) = stack.pop() {
-        if n == target {
-            return true;
-        }
-        if seen.insert(n) {
-            stack.extend(graph.node(n).op.children());
-        }
+/// or through other materialized nodes, which need it in turn), answered from each node's
+/// set of descendants, computed once: a fresh walk for every argument of every kernel
+/// made kernelization quadratic in the graph's size.
+#[derive(Default)]
+struct Descendants(FxHashMap<NodeId, FxHashSet<NodeId>>);
+
+impl Descendants {
+    fn depends_on(&mut self, graph: &Graph, from: NodeId, target: NodeId) -> bool {
+        self.0
+            .entry(from)
+            .or_insert_with(|| {
+                let mut seen = FxHashSet::default();
+                let mut stack = vec![from];
+                while let Some(n) = stack.pop() {
+                    if seen.insert(n) {
+                        stack.extend(graph.node(n).op.children());
+                    }
+                }
+                seen
+            })
+            .contains(&target)
     }
-    false
 }
+
+/// Above this many inlined ops, a value with several consumers is materialized.
+const MAX_INLINE_OPS: usize = 64;
 
 /// The nodes that get buffers. See the module docs for the rules.
 fn choose_materialized(graph: &Graph, order: &[NodeId], targets: &[NodeId]) -> FxHashSet<NodeId> {
@@ -285,8 +300,25 @@ fn choose_materialized(graph: &Graph, order: &[NodeId], targets: &[NodeId]) -> F
     }
     // Whether a node's own kernel would contain a reduction.
     let mut has_reduce: FxHashMap<NodeId, bool> = FxHashMap::default();
+    // Ops a kernel evaluates to compute the node, shared operands counted once per use:
+    // what recomputing it in each consumer costs.
+    let mut inline_ops: FxHashMap<NodeId, usize> = FxHashMap::default();
     for &n in order {
         let node = graph.node(n);
+        let own = usize::from(!node.op.is_movement() && !node.op.children().is_empty());
+        let ops = node
+            .op
+            .children()
+            .iter()
+            .filter(|c| !out.contains(*c))
+            .fold(own, |acc, c| acc.saturating_add(inline_ops[c]));
+        // A large value used several times is computed once, not once per use: without
+        // this a deep elementwise DAG that reuses values (a residual stream) grows every
+        // kernel with the depth.
+        if ops > MAX_INLINE_OPS && consumers.get(&n).copied().unwrap_or(0) > 1 {
+            out.insert(n);
+        }
+        inline_ops.insert(n, if out.contains(&n) { 0 } else { ops });
         if let Op::Expand(child) = node.op
             && has_reduce[&child]
         {

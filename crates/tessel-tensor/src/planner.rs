@@ -51,10 +51,27 @@ pub(crate) struct Plan {
     pub(crate) inputs: Vec<usize>,
     /// `(position, k)`: the buffer at `position` holds the realize's target `k`.
     pub(crate) outputs: Vec<(usize, usize)>,
+    /// The runner-up of the measured choice, run if this plan fails at execution.
+    pub(crate) fallback: Option<Arc<Plan>>,
+}
+
+/// A compiled program, released when the last plan holding it is dropped.
+pub(crate) struct Program {
+    pub(crate) id: ProgramId,
+    backend: Arc<dyn Backend>,
+    device: Device,
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        if let Err(e) = self.backend.release(self.id) {
+            tracing::warn!("releasing a program on {}: {e}", self.device);
+        }
+    }
 }
 
 pub(crate) struct PlanKernel {
-    pub(crate) program: ProgramId,
+    pub(crate) program: Arc<Program>,
     /// Per buffer parameter: a leaf (by signature order) or a buffer (by position).
     pub(crate) args: Vec<PlanSlot>,
 }
@@ -63,16 +80,6 @@ pub(crate) struct PlanKernel {
 pub(crate) enum PlanSlot {
     Input(usize),
     Node(usize),
-}
-
-impl Drop for Plan {
-    fn drop(&mut self) {
-        for k in &self.kernels {
-            if let Err(e) = self.backend.release(k.program) {
-                tracing::warn!("releasing a program on {}: {e}", self.device);
-            }
-        }
-    }
 }
 
 /// What a candidate runs.
@@ -285,7 +292,7 @@ fn add_schedule(
 pub(crate) struct Compiled {
     device: Device,
     backend: Arc<dyn Backend>,
-    candidates: Vec<(Candidate, ProgramId)>,
+    candidates: Vec<(Candidate, Arc<Program>)>,
     buffers: FxHashMap<usize, (DType, Dim)>,
     empty: Vec<usize>,
     targets: Vec<usize>,
@@ -323,10 +330,10 @@ pub(crate) fn compile(
             continue;
         };
         match backend.vendor(device.ordinal, op) {
-            Ok(Some(program)) => {
+            Ok(Some(id)) => {
                 any_vendor = true;
                 out.built += 1;
-                out.candidates.push((c, program));
+                out.candidates.push((c, out.program(id)));
             }
             Ok(None) => {}
             Err(e) => {
@@ -340,14 +347,11 @@ pub(crate) fn compile(
         };
         tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
         match backend.compile(device.ordinal, kernel) {
-            Ok(program) => {
+            Ok(id) => {
                 out.built += 1;
-                out.candidates.push((c, program));
+                out.candidates.push((c, out.program(id)));
             }
-            Err(e) if c.default => {
-                out.release_all();
-                return Err(e.into());
-            }
+            Err(e) if c.default => return Err(e.into()),
             Err(e) => {
                 tracing::warn!(target: "tessel::plan", "{device}: dropping alternative kernel {}: {e}", kernel.name);
             }
@@ -357,10 +361,12 @@ pub(crate) fn compile(
 }
 
 impl Compiled {
-    fn release_all(&mut self) {
-        for (_, p) in self.candidates.drain(..) {
-            let _ = self.backend.release(p);
-        }
+    fn program(&self, id: ProgramId) -> Arc<Program> {
+        Arc::new(Program {
+            id,
+            backend: self.backend.clone(),
+            device: self.device,
+        })
     }
 
     /// Whether some value has more than one producer.
@@ -372,24 +378,17 @@ impl Compiled {
             .any(|w| !seen.insert(*w))
     }
 
-    /// The plan running `chosen` (indices into the candidates) in that order; every other
-    /// program is released.
-    fn into_plan(mut self, chosen: &[usize]) -> Plan {
-        let mut taken: Vec<Option<(Candidate, ProgramId)>> =
-            self.candidates.drain(..).map(Some).collect();
+    /// The plan running `chosen` (indices into the candidates) in that order.
+    fn plan(&self, chosen: &[usize]) -> Plan {
         let mut kernels = Vec::with_capacity(chosen.len());
         let mut written: Vec<usize> = self.empty.clone();
         for &i in chosen {
-            if let Some((c, program)) = taken[i].take() {
-                written.extend(&c.writes);
-                kernels.push(PlanKernel {
-                    program,
-                    args: c.args,
-                });
-            }
-        }
-        for (_, p) in taken.into_iter().flatten() {
-            let _ = self.backend.release(p);
+            let (c, program) = &self.candidates[i];
+            written.extend(&c.writes);
+            kernels.push(PlanKernel {
+                program: program.clone(),
+                args: c.args.clone(),
+            });
         }
         written.sort_unstable();
         written.dedup();
@@ -405,8 +404,9 @@ impl Compiled {
             backend: self.backend.clone(),
             kernels,
             buffers,
-            inputs: std::mem::take(&mut self.inputs),
-            outputs: std::mem::take(&mut self.outputs),
+            inputs: self.inputs.clone(),
+            outputs: self.outputs.clone(),
+            fallback: None,
         }
     }
 
@@ -414,7 +414,7 @@ impl Compiled {
     /// the candidates are exactly the default partition, producers first).
     pub(crate) fn default_plan(self) -> Plan {
         let all: Vec<usize> = (0..self.candidates.len()).collect();
-        self.into_plan(&all)
+        self.plan(&all)
     }
 
     /// Whether [`choose`] has anything to decide.
@@ -474,7 +474,15 @@ pub(crate) fn choose(compiled: Compiled, leaves: &[BufferId]) -> Result<Plan> {
         }
         tracing::info!(target: "tessel::plan", "{}: plan of {} candidates, chosen cost {:.1} µs:\n{text}", compiled.device, compiled.candidates.len(), extraction.cost * 1e6);
     }
-    Ok(compiled.into_plan(&chosen))
+    let mut plan = compiled.plan(&chosen);
+    if let Some((runner_up, _)) = &extraction.runner_up {
+        let ids: Vec<usize> = runner_up
+            .iter()
+            .map(|&k| problem.candidates[k].id)
+            .collect();
+        plan.fallback = Some(Arc::new(compiled.plan(&ids)));
+    }
+    Ok(plan)
 }
 
 /// Runs candidates to validate and time them.
@@ -553,7 +561,7 @@ impl Measurer {
             match self.measure(
                 compiled,
                 c,
-                *program,
+                program.id,
                 inputs,
                 cached[i].or(measured.get(&keys[i]).copied()),
             ) {

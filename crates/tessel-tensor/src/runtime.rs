@@ -245,7 +245,7 @@ impl Runtime {
                 st.plans.remove(&old);
             }
             st.plan_order.push_back(key.clone());
-            st.plans.insert(key, plan.clone());
+            st.plans.insert(key.clone(), plan.clone());
             plan
         };
 
@@ -258,7 +258,25 @@ impl Runtime {
         let inputs: Vec<BufferId> = plan.inputs.iter().map(|&i| bound[i]).collect();
 
         let mut temps: FxHashMap<usize, BufferId> = FxHashMap::default();
-        let result = self.run_plan(&plan, &inputs, &mut temps);
+        let mut plan = plan;
+        let mut result = self.run_plan(&plan, &inputs, &mut temps);
+        if let Err(e) = &result
+            && let Some(fallback) = plan.fallback.clone()
+        {
+            tracing::warn!(target: "tessel::plan", "{device}: the chosen plan failed ({e}); running the runner-up");
+            for (_, b) in temps.drain() {
+                let _ = backend.free(b);
+            }
+            let inputs: Vec<BufferId> = fallback.inputs.iter().map(|&i| bound[i]).collect();
+            result = self.run_plan(&fallback, &inputs, &mut temps);
+            if result.is_ok() {
+                let mut st = self.lock();
+                if st.plans.get(&key).is_some_and(|p| Arc::ptr_eq(p, &plan)) {
+                    st.plans.insert(key, fallback.clone());
+                }
+            }
+            plan = fallback;
+        }
         report.kernels = plan.kernels.len();
 
         let mut st = self.lock();
@@ -307,7 +325,7 @@ impl Runtime {
                     PlanSlot::Node(p) => temps[&p],
                 })
                 .collect();
-            backend.launch(k.program, &args, &no_dims)?;
+            backend.launch(k.program.id, &args, &no_dims)?;
             self.launched.fetch_add(1, Ordering::Relaxed);
         }
         backend.synchronize(plan.device.ordinal)?;

@@ -142,3 +142,36 @@ fn composite_ops_views_and_creation_ops_fuse_into_one_kernel() -> Result<()> {
     one_kernel("zeros", &Tensor::zeros([5, 3], DType::F16))?;
     Ok(())
 }
+
+/// A deep residual stream read by a reduction at every step: without materializing
+/// large shared values, each step's reduction kernel would recompute the whole stream
+/// from the input (kernels growing with depth); with it, results stay exact.
+#[test]
+fn a_deep_residual_stream_with_a_reduction_per_step() -> Result<()> {
+    let (x, xv, _, _) = inputs(7);
+    let mut t = x.clone();
+    let mut want = xv.clone();
+    let mut sums = Vec::new();
+    let mut want_sums = Vec::new();
+    for _ in 0..24 {
+        // t + tanh(t)·0.5 − t·t·0.01: t is used four times per step.
+        t = t.add(&t.tanh().mul(0.5)?)?.sub(&t.mul(&t)?.mul(0.01)?)?;
+        for v in &mut want {
+            let w = *v as f32;
+            *v = f64::from(w + w.tanh() * 0.5 - w * w * 0.01);
+        }
+        sums.push(t.sum(&[-1], false)?);
+        want_sums.push(
+            want.chunks(65)
+                .map(|r| r.iter().sum::<f64>())
+                .collect::<Vec<_>>(),
+        );
+    }
+    let all: Vec<&Tensor> = sums.iter().chain([&t]).collect();
+    Tensor::realize_all(&all)?;
+    common::assert_close("residual stream", &common::read(&t), &want, 1e-4);
+    for (s, w) in sums.iter().zip(&want_sums) {
+        common::assert_close_floor("per-step sum", &common::read(s), w, 1e-4, 1e-3);
+    }
+    Ok(())
+}
