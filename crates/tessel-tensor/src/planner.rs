@@ -425,10 +425,10 @@ impl Compiled {
 
 /// Measures every candidate on the realize's leaves (`leaves`, in signature order) and
 /// returns the plan of the cheapest closed set.
-pub(crate) fn choose(compiled: Compiled, leaves: &[BufferId]) -> Result<Plan> {
+pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId]) -> Result<Plan> {
     let inputs: Vec<BufferId> = compiled.inputs.iter().map(|&i| leaves[i]).collect();
-    let mut m = Measurer::new(&compiled);
-    let outcome = m.run(&compiled, &inputs);
+    let mut m = Measurer::new(compiled);
+    let outcome = m.run(compiled, &inputs);
     m.free();
     let times = outcome?;
     let problem = Problem {

@@ -226,7 +226,7 @@ impl Runtime {
                     inputs.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
                 }
                 drop(st);
-                planner::choose(compiled, &inputs)?
+                planner::choose(&compiled, &inputs)?
             } else {
                 compiled.default_plan()
             };
