@@ -20,7 +20,7 @@ mod tensor;
 pub use device::Device;
 pub use element::Element;
 pub use error::{Error, Result};
-pub use ops::{Operand, ScalarOperand};
+pub use ops::{Conv1d, Conv2d, Conv3d, ConvOptions, Operand, Padding, PoolOptions, ScalarOperand};
 pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
 pub use tensor::Tensor;
 pub use tessel_ir::{BackendError, DeviceInfo, Features};

@@ -1,14 +1,24 @@
 //! The ops, one file per family, over a few shared helpers that every op reports through:
 //! dtype checks, promotion, broadcasting and node recording.
 
+mod conv;
 mod creation;
+mod einsum;
 mod elementwise;
+mod indexing;
 mod linalg;
+mod math;
 mod movement;
 mod operators;
+mod padding;
+mod pool;
 mod reduce;
+mod scan;
+mod sort;
 
+pub use conv::{Conv1d, Conv2d, Conv3d, ConvOptions, Padding};
 pub use elementwise::Operand;
+pub use pool::PoolOptions;
 
 use tessel_graph::Op;
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, ScalarKind, Shape, UnaryOp, rules};

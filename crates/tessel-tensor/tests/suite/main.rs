@@ -10,12 +10,20 @@
 //! with a `tessel-skip:` line on stderr that `cargo xtask test-gpu` counts.
 
 mod common;
+mod conv;
 mod creation;
 mod devices;
+mod einsum;
 mod elementwise;
 mod fusion;
 mod fusion_elementwise;
+mod indexing;
+mod math;
 mod matmul;
 mod movement;
+mod padding;
+mod pool;
 mod reduce;
 mod rewrites;
+mod scan;
+mod sort;

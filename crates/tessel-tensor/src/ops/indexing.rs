@@ -1,0 +1,781 @@
+//! Indexing ops: reads and writes at positions held in index tensors, composed from
+//! existing ops so that every backend runs them through the same kernelizer.
+//!
+//! A data-dependent read is a one-hot selection: the index tensor is compared with an
+//! index ramp over the source axis, the match picks the value with `where`, and a sum over
+//! the source axis collapses it (tinygrad's way). A gather of `m` positions from an axis of
+//! `n` is therefore `O(m·n)` work per outer element, fused into one kernel: cheap for the
+//! vocabularies and class counts of embeddings and losses, slow for gathers from axes of
+//! hundreds of thousands. Selections sum the *bit patterns* (one non-zero term), so values
+//! arrive exactly, `-0.0` and NaN payloads included.
+//!
+//! Out-of-range indices: `PyTorch` raises. Checking would need the index values, which are
+//! lazy (possibly on a GPU), so nothing is checked: an index outside `0..n` (negative ones
+//! included) matches no position and reads `0` (`false` for `bool`), and scatters from it
+//! are dropped. [`Tensor::masked_select`] and [`Tensor::nonzero`], whose result sizes
+//! depend on the data, realize their input and synchronize.
+
+use tessel_graph::{Op, ReduceOp};
+use tessel_shape::{BinaryOp, DType, Dim, Shape, ShapeError, bf16, f16, rules};
+
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::ops::ScalarOperand;
+use crate::tensor::Tensor;
+
+const INDEX_HINT: &str = "index tensors must be i32 or i64; cast with .cast(DType::I64)";
+
+impl Tensor {
+    /// Values along `dim` at the positions `index` holds (`torch.gather`):
+    /// `out[i][j][k] = self[i][index[i][j][k]][k]` for `dim = 1`. `index` (i32 or i64) has
+    /// `self`'s rank and is no larger than `self` in every other dim; the result has its
+    /// shape and `self`'s dtype.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
+    /// let i = Tensor::from_vec(vec![0i64, 0, 1, 0], [2, 2])?;
+    /// assert_eq!(t.gather(1, &i)?.to_vec::<f32>()?, vec![1.0, 1.0, 4.0, 3.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn gather(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        const OP: &str = "gather";
+        check_index(OP, self, index)?;
+        if self.ndim() == 0 && index.ndim() == 0 {
+            let one = Shape::new(vec![Dim::constant(1)]);
+            let out = self
+                .reshape_to(one.clone())
+                .gather(0, &index.reshape_to(one))?;
+            return Ok(out.reshape_to(Shape::new(Vec::new())));
+        }
+        if index.ndim() != self.ndim() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "index {} must have the rank of the input {}; unsqueeze or reshape it",
+                    index.shape(),
+                    self.shape()
+                ),
+            ));
+        }
+        let axis = rules::normalize_axis(OP, dim, self.shape())?;
+        let (sd, id) = (concrete(OP, self)?, concrete(OP, index)?);
+        let mut src = self.clone();
+        for d in (0..sd.len()).filter(|&d| d != axis) {
+            if id[d] > sd[d] {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "index {} is larger than the input {} in dim {d}; index.size(d) <= input.size(d) is needed for every d != dim",
+                        index.shape(),
+                        self.shape()
+                    ),
+                ));
+            }
+            src = src.narrow(i64_of(d), 0, i64_of(id[d]))?;
+        }
+        pick(&src, index, axis)
+    }
+
+    /// [`Tensor::gather`] with broadcasting (`torch.take_along_dim`): `self` and `indices`
+    /// broadcast in every dim but `dim`. With `dim = None` both are flattened first.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![10i32, 30, 20, 5, 7, 6], [2, 3])?;
+    /// let best = t.argmax(1, true)?;
+    /// assert_eq!(t.take_along_dim(&best, Some(1))?.to_vec::<i32>()?, vec![30, 7]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn take_along_dim(&self, indices: &Tensor, dim: Option<i64>) -> Result<Tensor> {
+        const OP: &str = "take_along_dim";
+        check_index(OP, self, indices)?;
+        let Some(dim) = dim else {
+            let flat = |t: &Tensor| t.reshape_to(Shape::new(vec![t.shape().numel()]));
+            return flat(self).gather(0, &flat(indices));
+        };
+        if indices.ndim() != self.ndim() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "indices {} must have the rank of the input {}",
+                    indices.shape(),
+                    self.shape()
+                ),
+            ));
+        }
+        let axis = rules::normalize_axis(OP, dim, self.shape())?;
+        let (sd, id) = (concrete(OP, self)?, concrete(OP, indices)?);
+        let mut src_dims = Vec::with_capacity(sd.len());
+        let mut idx_dims = Vec::with_capacity(sd.len());
+        for d in 0..sd.len() {
+            if d == axis {
+                src_dims.push(i64_of(sd[d]));
+                idx_dims.push(i64_of(id[d]));
+            } else if sd[d] == id[d] || sd[d] == 1 || id[d] == 1 {
+                let b = i64_of(sd[d].max(id[d]) * usize::from(sd[d] != 0 && id[d] != 0));
+                src_dims.push(b);
+                idx_dims.push(b);
+            } else {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "input {} and indices {} do not broadcast in dim {d}",
+                        self.shape(),
+                        indices.shape()
+                    ),
+                ));
+            }
+        }
+        pick(&self.expand(&src_dims)?, &indices.expand(&idx_dims)?, axis)
+    }
+
+    /// The slices of `dim` at the positions in the 1-d (or 0-d) `index`
+    /// (`torch.index_select`); the result's `dim` has `index`'s length.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], [3, 2])?;
+    /// let i = Tensor::from_vec(vec![2i32, 0, 2], [3])?;
+    /// assert_eq!(t.index_select(0, &i)?.to_vec::<i32>()?, vec![5, 6, 1, 2, 5, 6]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn index_select(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        const OP: &str = "index_select";
+        check_index(OP, self, index)?;
+        if index.ndim() > 1 || self.ndim() == 0 {
+            return Err(invalid(
+                OP,
+                format!(
+                    "needs an input with at least one dim and a 1-d index, got input {} and index {}; flatten the index and reshape the result",
+                    self.shape(),
+                    index.shape()
+                ),
+            ));
+        }
+        let axis = rules::normalize_axis(OP, dim, self.shape())?;
+        let mut out = self.shape().clone().into_dims();
+        out[axis] = index.shape().numel();
+        let mut along = vec![Dim::constant(1); self.ndim()];
+        along[axis] = out[axis];
+        let index = index
+            .reshape_to(Shape::new(along))
+            .broadcast_to_shape(&Shape::new(out));
+        pick(self, &index, axis)
+    }
+
+    /// Rows of `weight` (`[num_embeddings, embedding_dim]`) at `indices`, as
+    /// `F.embedding(indices, weight)`: the result has shape `indices.shape + [embedding_dim]`.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let w = Tensor::from_vec(vec![0.0f32, 0.5, 1.0, 1.5, 2.0, 2.5], [3, 2])?;
+    /// let i = Tensor::from_vec(vec![2i64, 1], [1, 2])?;
+    /// let e = Tensor::embedding(&w, &i)?;
+    /// assert_eq!(e.dims(), vec![1, 2, 2]);
+    /// assert_eq!(e.to_vec::<f32>()?, vec![2.0, 2.5, 1.0, 1.5]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn embedding(weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
+        const OP: &str = "embedding";
+        check_index(OP, weight, indices)?;
+        if weight.ndim() != 2 {
+            return Err(invalid(
+                OP,
+                format!(
+                    "weight must be 2-d [num_embeddings, embedding_dim], got {}",
+                    weight.shape()
+                ),
+            ));
+        }
+        let flat = indices.reshape_to(Shape::new(vec![indices.shape().numel()]));
+        let rows = weight.index_select(0, &flat)?;
+        let mut dims = indices.shape().clone().into_dims();
+        dims.push(weight.shape()[1]);
+        Ok(rows.reshape_to(Shape::new(dims)))
+    }
+
+    /// `F.one_hot(self, num_classes)`: a trailing dim of `num_classes` with a 1 at each
+    /// index, as `i64`. `self` holds i32 or i64 class indices; one outside
+    /// `0..num_classes` gives a row of zeros (`PyTorch` raises).
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let c = Tensor::from_vec(vec![2i64, 0], [2])?;
+    /// assert_eq!(c.one_hot(3)?.to_vec::<i64>()?, vec![0, 0, 1, 1, 0, 0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn one_hot(&self, num_classes: usize) -> Result<Tensor> {
+        const OP: &str = "one_hot";
+        check_index(OP, self, self)?;
+        let mut dims = self.shape().clone().into_dims();
+        dims.push(Dim::constant(1));
+        let idx = self.reshape_to(Shape::new(dims.clone()));
+        let last = dims.len() - 1;
+        dims[last] = Dim::constant(i64_of(num_classes));
+        let classes = Tensor::record_on(
+            self.device(),
+            Op::Index(last),
+            self.dtype(),
+            Shape::new(dims),
+        );
+        Ok(idx.eq(&classes)?.cast_to(DType::I64))
+    }
+
+    /// `value` where `mask` is true, else `self` (`Tensor.masked_fill`). `mask` is `bool`
+    /// and broadcasts to `self`'s shape; `value` is converted to `self`'s dtype.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
+    /// let m = Tensor::from_vec(vec![true, false], [2])?;
+    /// let f = t.masked_fill(&m, f32::NEG_INFINITY)?;
+    /// assert_eq!(f.to_vec::<f32>()?, vec![f32::NEG_INFINITY, 2.0, f32::NEG_INFINITY, 4.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn masked_fill(&self, mask: &Tensor, value: impl ScalarOperand) -> Result<Tensor> {
+        const OP: &str = "masked_fill";
+        let mask = mask_to(OP, self, mask)?;
+        let fill = self.full_like_scalar(value.to_operand().0, self.dtype());
+        Ok(mask.raw_where(&fill, self))
+    }
+
+    /// The lower triangle of the last two dims (`torch.tril`): elements with
+    /// `col - row <= k` kept, the rest zero. Batch dims are allowed.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![1i32, 2, 3, 4], [2, 2])?;
+    /// assert_eq!(t.tril(0)?.to_vec::<i32>()?, vec![1, 0, 3, 4]);
+    /// assert_eq!(t.triu(1)?.to_vec::<i32>()?, vec![0, 2, 0, 0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tril(&self, k: i64) -> Result<Tensor> {
+        triangle(self, "tril", k, BinaryOp::Le)
+    }
+
+    /// The upper triangle of the last two dims (`torch.triu`): elements with
+    /// `col - row >= k` kept, the rest zero.
+    pub fn triu(&self, k: i64) -> Result<Tensor> {
+        triangle(self, "triu", k, BinaryOp::Ge)
+    }
+}
+
+// === Helpers ===
+
+pub(super) fn invalid(op: &'static str, reason: String) -> Error {
+    Error::InvalidArgument { op, reason }
+}
+
+pub(super) fn i64_of(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+pub(super) fn usize_of(n: i64) -> usize {
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// Checks `index` is an integer index tensor on `x`'s device.
+pub(super) fn check_index(op: &'static str, x: &Tensor, index: &Tensor) -> Result<()> {
+    x.same_device(index, op)?;
+    if matches!(index.dtype(), DType::I32 | DType::I64) {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedDType {
+            op,
+            dtype: index.dtype(),
+            hint: INDEX_HINT,
+        })
+    }
+}
+
+/// The tensor's dims as numbers; index ops need them known.
+pub(super) fn concrete(op: &'static str, x: &Tensor) -> Result<Vec<usize>> {
+    x.shape().as_usizes().ok_or_else(|| {
+        Error::Shape(ShapeError::InvalidArgument {
+            op,
+            shape: x.shape().clone(),
+            reason: format!("{op} needs known sizes; bind the symbolic dims first"),
+        })
+    })
+}
+
+/// `mask` (bool) broadcast to `x`'s shape, which must not grow.
+pub(super) fn mask_to(op: &'static str, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    x.same_device(mask, op)?;
+    if mask.dtype() != DType::Bool {
+        return Err(invalid(
+            op,
+            format!(
+                "the mask must be bool, got {}; compare it first, e.g. mask.ne(0)",
+                mask.dtype()
+            ),
+        ));
+    }
+    let shape = rules::broadcast(op, x.shape(), mask.shape())?;
+    if &shape != x.shape() {
+        return Err(invalid(
+            op,
+            format!(
+                "mask {} must broadcast to the input {} (it would make {shape})",
+                mask.shape(),
+                x.shape()
+            ),
+        ));
+    }
+    Ok(mask.broadcast_to_shape(&shape))
+}
+
+/// The integer dtype whose values carry `dtype`'s bits, for exact one-hot selection.
+fn bits_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::Bool => DType::U8,
+        DType::F16 | DType::BF16 => DType::I16,
+        DType::F32 => DType::I32,
+        DType::F64 => DType::I64,
+        other => other,
+    }
+}
+
+fn to_bits(x: &Tensor) -> Tensor {
+    let bits = bits_dtype(x.dtype());
+    match x.dtype() {
+        DType::Bool => x.cast_to(bits),
+        d if d.is_float() => x.record(Op::Bitcast(x.node()), bits, x.shape().clone()),
+        _ => x.clone(),
+    }
+}
+
+fn from_bits(x: &Tensor, dtype: DType) -> Tensor {
+    match dtype {
+        DType::Bool => x.cast_to(DType::Bool),
+        d if d.is_float() => x.record(Op::Bitcast(x.node()), dtype, x.shape().clone()),
+        _ => x.clone(),
+    }
+}
+
+/// `op` over `axis` in `x`'s own dtype, the axis kept as size 1.
+pub(super) fn reduce_axis(x: &Tensor, op: ReduceOp, axis: usize) -> Tensor {
+    let mut kept = x.shape().clone().into_dims();
+    kept[axis] = Dim::constant(1);
+    let kept = Shape::new(kept);
+    if x.shape().iter().any(|d| d.as_const() == Some(0)) {
+        // No kernel needs to read an empty input; every output is the identity.
+        return x.record(Op::Const(op.identity(x.dtype())), x.dtype(), kept);
+    }
+    x.record(Op::Reduce(op, x.node(), Box::new([axis])), x.dtype(), kept)
+}
+
+/// `index == position` for `index` unsqueezed after `axis` (`[.., m, 1, ..]`) against the
+/// positions `0..n` of a new dim after `axis` (`[.., m, n, ..]`).
+pub(super) fn one_hot_mask(index: &Tensor, axis: usize, n: Dim) -> Result<Tensor> {
+    let mut dims = index.shape().clone().into_dims();
+    dims.insert(axis + 1, Dim::constant(1));
+    let idx = index.reshape_to(Shape::new(dims));
+    let mut ramp = vec![Dim::constant(1); idx.ndim()];
+    ramp[axis + 1] = n;
+    let positions = Tensor::record_on(
+        index.device(),
+        Op::Index(axis + 1),
+        index.dtype(),
+        Shape::new(ramp),
+    );
+    idx.eq(&positions)
+}
+
+/// `out = src[.., index[.., i, ..], ..]` along `axis`, where `src` and `index` agree in
+/// every other dim.
+fn pick(src: &Tensor, index: &Tensor, axis: usize) -> Result<Tensor> {
+    let mask = one_hot_mask(index, axis, src.shape()[axis])?;
+    let mut dims = src.shape().clone().into_dims();
+    dims.insert(axis, Dim::constant(1));
+    let bits = to_bits(&src.reshape_to(Shape::new(dims)));
+    let mask = mask.broadcast_to_shape(&rules::broadcast("gather", mask.shape(), bits.shape())?);
+    let zero = bits.full_like_scalar(tessel_shape::Scalar::zero(bits.dtype()), bits.dtype());
+    let chosen = mask.raw_where(
+        &bits.broadcast_to_shape(mask.shape()),
+        &zero.broadcast_to_shape(mask.shape()),
+    );
+    let out = reduce_axis(&chosen, ReduceOp::Sum, axis + 1).reshape_to(index.shape().clone());
+    Ok(from_bits(&out, src.dtype()))
+}
+
+fn triangle(x: &Tensor, op: &'static str, k: i64, keep: BinaryOp) -> Result<Tensor> {
+    if x.ndim() < 2 {
+        return Err(Error::Shape(ShapeError::RankMismatch {
+            op,
+            shape: x.shape().clone(),
+            expected: "at least 2 (the last two dims are the matrix)".to_owned(),
+        }));
+    }
+    let n = x.ndim();
+    let (rows, cols) = (x.shape()[n - 2].as_const(), x.shape()[n - 1].as_const());
+    // `col - row` lies in `-(rows - 1)..cols`, so `k` clamped to `-rows..=cols` keeps the
+    // same elements; in i32 when that fits, for devices without 64-bit integers.
+    let (dtype, k) = match (rows, cols) {
+        (Some(r), Some(c)) if r < i64::from(i32::MAX) && c < i64::from(i32::MAX) => {
+            (DType::I32, k.clamp(-r, c))
+        }
+        _ => (DType::I64, k),
+    };
+    let at = |axis| Tensor::record_on(x.device(), Op::Index(axis), dtype, x.shape().clone());
+    let diff = at(n - 1).raw_binary(BinaryOp::Sub, &at(n - 2));
+    let bound = diff.full_like_scalar(tessel_shape::Scalar::I64(k), dtype);
+    let kept = diff.raw_binary(keep, &bound);
+    let zero = x.full_like_scalar(tessel_shape::Scalar::zero(x.dtype()), x.dtype());
+    Ok(kept.raw_where(x, &zero))
+}
+
+// === Scatters and data-dependent sizes ===
+
+impl Tensor {
+    /// `self` with `src[.., j, ..]` written at `index[.., j, ..]` along `dim`
+    /// (`Tensor.scatter`). Where several `j` name one position, the last one wins (`PyTorch`
+    /// leaves that order undefined). Shapes follow [`Tensor::scatter_add`].
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![0i32; 4], [4])?;
+    /// let i = Tensor::from_vec(vec![3i64, 1, 3], [3])?;
+    /// let s = Tensor::from_vec(vec![7i32, 8, 9], [3])?;
+    /// assert_eq!(t.scatter(0, &i, &s)?.to_vec::<i32>()?, vec![0, 8, 0, 9]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scatter(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        const OP: &str = "scatter";
+        let plan = ScatterPlan::new(OP, self, dim, index, src)?;
+        let axis = plan.axis;
+        let mask = one_hot_mask(index, axis, self.shape()[axis])?;
+        // The last source position `j` that writes each destination, or -1.
+        let j = Tensor::record_on(
+            self.device(),
+            Op::Index(axis),
+            index.dtype(),
+            mask.shape().clone(),
+        );
+        let none = j.full_like_scalar(tessel_shape::Scalar::I64(-1), index.dtype());
+        let last = reduce_axis(&mask.raw_where(&j, &none), ReduceOp::Max, axis);
+        let last = last.reshape_to(plan.spread_shape(self));
+        let written = last.ge(0)?;
+        let value = pick(&plan.src, &last, axis)?;
+        let (written, value) = (plan.pad(&written, false)?, plan.pad(&value, 0)?);
+        Ok(written.raw_where(&value, self))
+    }
+
+    /// `self` plus every `src[.., j, ..]` added at `index[.., j, ..]` along `dim`
+    /// (`Tensor.scatter_add`); repeated indices add up. `index` has the rank of `self`
+    /// and `src`, is no larger than `src` in any dim, and no larger than `self` in the
+    /// others; `src` has `self`'s dtype. Integers wrap; `f16`/`bf16` add in `f32`.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![1.0f32; 3], [3])?;
+    /// let i = Tensor::from_vec(vec![0i64, 2, 0], [3])?;
+    /// let s = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3])?;
+    /// assert_eq!(t.scatter_add(0, &i, &s)?.to_vec::<f32>()?, vec![5.0, 1.0, 3.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scatter_add(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        scatter_reduce_impl(self, "scatter_add", dim, index, src, "sum", true)
+    }
+
+    /// `Tensor.scatter_reduce`: every `src[.., j, ..]` combined into position
+    /// `index[.., j, ..]` along `dim` by `reduce`, one of `"sum"`, `"prod"`, `"mean"`,
+    /// `"amax"`, `"amin"`; with `include_self` the value of `self` there takes part, else
+    /// only the scattered values do (positions no index names keep `self`'s value).
+    /// `"mean"` needs a float dtype. Shapes as in [`Tensor::scatter_add`].
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![5.0f32, 5.0], [2])?;
+    /// let i = Tensor::from_vec(vec![0i64, 0, 1], [3])?;
+    /// let s = Tensor::from_vec(vec![1.0f32, 9.0, 2.0], [3])?;
+    /// let m = t.scatter_reduce(0, &i, &s, "amax", false)?;
+    /// assert_eq!(m.to_vec::<f32>()?, vec![9.0, 2.0]);
+    /// let m = t.scatter_reduce(0, &i, &s, "mean", true)?;
+    /// assert_eq!(m.to_vec::<f32>()?, vec![5.0, 3.5]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scatter_reduce(
+        &self,
+        dim: i64,
+        index: &Tensor,
+        src: &Tensor,
+        reduce: &str,
+        include_self: bool,
+    ) -> Result<Tensor> {
+        scatter_reduce_impl(
+            self,
+            "scatter_reduce",
+            dim,
+            index,
+            src,
+            reduce,
+            include_self,
+        )
+    }
+
+    /// The elements where `mask` is true, as a 1-d tensor (`torch.masked_select`);
+    /// `self` and `mask` broadcast together. The result's length depends on the mask's
+    /// values, so this realizes both, reads them to the host, **synchronizing** with the
+    /// device, and uploads the selected values back to `self`'s device.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![1i32, -2, 3, -4], [2, 2])?;
+    /// assert_eq!(t.masked_select(&t.gt(0)?)?.to_vec::<i32>()?, vec![1, 3]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn masked_select(&self, mask: &Tensor) -> Result<Tensor> {
+        const OP: &str = "masked_select";
+        self.same_device(mask, OP)?;
+        if mask.dtype() != DType::Bool {
+            return Err(invalid(
+                OP,
+                format!(
+                    "the mask must be bool, got {}; compare it first, e.g. mask.ne(0)",
+                    mask.dtype()
+                ),
+            ));
+        }
+        let shape = rules::broadcast(OP, self.shape(), mask.shape())?;
+        let flat = |t: &Tensor| {
+            t.broadcast_to_shape(&shape)
+                .reshape_to(Shape::new(vec![shape.numel()]))
+        };
+        let flags = flat(mask).to_vec::<bool>()?;
+        // The values are read too and filtered on the host: O(n), where a one-hot
+        // selection on the device would be O(n * count).
+        let values = flat(self);
+        let kept = match self.dtype() {
+            DType::Bool => kept_where::<bool>(&values, &flags),
+            DType::U8 => kept_where::<u8>(&values, &flags),
+            DType::U16 => kept_where::<u16>(&values, &flags),
+            DType::U32 => kept_where::<u32>(&values, &flags),
+            DType::U64 => kept_where::<u64>(&values, &flags),
+            DType::I8 => kept_where::<i8>(&values, &flags),
+            DType::I16 => kept_where::<i16>(&values, &flags),
+            DType::I32 => kept_where::<i32>(&values, &flags),
+            DType::I64 => kept_where::<i64>(&values, &flags),
+            DType::F16 => kept_where::<f16>(&values, &flags),
+            DType::BF16 => kept_where::<bf16>(&values, &flags),
+            DType::F32 => kept_where::<f32>(&values, &flags),
+            DType::F64 => kept_where::<f64>(&values, &flags),
+        }?;
+        kept.to(&self.device())
+    }
+
+    /// The coordinates of the non-zero elements, one row each in row-major order, as an
+    /// `i64` tensor of shape `[count, ndim]` (`torch.nonzero`). NaN counts as non-zero,
+    /// `-0.0` as zero. The count depends on the values, so this realizes `self` and
+    /// **synchronizes** with the device.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![0.0f32, 1.5, -2.0, 0.0], [2, 2])?;
+    /// assert_eq!(t.nonzero()?.to_vec::<i64>()?, vec![0, 1, 1, 0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn nonzero(&self) -> Result<Tensor> {
+        const OP: &str = "nonzero";
+        let dims = concrete(OP, self)?;
+        let flags = if self.dtype() == DType::Bool {
+            self.clone()
+        } else {
+            let zero =
+                self.full_like_scalar(tessel_shape::Scalar::zero(self.dtype()), self.dtype());
+            self.raw_binary(BinaryOp::Ne, &zero)
+        };
+        let flags = flags.to_vec::<bool>()?;
+        let mut coords = Vec::new();
+        for (flat, _) in flags.iter().enumerate().filter(|(_, f)| **f) {
+            let mut rest = flat;
+            let start = coords.len();
+            for &d in dims.iter().rev() {
+                coords.push(i64_of(rest % d));
+                rest /= d;
+            }
+            coords[start..].reverse();
+        }
+        let count = coords.len() / dims.len().max(1);
+        let found = if dims.is_empty() {
+            // A 0-d tensor has one element and no coordinates.
+            Tensor::from_vec(Vec::<i64>::new(), [usize::from(flags[0]), 0])?
+        } else {
+            Tensor::from_vec(coords, [count, dims.len()])?
+        };
+        found.to(&self.device())
+    }
+}
+
+/// The elements of the 1-d `values` whose flag is set, as a new host-built tensor.
+fn kept_where<T: Element>(values: &Tensor, flags: &[bool]) -> Result<Tensor> {
+    let kept: Vec<T> = values
+        .to_vec::<T>()?
+        .into_iter()
+        .zip(flags)
+        .filter_map(|(v, &f)| f.then_some(v))
+        .collect();
+    let n = kept.len();
+    Tensor::from_vec(kept, [n])
+}
+
+/// The checked operands of a scatter: the axis, `src` cut to `index`'s shape, and the
+/// pads that grow an `index`-shaped result (with `self`'s size along the axis) to `self`.
+struct ScatterPlan {
+    axis: usize,
+    src: Tensor,
+    pads: Vec<(i64, i64)>,
+}
+
+impl ScatterPlan {
+    fn new(op: &'static str, x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<Self> {
+        check_index(op, x, index)?;
+        x.same_device(src, op)?;
+        if src.dtype() != x.dtype() {
+            return Err(invalid(
+                op,
+                format!(
+                    "src is {} but the input is {}; cast src with .cast(DType::{:?})",
+                    src.dtype(),
+                    x.dtype(),
+                    x.dtype()
+                ),
+            ));
+        }
+        if index.ndim() != x.ndim() || src.ndim() != x.ndim() {
+            return Err(invalid(
+                op,
+                format!(
+                    "input {}, index {} and src {} must have one rank",
+                    x.shape(),
+                    index.shape(),
+                    src.shape()
+                ),
+            ));
+        }
+        let axis = rules::normalize_axis(op, dim, x.shape())?;
+        let (xd, id, sd) = (concrete(op, x)?, concrete(op, index)?, concrete(op, src)?);
+        let mut cut = src.clone();
+        let mut pads = Vec::with_capacity(xd.len());
+        for d in 0..xd.len() {
+            if id[d] > sd[d] || (d != axis && id[d] > xd[d]) {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "index {} is larger than src {} or (in a dim other than {axis}) the input {} in dim {d}; the index may not exceed them",
+                        index.shape(),
+                        src.shape(),
+                        x.shape()
+                    ),
+                ));
+            }
+            cut = cut.narrow(i64_of(d), 0, i64_of(id[d]))?;
+            pads.push((0, if d == axis { 0 } else { i64_of(xd[d] - id[d]) }));
+        }
+        Ok(ScatterPlan {
+            axis,
+            src: cut,
+            pads,
+        })
+    }
+
+    /// `index`'s shape with `x`'s size along the axis.
+    fn spread_shape(&self, x: &Tensor) -> Shape {
+        let mut dims = self.src.shape().clone().into_dims();
+        dims[self.axis] = x.shape()[self.axis];
+        Shape::new(dims)
+    }
+
+    fn pad(&self, t: &Tensor, value: impl ScalarOperand) -> Result<Tensor> {
+        t.pad(&self.pads, value)
+    }
+}
+
+fn scatter_reduce_impl(
+    x: &Tensor,
+    op: &'static str,
+    dim: i64,
+    index: &Tensor,
+    src: &Tensor,
+    reduce: &str,
+    include_self: bool,
+) -> Result<Tensor> {
+    let plan = ScatterPlan::new(op, x, dim, index, src)?;
+    let rop = match reduce {
+        "sum" | "mean" => ReduceOp::Sum,
+        "prod" => ReduceOp::Prod,
+        "amax" => ReduceOp::Max,
+        "amin" => ReduceOp::Min,
+        other => {
+            return Err(invalid(
+                op,
+                format!(
+                    "unknown reduce {other:?}; use \"sum\", \"prod\", \"mean\", \"amax\" or \"amin\""
+                ),
+            ));
+        }
+    };
+    if x.dtype() == DType::Bool || (reduce == "mean" && !x.dtype().is_float()) {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: x.dtype(),
+            hint: "scatter reductions take numeric tensors (\"mean\" a float one); cast first",
+        });
+    }
+    let axis = plan.axis;
+    // f16/bf16 accumulate in f32 and round once, like the reductions.
+    let work = match x.dtype() {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    };
+    let mask = one_hot_mask(index, axis, x.shape()[axis])?;
+    let mut dims = plan.src.shape().clone().into_dims();
+    dims.insert(axis + 1, Dim::constant(1));
+    let vals = plan
+        .src
+        .cast_to(work)
+        .reshape_to(Shape::new(dims))
+        .broadcast_to_shape(mask.shape());
+    let fill = vals.full_like_scalar(rop.identity(work), work);
+    let spread = plan.spread_shape(x);
+    let reduced = reduce_axis(&mask.raw_where(&vals, &fill), rop, axis).reshape_to(spread.clone());
+    let counts = reduce_axis(&mask.cast_to(DType::I32), ReduceOp::Sum, axis).reshape_to(spread);
+    let (reduced, counts) = (plan.pad(&reduced, 0)?, plan.pad(&counts, 0)?);
+    let base = x.cast_to(work);
+    let combined = match (rop, include_self) {
+        (_, false) if reduce != "mean" => reduced,
+        (ReduceOp::Sum, true) if reduce == "sum" => base.add(&reduced)?,
+        (ReduceOp::Prod, _) => base.mul(&reduced)?,
+        (ReduceOp::Max, _) => base.maximum(&reduced)?,
+        (ReduceOp::Min, _) => base.minimum(&reduced)?,
+        (_, true) => base.add(&reduced)?.div(counts.add(1)?.cast_to(work))?,
+        (_, false) => reduced.div(counts.cast_to(work))?,
+    };
+    let written = counts.gt(0)?;
+    Ok(written.raw_where(&combined, &base).cast_to(x.dtype()))
+}

@@ -1,0 +1,649 @@
+//! Index ops against plain loops over the index arrays: gathers and selections moved bit
+//! for bit in every dtype with i32 and i64 indices, scatters with repeated indices, masks,
+//! triangles, diagonals and rolls, on non-contiguous views and size-0/size-1 dims, and
+//! the errors, which name the op and the shapes.
+
+use crate::common::nd::{Nd, reduce_tol, unravel};
+use crate::common::{DEFAULT, Rng, assert_close, assert_err, invalid, on_device, tensor};
+use tessel_tensor::{DType, Error, Result, Tensor};
+
+const ALL: [DType; 13] = [
+    DType::Bool,
+    DType::U8,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+];
+
+const INDEX: [DType; 2] = [DType::I32, DType::I64];
+
+fn random(seed: u64, dtype: DType, dims: &[usize]) -> Nd {
+    let mut x = Nd::random(&mut Rng::new(seed), dtype, dims, DEFAULT);
+    if dtype.is_float() && x.data.len() >= 4 {
+        // Edge values must travel unchanged through selections.
+        x.data[0] = f64::NAN;
+        x.data[1] = -0.0;
+        x.data[2] = f64::INFINITY;
+        x.data[3] = f64::NEG_INFINITY;
+    }
+    x
+}
+
+/// Random indices in `0..n`.
+fn indices(seed: u64, dims: &[usize], n: usize) -> Nd {
+    let mut rng = Rng::new(seed);
+    let count = dims.iter().product();
+    Nd::new(
+        dims,
+        (0..count)
+            .map(|_| rng.int(0, n as i64 - 1) as f64)
+            .collect(),
+    )
+}
+
+#[track_caller]
+fn exact(what: &str, got: &Tensor, want: &Nd) {
+    let got = Nd::of(got);
+    assert_eq!(got.dims, want.dims, "{what}: dims");
+    for (i, (g, w)) in got.data.iter().zip(&want.data).enumerate() {
+        assert!(
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+            "{what}: element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+fn unsupported_any(op: &'static str) -> impl Fn(&Error) -> bool {
+    move |e| matches!(e, Error::UnsupportedDType { op: o, .. } if *o == op)
+}
+
+/// `torch.gather` by its definition.
+fn gather_ref(src: &Nd, axis: usize, index: &Nd) -> Nd {
+    Nd::from_fn(&index.dims, |o| {
+        let mut idx = o.to_vec();
+        idx[axis] = index.at(o) as usize;
+        src.at(&idx)
+    })
+}
+
+#[test]
+fn gather_every_dtype_and_index_dtype() -> Result<()> {
+    for dtype in on_device(ALL) {
+        let x = random(1, dtype, &[3, 5, 4]);
+        let t = x.tensor(dtype);
+        for (k, idx_dtype) in on_device(INDEX).into_iter().enumerate() {
+            let i = indices(2 + k as u64, &[2, 7, 4], 5);
+            let got = t.gather(1, &i.tensor(idx_dtype))?;
+            assert_eq!(got.dtype(), dtype);
+            exact(
+                &format!("gather {dtype} by {idx_dtype}"),
+                &got,
+                &gather_ref(&x, 1, &i),
+            );
+            let got = t.gather(-3, &indices(9, &[4, 5, 4], 3).tensor(idx_dtype))?;
+            exact(
+                &format!("gather dim -3 {dtype}"),
+                &got,
+                &gather_ref(&x, 0, &indices(9, &[4, 5, 4], 3)),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gather_views_sizes_and_out_of_range() -> Result<()> {
+    let x = random(3, DType::F32, &[4, 6]);
+    let t = x.tensor(DType::F32);
+    // A transposed view of the source.
+    let i = indices(4, &[6, 3], 4);
+    exact(
+        "gather from a permuted view",
+        &t.permute(&[1, 0])?.gather(1, &i.tensor(DType::I64))?,
+        &gather_ref(&x.permute(&[1, 0]), 1, &i),
+    );
+    // A strided slice as the index.
+    let big = indices(5, &[4, 6], 6);
+    let sliced = big.tensor(DType::I32).slice(1, Some(1), None, 2)?;
+    exact(
+        "gather by a sliced index",
+        &t.gather(1, &sliced)?,
+        &gather_ref(&x, 1, &big.slice(1, 1, 2, 3)),
+    );
+    // Size-0 and size-1 dims.
+    let empty = Tensor::zeros([4, 0], DType::I64);
+    assert_eq!(t.gather(1, &empty)?.dims(), vec![4, 0]);
+    let one = indices(6, &[1, 1], 6);
+    exact(
+        "gather [1, 1]",
+        &t.gather(1, &one.tensor(DType::I64))?,
+        &gather_ref(&x, 1, &one),
+    );
+    // 0-d source and index.
+    let s = Tensor::from_vec(vec![2.5f32], Vec::<usize>::new())?;
+    let z = Tensor::from_vec(vec![0i64], Vec::<usize>::new())?;
+    assert_eq!(s.gather(0, &z)?.to_vec::<f32>()?, vec![2.5]);
+    // Out of range (documented): no position matches, the value is 0.
+    let bad = Tensor::from_vec(vec![-1i64, 6, 0, 100], [4, 1])?;
+    let got = t.gather(1, &bad)?.to_vec::<f32>()?;
+    assert_eq!(got[..2], [0.0, 0.0]);
+    assert_eq!(got[3], 0.0);
+    Ok(())
+}
+
+#[test]
+fn gather_errors() {
+    let t = Tensor::zeros([3, 4], DType::F32);
+    assert_err(
+        "float index",
+        t.gather(0, &Tensor::zeros([3, 4], DType::F32)),
+        unsupported_any("gather"),
+        &["gather", "i64"],
+    );
+    assert_err(
+        "rank mismatch",
+        t.gather(0, &Tensor::zeros([3], DType::I64)),
+        invalid("gather"),
+        &["gather", "[3]", "[3, 4]"],
+    );
+    assert_err(
+        "index too large",
+        t.gather(0, &Tensor::zeros([2, 5], DType::I64)),
+        invalid("gather"),
+        &["gather", "[2, 5]", "dim 1"],
+    );
+    assert!(t.gather(2, &Tensor::zeros([3, 4], DType::I64)).is_err());
+}
+
+#[test]
+fn take_along_dim_broadcasts_and_flattens() -> Result<()> {
+    let x = random(7, DType::F32, &[3, 4, 5]);
+    let t = x.tensor(DType::F32);
+    let i = indices(8, &[1, 4, 2], 5);
+    let want = gather_ref(&x, 2, &i.expand(&[3, 4, 2]));
+    exact(
+        "broadcast index",
+        &t.take_along_dim(&i.tensor(DType::I64), Some(-1))?,
+        &want,
+    );
+    let f = indices(9, &[6], 60);
+    let flat = x.reshape(&[60]);
+    exact(
+        "dim None",
+        &t.take_along_dim(&f.tensor(DType::I32), None)?,
+        &gather_ref(&flat, 0, &f),
+    );
+    // The argmax idiom.
+    let best = t.argmax(1, true)?;
+    let got = Nd::of(&t.take_along_dim(&best, Some(1))?);
+    let want = Nd::of(&t.max(&[1], true)?);
+    assert_eq!(got.dims, want.dims);
+    assert_close("max via take_along_dim", &got.data, &want.data, 0.0);
+    assert_err(
+        "no broadcast",
+        t.take_along_dim(&Tensor::zeros([2, 4, 1], DType::I64), Some(2)),
+        invalid("take_along_dim"),
+        &["take_along_dim", "[2, 4, 1]", "dim 0"],
+    );
+    Ok(())
+}
+
+#[test]
+fn index_select_and_embedding() -> Result<()> {
+    for dtype in on_device(ALL) {
+        let x = random(10, dtype, &[5, 3]);
+        let t = x.tensor(dtype);
+        for idx_dtype in on_device(INDEX) {
+            // Repeated indices are fine.
+            let i = Nd::new(&[4], vec![4.0, 0.0, 4.0, 2.0]);
+            let want = Nd::from_fn(&[4, 3], |o| x.at(&[i.data[o[0]] as usize, o[1]]));
+            exact(
+                &format!("index_select {dtype} {idx_dtype}"),
+                &t.index_select(0, &i.tensor(idx_dtype))?,
+                &want,
+            );
+            let j = Nd::new(&[2], vec![2.0, 1.0]);
+            let want = Nd::from_fn(&[5, 2], |o| x.at(&[o[0], j.data[o[1]] as usize]));
+            exact(
+                "index_select dim -1 of a view",
+                &t.permute(&[1, 0])?
+                    .permute(&[1, 0])?
+                    .index_select(-1, &j.tensor(idx_dtype))?,
+                &want,
+            );
+        }
+    }
+    let w = random(11, DType::F32, &[6, 4]);
+    let wt = w.tensor(DType::F32);
+    let ids = indices(12, &[2, 3], 6);
+    let want = Nd::from_fn(&[2, 3, 4], |o| w.at(&[ids.at(&o[..2]) as usize, o[2]]));
+    exact(
+        "embedding",
+        &Tensor::embedding(&wt, &ids.tensor(DType::I64))?,
+        &want,
+    );
+    assert_eq!(
+        Tensor::embedding(&wt, &Tensor::zeros([0], DType::I64))?.dims(),
+        vec![0, 4]
+    );
+    assert_eq!(
+        wt.index_select(0, &Tensor::zeros([0], DType::I32))?.dims(),
+        vec![0, 4]
+    );
+    assert_err(
+        "2-d index",
+        wt.index_select(0, &Tensor::zeros([2, 2], DType::I64)),
+        invalid("index_select"),
+        &["index_select", "[2, 2]"],
+    );
+    assert_err(
+        "1-d weight",
+        Tensor::embedding(
+            &Tensor::zeros([4], DType::F32),
+            &Tensor::zeros([2], DType::I64),
+        ),
+        invalid("embedding"),
+        &["embedding", "[4]"],
+    );
+    assert_err(
+        "bool index",
+        wt.index_select(0, &Tensor::zeros([2], DType::Bool)),
+        unsupported_any("index_select"),
+        &["index_select"],
+    );
+    Ok(())
+}
+
+#[test]
+fn one_hot_classes() -> Result<()> {
+    for idx_dtype in on_device(INDEX) {
+        let c = indices(13, &[3, 4], 5);
+        let got = c.tensor(idx_dtype).one_hot(5)?;
+        assert_eq!(got.dtype(), DType::I64);
+        let want = Nd::from_fn(&[3, 4, 5], |o| {
+            f64::from(u8::from(c.at(&o[..2]) as usize == o[2]))
+        });
+        exact("one_hot", &got, &want);
+    }
+    // Out of range gives a zero row (documented); size-0 inputs work.
+    let c = Tensor::from_vec(vec![-1i64, 3], [2])?;
+    assert_eq!(c.one_hot(3)?.to_vec::<i64>()?, vec![0; 6]);
+    assert_eq!(
+        Tensor::zeros([0], DType::I64).one_hot(4)?.dims(),
+        vec![0, 4]
+    );
+    assert_err(
+        "float classes",
+        Tensor::zeros([2], DType::F32).one_hot(3),
+        unsupported_any("one_hot"),
+        &["one_hot"],
+    );
+    Ok(())
+}
+
+#[test]
+fn masked_fill_tril_triu() -> Result<()> {
+    let mut rng = Rng::new(14);
+    for dtype in on_device(ALL) {
+        let x = random(15, dtype, &[2, 3, 4]);
+        let t = x.tensor(dtype);
+        let m = Nd::new(&[3, 1], (0..3).map(|_| rng.int(0, 1) as f64).collect());
+        let fill = if dtype == DType::Bool { 1.0 } else { 7.0 };
+        let want = Nd::from_fn(&x.dims, |o| {
+            if m.at(&[o[1], 0]) == 0.0 {
+                x.at(o)
+            } else {
+                fill
+            }
+        });
+        exact(
+            &format!("masked_fill {dtype}"),
+            &t.masked_fill(&m.tensor(DType::Bool), 7)?,
+            &want,
+        );
+        for k in -3..=4 {
+            let tri = |upper: bool| {
+                Nd::from_fn(&x.dims, |o| {
+                    let d = o[2] as i64 - o[1] as i64;
+                    let keep = if upper { d >= k } else { d <= k };
+                    if keep { x.at(o) } else { 0.0 }
+                })
+            };
+            exact(&format!("tril({k}) {dtype}"), &t.tril(k)?, &tri(false));
+            exact(&format!("triu({k}) {dtype}"), &t.triu(k)?, &tri(true));
+        }
+    }
+    // A transposed view, and a float fill on an int tensor (converted, as in PyTorch).
+    let x = random(16, DType::I32, &[4, 3]);
+    let t = x.tensor(DType::I32).permute(&[1, 0])?;
+    let xt = x.permute(&[1, 0]);
+    let want = Nd::from_fn(&[3, 4], |o| if o[1] > o[0] { 0.0 } else { xt.at(o) });
+    exact("tril of a view", &t.tril(0)?, &want);
+    // Extreme diagonals keep everything or nothing.
+    exact("tril(i64::MAX)", &t.tril(i64::MAX)?, &xt);
+    exact("triu(i64::MIN)", &t.triu(i64::MIN)?, &xt);
+    exact(
+        "tril(i64::MIN)",
+        &t.tril(i64::MIN)?,
+        &Nd::new(&[3, 4], vec![0.0; 12]),
+    );
+    assert_eq!(
+        Tensor::zeros([2, 0, 3], DType::F32).triu(1)?.dims(),
+        vec![2, 0, 3]
+    );
+    let m = t.gt(0)?;
+    let want = Nd::from_fn(&[3, 4], |o| if xt.at(o) > 0.0 { 2.0 } else { xt.at(o) });
+    let got = t.masked_fill(&m, 2.9)?;
+    assert_eq!(got.dtype(), DType::I32);
+    exact("masked_fill converts the value", &got, &want);
+    assert_err(
+        "mask grows the input",
+        t.masked_fill(&Tensor::zeros([2, 3, 4], DType::Bool), 0),
+        invalid("masked_fill"),
+        &["masked_fill", "[2, 3, 4]", "[3, 4]"],
+    );
+    assert_err(
+        "int mask",
+        t.masked_fill(&Tensor::zeros([3, 4], DType::I32), 0),
+        invalid("masked_fill"),
+        &["masked_fill", "bool"],
+    );
+    assert!(Tensor::zeros([3], DType::F32).tril(0).is_err());
+    Ok(())
+}
+
+#[test]
+fn diagonal_and_roll() -> Result<()> {
+    let x = random(17, DType::F32, &[3, 4, 5]);
+    let t = x.tensor(DType::F32);
+    for (d1, d2) in [(1i64, 2i64), (2, 1), (0, 2), (-1, 0)] {
+        for offset in -5..=6i64 {
+            let (a1, a2) = ((d1 + 3) as usize % 3, (d2 + 3) as usize % 3);
+            let other = (0..3).find(|&d| d != a1 && d != a2).unwrap_or(0);
+            let (r, c) = (x.dims[a1] as i64, x.dims[a2] as i64);
+            let (r0, c0) = ((-offset).max(0), offset.max(0));
+            let len = (r - r0).min(c - c0).max(0) as usize;
+            let want = Nd::from_fn(&[x.dims[other], len], |o| {
+                let mut idx = vec![0; 3];
+                idx[other] = o[0];
+                idx[a1] = r0 as usize + o[1];
+                idx[a2] = c0 as usize + o[1];
+                x.at(&idx)
+            });
+            exact(
+                &format!("diagonal({offset}, {d1}, {d2})"),
+                &t.diagonal(offset, d1, d2)?,
+                &want,
+            );
+        }
+    }
+    assert_err(
+        "same dims",
+        t.diagonal(0, 1, -2),
+        invalid("diagonal"),
+        &["diagonal", "[3, 4, 5]"],
+    );
+    for dtype in on_device(ALL) {
+        let x = random(18, dtype, &[3, 4]);
+        let t = x.tensor(dtype);
+        for (shifts, dims) in [
+            (vec![1i64], vec![0i64]),
+            (vec![-5, 7], vec![1, 0]),
+            (vec![2, 2], vec![-1, -1]),
+        ] {
+            let want = Nd::from_fn(&x.dims, |o| {
+                let mut idx = o.to_vec();
+                for (s, d) in shifts.iter().zip(&dims) {
+                    let a = (*d + 2) as usize % 2;
+                    let n = x.dims[a] as i64;
+                    idx[a] = (idx[a] as i64 - s).rem_euclid(n) as usize;
+                }
+                x.at(&idx)
+            });
+            exact(
+                &format!("roll {shifts:?} {dims:?} {dtype}"),
+                &t.roll(&shifts, &dims)?,
+                &want,
+            );
+        }
+        let flat = Nd::from_fn(&x.dims, |o| {
+            let f = (o[0] * 4 + o[1]) as i64;
+            x.data[(f - 5).rem_euclid(12) as usize]
+        });
+        exact("roll flattened", &t.roll(&[5], &[])?, &flat);
+    }
+    assert_eq!(
+        Tensor::zeros([0, 2], DType::F32).roll(&[3], &[0])?.dims(),
+        vec![0, 2]
+    );
+    assert_err(
+        "shifts without dims",
+        t.roll(&[1, 2], &[]),
+        invalid("roll"),
+        &["roll", "one shift"],
+    );
+    assert_err(
+        "mismatch",
+        t.roll(&[1], &[0, 1]),
+        invalid("roll"),
+        &["roll"],
+    );
+    Ok(())
+}
+
+/// `scatter_reduce` by its definition; `reduce` among sum/prod/mean/amax/amin/replace.
+fn scatter_ref(x: &Nd, axis: usize, index: &Nd, src: &Nd, reduce: &str, include: bool) -> Nd {
+    let mut acc: Vec<Vec<f64>> = x
+        .data
+        .iter()
+        .map(|&v| if include { vec![v] } else { vec![] })
+        .collect();
+    for flat in 0..index.numel() {
+        let o = unravel(flat, &index.dims);
+        let mut dst = o.clone();
+        dst[axis] = index.at(&o) as usize;
+        let f = dst
+            .iter()
+            .zip(crate::common::nd::strides(&x.dims))
+            .map(|(i, s)| i * s)
+            .sum::<usize>();
+        acc[f].push(src.at(&o));
+    }
+    let data = acc
+        .iter()
+        .zip(&x.data)
+        .map(|(vals, &own)| {
+            if vals.is_empty() || (include && vals.len() == 1 && reduce != "replace") {
+                return own;
+            }
+            match reduce {
+                "sum" => vals.iter().sum(),
+                "prod" => vals.iter().product(),
+                "mean" => vals.iter().sum::<f64>() / vals.len() as f64,
+                "amax" => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                "amin" => vals.iter().copied().fold(f64::INFINITY, f64::min),
+                _ => *vals.last().unwrap_or(&own),
+            }
+        })
+        .collect();
+    Nd::new(&x.dims, data)
+}
+
+#[test]
+fn scatter_family_with_duplicates() -> Result<()> {
+    let dtypes = on_device([DType::F32, DType::F16, DType::I32, DType::I64, DType::F64]);
+    for dtype in dtypes {
+        let x = Nd::random(
+            &mut Rng::new(19),
+            dtype,
+            &[4, 3, 5],
+            DEFAULT.quantized(0.25),
+        );
+        let src = Nd::random(
+            &mut Rng::new(20),
+            dtype,
+            &[4, 6, 5],
+            DEFAULT.quantized(0.25),
+        );
+        // Six source rows into three destinations: duplicates guaranteed.
+        let i = indices(21, &[3, 6, 4], 3);
+        for idx_dtype in on_device(INDEX) {
+            let (t, s, it) = (x.tensor(dtype), src.tensor(dtype), i.tensor(idx_dtype));
+            let src_cut = src.slice(0, 0, 1, 3).slice(2, 0, 1, 4);
+            let tol = reduce_tol(dtype, 8);
+            let check = |what: &str, got: Tensor, want: Nd| {
+                assert_eq!(got.dtype(), dtype, "{what}");
+                let g = Nd::of(&got);
+                assert_eq!(g.dims, want.dims, "{what}");
+                let want: Vec<f64> = want
+                    .data
+                    .iter()
+                    .map(|&w| crate::common::round_to(dtype, w))
+                    .collect();
+                assert_close(&format!("{what} {dtype} {idx_dtype}"), &g.data, &want, tol);
+            };
+            check(
+                "scatter_add",
+                t.scatter_add(1, &it, &s)?,
+                scatter_ref(&x, 1, &i, &src_cut, "sum", true),
+            );
+            check(
+                "scatter",
+                t.scatter(-2, &it, &s)?,
+                scatter_ref(&x, 1, &i, &src_cut, "replace", false),
+            );
+            for reduce in ["sum", "prod", "mean", "amax", "amin"] {
+                if reduce == "mean" && !dtype.is_float() {
+                    continue;
+                }
+                for include in [true, false] {
+                    check(
+                        &format!("scatter_reduce {reduce} include_self={include}"),
+                        t.scatter_reduce(1, &it, &s, reduce, include)?,
+                        scatter_ref(&x, 1, &i, &src_cut, reduce, include),
+                    );
+                }
+            }
+        }
+    }
+    // Non-contiguous self and src, scatter along dim 0.
+    let x = random(22, DType::F32, &[3, 4]);
+    let src = Nd::random(&mut Rng::new(23), DType::F32, &[4, 5], DEFAULT);
+    let i = indices(24, &[5, 2], 4);
+    let t = x.tensor(DType::F32).permute(&[1, 0])?;
+    let s = src.tensor(DType::F32).permute(&[1, 0])?;
+    let want = scatter_ref(
+        &x.permute(&[1, 0]),
+        0,
+        &i,
+        &src.permute(&[1, 0]).slice(1, 0, 1, 2),
+        "sum",
+        true,
+    );
+    assert_close(
+        "scatter_add of views",
+        &Nd::of(&t.scatter_add(0, &i.tensor(DType::I64), &s)?).data,
+        &want.data,
+        1e-5,
+    );
+    // Empty index: nothing changes.
+    let got = t.scatter_add(0, &Tensor::zeros([0, 3], DType::I64), &s)?;
+    exact("empty scatter", &got, &x.permute(&[1, 0]));
+    let tf = Tensor::zeros([3], DType::F32);
+    let idx = Tensor::zeros([2], DType::I64);
+    assert_err(
+        "dtype mismatch",
+        tf.scatter_add(0, &idx, &Tensor::zeros([2], DType::F64)),
+        invalid("scatter_add"),
+        &["scatter_add", "cast"],
+    );
+    assert_err(
+        "bad reduce",
+        tf.scatter_reduce(0, &idx, &Tensor::zeros([2], DType::F32), "max", true),
+        invalid("scatter_reduce"),
+        &["scatter_reduce", "amax"],
+    );
+    assert_err(
+        "int mean",
+        Tensor::zeros([3], DType::I32).scatter_reduce(
+            0,
+            &idx,
+            &Tensor::zeros([2], DType::I32),
+            "mean",
+            true,
+        ),
+        unsupported_any("scatter_reduce"),
+        &["scatter_reduce", "mean"],
+    );
+    assert_err(
+        "index larger than src",
+        tf.scatter(
+            0,
+            &Tensor::zeros([4], DType::I64),
+            &Tensor::zeros([2], DType::F32),
+        ),
+        invalid("scatter"),
+        &["scatter", "[4]", "[2]"],
+    );
+    Ok(())
+}
+
+#[test]
+fn masked_select_and_nonzero_synchronize() -> Result<()> {
+    for dtype in on_device(ALL) {
+        let x = random(25, dtype, &[3, 4]);
+        let t = x.tensor(dtype);
+        let m = Nd::random(&mut Rng::new(26), DType::Bool, &[4], DEFAULT);
+        let want: Vec<f64> = (0..12)
+            .filter(|f| m.data[f % 4] != 0.0)
+            .map(|f| x.data[f])
+            .collect();
+        let n = want.len();
+        exact(
+            &format!("masked_select {dtype}"),
+            &t.masked_select(&m.tensor(DType::Bool))?,
+            &Nd::new(&[n], want),
+        );
+        let mut coords = Vec::new();
+        for (f, v) in x.data.iter().enumerate() {
+            if *v != 0.0 {
+                coords.extend([(f / 4) as f64, (f % 4) as f64]);
+            }
+        }
+        let count = coords.len() / 2;
+        let got = t.permute(&[1, 0])?.permute(&[1, 0])?.nonzero()?;
+        assert_eq!(got.dtype(), DType::I64);
+        exact(
+            &format!("nonzero {dtype}"),
+            &got,
+            &Nd::new(&[count, 2], coords),
+        );
+    }
+    let z = tensor(DType::F32, &[0.0, -0.0, f64::NAN], &[3]);
+    assert_eq!(z.nonzero()?.to_vec::<i64>()?, vec![2]);
+    assert_eq!(
+        Tensor::zeros([0, 3], DType::F32).nonzero()?.dims(),
+        vec![0, 2]
+    );
+    assert_eq!(
+        Tensor::zeros([2], DType::F32)
+            .masked_select(&Tensor::zeros([2], DType::Bool))?
+            .dims(),
+        vec![0]
+    );
+    assert_err(
+        "int mask",
+        z.masked_select(&z),
+        invalid("masked_select"),
+        &["masked_select", "bool"],
+    );
+    Ok(())
+}
