@@ -43,6 +43,8 @@ fn steps() -> Vec<Step> {
                 "test-gpu",
                 "--backends",
                 "cpu,wgpu,opencl",
+                "--jobs",
+                "2",
             ])
         },
         Step::new(&["cargo", "doc", "--workspace", "--no-deps"]),
