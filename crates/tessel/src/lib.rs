@@ -35,8 +35,9 @@
 //! created on.
 
 pub use tessel_tensor::{
-    BackendError, DType, Device, DeviceInfo, Dim, Element, Error, Features, PLAN_CACHE_LIMIT,
-    RealizeReport, Result, RuntimeStats, ScalarOperand, Shape, Tensor, bf16, f16, stats,
+    BackendError, Conv1d, Conv2d, Conv3d, ConvOptions, DType, Device, DeviceInfo, Dim, Element,
+    Error, Features, Operand, PLAN_CACHE_LIMIT, Padding, PoolOptions, RealizeReport, Result,
+    RuntimeStats, ScalarOperand, Shape, Tensor, bf16, f16, inspect, stats,
 };
 
 /// The kernel IR, for writing custom kernels and inspecting generated ones.
