@@ -7,22 +7,6 @@ use crate::common::nd::{Nd, reduce_tol, unravel};
 use crate::common::{DEFAULT, Rng, assert_close, assert_err, invalid, on_device, tensor};
 use tessel_tensor::{DType, Error, Result, Tensor};
 
-const ALL: [DType; 13] = [
-    DType::Bool,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-];
-
 const INDEX: [DType; 2] = [DType::I32, DType::I64];
 
 fn random(seed: u64, dtype: DType, dims: &[usize]) -> Nd {
@@ -76,7 +60,7 @@ fn gather_ref(src: &Nd, axis: usize, index: &Nd) -> Nd {
 
 #[test]
 fn gather_every_dtype_and_index_dtype() -> Result<()> {
-    for dtype in on_device(ALL) {
+    for dtype in on_device(DType::ALL) {
         let x = random(1, dtype, &[3, 5, 4]);
         let t = x.tensor(dtype);
         for (k, idx_dtype) in on_device(INDEX).into_iter().enumerate() {
@@ -198,7 +182,7 @@ fn take_along_dim_broadcasts_and_flattens() -> Result<()> {
 
 #[test]
 fn index_select_and_embedding() -> Result<()> {
-    for dtype in on_device(ALL) {
+    for dtype in on_device(DType::ALL) {
         let x = random(10, dtype, &[5, 3]);
         let t = x.tensor(dtype);
         for idx_dtype in on_device(INDEX) {
@@ -292,7 +276,7 @@ fn one_hot_classes() -> Result<()> {
 #[test]
 fn masked_fill_tril_triu() -> Result<()> {
     let mut rng = Rng::new(14);
-    for dtype in on_device(ALL) {
+    for dtype in on_device(DType::ALL) {
         let x = random(15, dtype, &[2, 3, 4]);
         let t = x.tensor(dtype);
         let m = Nd::new(&[3, 1], (0..3).map(|_| rng.int(0, 1) as f64).collect());
@@ -391,7 +375,7 @@ fn diagonal_and_roll() -> Result<()> {
         invalid("diagonal"),
         &["diagonal", "[3, 4, 5]"],
     );
-    for dtype in on_device(ALL) {
+    for dtype in on_device(DType::ALL) {
         let x = random(18, dtype, &[3, 4]);
         let t = x.tensor(dtype);
         for (shifts, dims) in [
@@ -598,7 +582,7 @@ fn scatter_family_with_duplicates() -> Result<()> {
 
 #[test]
 fn masked_select_and_nonzero_synchronize() -> Result<()> {
-    for dtype in on_device(ALL) {
+    for dtype in on_device(DType::ALL) {
         let x = random(25, dtype, &[3, 4]);
         let t = x.tensor(dtype);
         let m = Nd::random(&mut Rng::new(26), DType::Bool, &[4], DEFAULT);
