@@ -8,6 +8,7 @@
 //! **Architecture Invariant:** no tensor op computes anything itself: every op is a graph
 //! node, and every value is computed by a kernel the kernelizer built.
 
+mod autograd;
 mod device;
 mod element;
 mod error;
@@ -17,6 +18,7 @@ mod planner;
 mod runtime;
 mod tensor;
 
+pub use autograd::grad;
 pub use device::Device;
 pub use element::Element;
 pub use error::{Error, Result};

@@ -176,6 +176,11 @@ impl Runtime {
         })
     }
 
+    /// Adds a count to a live node for a new holder.
+    pub(crate) fn retain(&self, node: NodeId) {
+        self.lock().graph.retain(node);
+    }
+
     pub(crate) fn release(&self, node: NodeId) {
         let mut st = self.lock();
         let freed = st.graph.release(node);

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use tessel_graph::{Node, NodeId, Op};
 use tessel_shape::{DType, Scalar, Shape};
@@ -36,7 +37,8 @@ use crate::runtime::{RealizeReport, runtime};
 pub struct Tensor(Arc<Handle>);
 
 pub(crate) struct Handle {
-    pub(crate) node: NodeId,
+    /// The node the handle holds one count of; [`Tensor::assign`] swaps it.
+    node: AtomicU32,
     pub(crate) shape: Shape,
     pub(crate) dtype: DType,
     pub(crate) device: Device,
@@ -44,7 +46,7 @@ pub(crate) struct Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        runtime().release(self.node);
+        runtime().release(NodeId(*self.node.get_mut()));
     }
 }
 
@@ -58,7 +60,7 @@ impl Tensor {
     /// Wraps a node the caller holds one count of.
     pub(crate) fn from_node(node: NodeId, shape: Shape, dtype: DType, device: Device) -> Tensor {
         Tensor(Arc::new(Handle {
-            node,
+            node: AtomicU32::new(node.0),
             shape,
             dtype,
             device,
@@ -80,7 +82,55 @@ impl Tensor {
     }
 
     pub(crate) fn node(&self) -> NodeId {
-        self.0.node
+        NodeId(self.0.node.load(Ordering::Acquire))
+    }
+
+    /// Makes this tensor — and every clone of it — hold `value` from now on, like
+    /// PyTorch's in-place `copy_` on a parameter. Work recorded earlier from this tensor
+    /// keeps the value it had then (the old value stays alive as long as such work does),
+    /// so an optimizer step cannot change a loss computed before it.
+    ///
+    /// `value` must have this tensor's shape, dtype and device. Nothing is computed: an
+    /// optimizer realizes its updates first, so each step runs one cached plan and the
+    /// parameter afterwards is a realized buffer, not a growing expression.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let w = Tensor::from_vec(vec![1.0f32, 2.0], [2])?;
+    /// let view = w.clone();
+    /// let before = (&w * 10.0)?;
+    /// w.assign(&(&w + 1.0)?)?;
+    /// assert_eq!(view.to_vec::<f32>()?, vec![2.0, 3.0]);
+    /// assert_eq!(before.to_vec::<f32>()?, vec![10.0, 20.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn assign(&self, value: &Tensor) -> Result<()> {
+        if value.shape() != self.shape() || value.dtype() != self.dtype() {
+            return Err(Error::InvalidArgument {
+                op: "assign",
+                reason: format!(
+                    "the value is {} {} but the tensor is {} {}; cast or reshape the value first",
+                    value.shape(),
+                    value.dtype(),
+                    self.shape(),
+                    self.dtype()
+                ),
+            });
+        }
+        if value.device() != self.device() {
+            return Err(Error::DeviceMismatch {
+                op: "assign",
+                lhs: self.device().to_string(),
+                rhs: value.device().to_string(),
+            });
+        }
+        let new = value.node();
+        runtime().retain(new);
+        let old = self.0.node.swap(new.0, Ordering::AcqRel);
+        runtime().release(NodeId(old));
+        Ok(())
     }
 
     /// The shape (dims may be symbolic).
