@@ -1,17 +1,475 @@
 //! Reverse-mode gradients, recorded as ordinary graph nodes.
+//!
+//! [`grad`] walks the recorded graph from the loss back to the requested tensors and adds,
+//! for every primitive node on the way, the nodes of its vector-Jacobian product. The
+//! gradients are lazy tensors like any other: they fuse with each other and with the
+//! forward pass, go through the e-graph and the plan cache, and can be differentiated
+//! again. Every composite op of the Tensor API (softmax, conv2d, gather, ...) is built
+//! from the primitives below, so it is differentiable without a rule of its own.
+//!
+//! There is no `requires_grad` state: what is differentiated is the graph as recorded
+//! between the loss and the tensors asked for. A tensor that was realized in between (read,
+//! printed, [`Tensor::realize`]) is a computed buffer from then on, a constant to `grad`
+//! (like `.detach()` in PyTorch).
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use tessel_graph::{Node, NodeId, Op, ReduceOp};
+use tessel_shape::{BinaryOp, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use crate::error::{Error, Result};
+use crate::ops::movement::{pad_axis, shrink};
+use crate::runtime::runtime;
 use crate::tensor::Tensor;
 
-/// The gradients of a scalar `loss` with respect to each tensor of `wrt`.
+/// The gradients of a one-element `loss` with respect to each tensor of `wrt`
+/// (`torch.autograd.grad(loss, wrt)`), as lazy tensors of the same shapes and dtypes.
+///
+/// Realize the loss and the gradients (and whatever uses them, like an optimizer's update)
+/// together with [`Tensor::realize_all`], so one plan computes the forward and backward
+/// passes, sharing their work.
+///
+/// Errors if the loss is not a one-element float tensor, if it was realized already (its
+/// recorded ops are gone: take gradients before reading it), if a tensor of `wrt` is not
+/// a float tensor, lives on another device, or does not take part in computing the loss.
+///
+/// ```
+/// # use tessel_tensor::Tensor;
+/// # fn main() -> tessel_tensor::Result<()> {
+/// let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [3])?;
+/// let loss = (&x * &x)?.sum_all()?; // Σ x²
+/// let [dx] = <[Tensor; 1]>::try_from(tessel_tensor::grad(&loss, &[&x])?).unwrap();
+/// assert_eq!(dx.to_vec::<f64>()?, vec![2.0, 4.0, 6.0]);
+/// // A gradient is a tensor like any other: differentiate it again.
+/// let second = tessel_tensor::grad(&dx.sum_all()?, &[&x])?;
+/// assert_eq!(second[0].to_vec::<f64>()?, vec![2.0, 2.0, 2.0]);
+/// # Ok(())
+/// # }
+/// ```
 pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
-    let _ = (loss, wrt);
-    Err(Error::Internal("autograd is being built".into()))
+    const OP: &str = "grad";
+    if loss.numel() != 1 || !loss.dtype().is_float() {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            reason: format!(
+                "the loss must be a float tensor with one element, got {} {}; reduce it first (e.g. .sum_all() or .mean_all())",
+                loss.shape(),
+                loss.dtype()
+            ),
+        });
+    }
+    for (i, w) in wrt.iter().enumerate() {
+        loss.same_device(w, OP)?;
+        if !w.dtype().is_float() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "wrt[{i}] is a {} tensor; gradients exist only for float tensors",
+                    w.dtype()
+                ),
+            });
+        }
+    }
+    let targets: FxHashSet<NodeId> = wrt.iter().map(|w| w.node()).collect();
+    let tape = Tape::record(loss, &targets);
+    if let Some(i) = wrt.iter().position(|w| !tape.needs(w.node())) {
+        let reason = if matches!(tape.nodes[&loss.node()].op, Op::Leaf(_)) {
+            "the loss was realized (read, printed or realize()d) before grad was called, so its recorded ops are gone; call grad first, then realize the loss together with the gradients (Tensor::realize_all)".to_string()
+        } else {
+            format!(
+                "wrt[{i}] ({} {}) does not take part in computing the loss, or only through a tensor that was realized in between (realized tensors are constants to grad)",
+                wrt[i].shape(),
+                wrt[i].dtype()
+            )
+        };
+        return Err(Error::InvalidArgument { op: OP, reason });
+    }
+    let grads = tape.backward(loss)?;
+    Ok(wrt
+        .iter()
+        .map(|w| {
+            grads
+                .get(&w.node())
+                .cloned()
+                .unwrap_or_else(|| w.zeros_like())
+        })
+        .collect())
 }
 
 impl Tensor {
-    /// The gradients of this scalar with respect to each tensor of `wrt` (see [`grad`]).
+    /// The gradients of this one-element tensor with respect to each tensor of `wrt`; see
+    /// [`grad`].
     pub fn backward(&self, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
         grad(self, wrt)
     }
+}
+
+/// The recorded graph between the loss and the tensors differentiated for.
+struct Tape {
+    /// Nodes in dependency order (operands first), the loss last.
+    order: Vec<NodeId>,
+    /// Each node's structure, captured at the call.
+    nodes: FxHashMap<NodeId, Node>,
+    /// A handle to every node of `order`, holding it live while gradients are built.
+    handles: FxHashMap<NodeId, Tensor>,
+    /// The nodes on a path from a differentiated tensor to the loss.
+    on_path: FxHashSet<NodeId>,
+}
+
+impl Tape {
+    fn record(loss: &Tensor, targets: &FxHashSet<NodeId>) -> Tape {
+        let device = loss.device();
+        let (order, nodes) = {
+            let mut st = runtime().lock();
+            let order = st.graph.toposort(&[loss.node()]);
+            let mut nodes = FxHashMap::default();
+            for &id in &order {
+                st.graph.retain(id);
+                nodes.insert(id, st.graph.node(id).clone());
+            }
+            (order, nodes)
+        };
+        let handles = order
+            .iter()
+            .map(|&id| {
+                let n = &nodes[&id];
+                (id, Tensor::from_node(id, n.shape.clone(), n.dtype, device))
+            })
+            .collect();
+        let mut on_path = FxHashSet::default();
+        for &id in &order {
+            let node = &nodes[&id];
+            if targets.contains(&id)
+                || (node.dtype.is_float() && node.op.children().iter().any(|c| on_path.contains(c)))
+            {
+                on_path.insert(id);
+            }
+        }
+        Tape {
+            order,
+            nodes,
+            handles,
+            on_path,
+        }
+    }
+
+    fn needs(&self, id: NodeId) -> bool {
+        self.on_path.contains(&id)
+    }
+
+    /// Every on-path node's gradient, from the loss's (one) down.
+    fn backward(&self, loss: &Tensor) -> Result<FxHashMap<NodeId, Tensor>> {
+        let mut grads: FxHashMap<NodeId, Tensor> = FxHashMap::default();
+        grads.insert(loss.node(), loss.ones_like());
+        for &id in self.order.iter().rev() {
+            if !self.needs(id) {
+                continue;
+            }
+            let Some(g) = grads.get(&id).cloned() else {
+                continue;
+            };
+            let node = &self.nodes[&id];
+            for (child, contribution) in self.vjp(id, node, &g)? {
+                if !self.needs(child) {
+                    continue;
+                }
+                let total = match grads.remove(&child) {
+                    Some(acc) => acc.raw_binary(BinaryOp::Add, &contribution),
+                    None => contribution,
+                };
+                grads.insert(child, total);
+            }
+        }
+        Ok(grads)
+    }
+
+    fn tensor(&self, id: NodeId) -> &Tensor {
+        &self.handles[&id]
+    }
+
+    /// The gradient contributions of node `id` (with gradient `g`) to its operands.
+    fn vjp(&self, id: NodeId, node: &Node, g: &Tensor) -> Result<Vec<(NodeId, Tensor)>> {
+        let out = self.tensor(id);
+        Ok(match &node.op {
+            Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Bitcast(_) => vec![],
+            Op::Unary(op, a) => unary_vjp(*op, self.tensor(*a), out, g)
+                .map(|d| vec![(*a, d)])
+                .unwrap_or_default(),
+            Op::Binary(op, a, b) => binary_vjp(*op, self.tensor(*a), self.tensor(*b), out, g)
+                .into_iter()
+                .zip([*a, *b])
+                .filter_map(|(d, c)| d.map(|d| (c, d)))
+                .collect(),
+            Op::Ternary(TernaryOp::Where, c, a, b) => {
+                let cond = self.tensor(*c);
+                let zero = g.constant(0.0);
+                vec![
+                    (*a, cond.raw_where(g, &zero)),
+                    (*b, cond.raw_where(&zero, g)),
+                ]
+            }
+            Op::Ternary(TernaryOp::MulAdd, a, b, c) => {
+                let (ta, tb) = (self.tensor(*a), self.tensor(*b));
+                vec![(*a, mul(g, tb)), (*b, mul(g, ta)), (*c, g.clone())]
+            }
+            Op::Cast(a) => {
+                let x = self.tensor(*a);
+                if x.dtype().is_float() {
+                    vec![(*a, g.cast_to(x.dtype()))]
+                } else {
+                    vec![]
+                }
+            }
+            Op::Reshape(a) => vec![(*a, g.reshape_to(self.tensor(*a).shape().clone()))],
+            Op::Permute(a, perm) => {
+                let mut inverse = vec![0; perm.len()];
+                for (k, &p) in perm.iter().enumerate() {
+                    inverse[p] = k;
+                }
+                let x = self.tensor(*a);
+                vec![(
+                    *a,
+                    g.record(
+                        Op::Permute(g.node(), inverse.into()),
+                        g.dtype(),
+                        x.shape().clone(),
+                    ),
+                )]
+            }
+            Op::Expand(a) => {
+                let x = self.tensor(*a);
+                let axes: Vec<usize> = (0..x.ndim())
+                    .filter(|&k| x.shape()[k] != node.shape[k])
+                    .collect();
+                vec![(*a, reduce(g, ReduceOp::Sum, &axes, x.shape().clone()))]
+            }
+            Op::Pad(a, pads, _) => {
+                let x = self.tensor(*a);
+                let ranges = pads
+                    .iter()
+                    .map(|&(before, _)| (before, Dim::constant(1)))
+                    .collect();
+                vec![(*a, shrink(g, ranges, x.shape().clone()))]
+            }
+            Op::Shrink(a, ranges) => vec![(*a, unshrink(g, ranges, self.tensor(*a).shape())?)],
+            Op::Flip(a, axes) => {
+                let x = self.tensor(*a);
+                vec![(
+                    *a,
+                    g.record(
+                        Op::Flip(g.node(), axes.clone()),
+                        g.dtype(),
+                        x.shape().clone(),
+                    ),
+                )]
+            }
+            Op::Reduce(op, a, axes) => {
+                let x = self.tensor(*a);
+                vec![(*a, reduce_vjp(*op, x, out, g, axes))]
+            }
+        })
+    }
+}
+
+fn mul(a: &Tensor, b: &Tensor) -> Tensor {
+    a.raw_binary(BinaryOp::Mul, b)
+}
+
+fn div(a: &Tensor, b: &Tensor) -> Tensor {
+    a.raw_binary(BinaryOp::Div, b)
+}
+
+fn neg(a: &Tensor) -> Tensor {
+    a.raw_unary(UnaryOp::Neg)
+}
+
+fn scaled(a: &Tensor, factor: f64) -> Tensor {
+    mul(a, &a.constant(factor))
+}
+
+/// A reduction of `x` over `axes` to `shape` (those axes size 1).
+fn reduce(x: &Tensor, op: ReduceOp, axes: &[usize], shape: Shape) -> Tensor {
+    if axes.is_empty() {
+        return x.clone();
+    }
+    x.record(Op::Reduce(op, x.node(), axes.into()), x.dtype(), shape)
+}
+
+/// The gradient through a unary op, `None` where it is zero (piecewise-constant ops).
+fn unary_vjp(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Option<Tensor> {
+    use std::f64::consts::{LN_2, PI};
+    Some(match op {
+        UnaryOp::Neg => neg(g),
+        UnaryOp::Abs => mul(g, &x.raw_unary(UnaryOp::Sign)),
+        UnaryOp::Reciprocal => neg(&mul(g, &mul(out, out))),
+        UnaryOp::Sqrt => div(&scaled(g, 0.5), out),
+        UnaryOp::Rsqrt => scaled(&mul(g, &mul(out, &mul(out, out))), -0.5),
+        UnaryOp::Exp => mul(g, out),
+        UnaryOp::Exp2 => scaled(&mul(g, out), LN_2),
+        UnaryOp::Log => div(g, x),
+        UnaryOp::Log2 => div(g, &scaled(x, LN_2)),
+        UnaryOp::Sin => mul(g, &x.raw_unary(UnaryOp::Cos)),
+        UnaryOp::Cos => neg(&mul(g, &x.raw_unary(UnaryOp::Sin))),
+        UnaryOp::Tan => mul(
+            g,
+            &out.constant(1.0).raw_binary(BinaryOp::Add, &mul(out, out)),
+        ),
+        UnaryOp::Tanh => mul(
+            g,
+            &out.constant(1.0).raw_binary(BinaryOp::Sub, &mul(out, out)),
+        ),
+        UnaryOp::Erf => {
+            let gauss = neg(&mul(x, x)).raw_unary(UnaryOp::Exp);
+            scaled(&mul(g, &gauss), 2.0 / PI.sqrt())
+        }
+        UnaryOp::Sign
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round
+        | UnaryOp::Trunc
+        | UnaryOp::Not
+        | UnaryOp::IsNan
+        | UnaryOp::IsInf => return None,
+    })
+}
+
+/// The gradients through a binary op to each operand, `None` where there is none.
+fn binary_vjp(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    out: &Tensor,
+    g: &Tensor,
+) -> [Option<Tensor>; 2] {
+    if !a.dtype().is_float() {
+        return [None, None];
+    }
+    let zero = g.constant(0.0);
+    match op {
+        BinaryOp::Add => [Some(g.clone()), Some(g.clone())],
+        BinaryOp::Sub => [Some(g.clone()), Some(neg(g))],
+        BinaryOp::Mul => [Some(mul(g, b)), Some(mul(g, a))],
+        BinaryOp::Div => [Some(div(g, b)), Some(neg(&div(&mul(g, out), b)))],
+        // fmod: a - trunc(a / b) * b.
+        BinaryOp::Rem => [
+            Some(g.clone()),
+            Some(neg(&mul(g, &div(a, b).raw_unary(UnaryOp::Trunc)))),
+        ],
+        BinaryOp::Pow => {
+            // PyTorch's conventions: no base gradient where the exponent is 0, no
+            // exponent gradient where the base is 0 and the exponent is not negative.
+            let b_minus_1 = b.raw_binary(BinaryOp::Sub, &b.constant(1.0));
+            let base = mul(g, &mul(b, &a.raw_binary(BinaryOp::Pow, &b_minus_1)));
+            let exp_zero = b.raw_binary(BinaryOp::Eq, &zero);
+            let base = exp_zero.raw_where(&zero, &base);
+            let exponent = mul(g, &mul(out, &a.raw_unary(UnaryOp::Log)));
+            let no_exp = a
+                .raw_binary(BinaryOp::Eq, &zero)
+                .raw_binary(BinaryOp::And, &b.raw_binary(BinaryOp::Ge, &zero));
+            [Some(base), Some(no_exp.raw_where(&zero, &exponent))]
+        }
+        // Ties share the gradient equally, like torch.maximum/minimum.
+        BinaryOp::Max | BinaryOp::Min => {
+            let wins = if op == BinaryOp::Max {
+                BinaryOp::Gt
+            } else {
+                BinaryOp::Lt
+            };
+            let half = scaled(g, 0.5);
+            let tie = a.raw_binary(BinaryOp::Eq, b);
+            let share = |x: &Tensor, y: &Tensor| {
+                let won = x.raw_binary(wins, y).raw_where(g, &zero);
+                tie.raw_where(&half, &won)
+            };
+            [Some(share(a, b)), Some(share(b, a))]
+        }
+        _ => [None, None],
+    }
+}
+
+/// The gradient through a reduction of `x` to `out` over `axes`.
+fn reduce_vjp(op: ReduceOp, x: &Tensor, out: &Tensor, g: &Tensor, axes: &[usize]) -> Tensor {
+    let shape = x.shape();
+    let g_full = g.broadcast_to_shape(shape);
+    match op {
+        ReduceOp::Sum => g_full,
+        // Ties share the gradient equally, like torch.amax / max without dim.
+        ReduceOp::Max | ReduceOp::Min => {
+            let hit = x
+                .raw_binary(BinaryOp::Eq, &out.broadcast_to_shape(shape))
+                .cast_to(x.dtype());
+            let count = reduce(&hit, ReduceOp::Sum, axes, out.shape().clone());
+            mul(&hit, &div(g, &count).broadcast_to_shape(shape))
+        }
+        // The product of the other elements: out / x without zeros; with exactly one zero
+        // only that element has a gradient (the product of the rest); with more, none.
+        ReduceOp::Prod => {
+            let zero = x.constant(0.0);
+            let is_zero = x.raw_binary(BinaryOp::Eq, &zero);
+            let nonzero = is_zero.raw_where(&x.constant(1.0), x);
+            let prod_nonzero = reduce(&nonzero, ReduceOp::Prod, axes, out.shape().clone());
+            let zeros = reduce(
+                &is_zero.cast_to(x.dtype()),
+                ReduceOp::Sum,
+                axes,
+                out.shape().clone(),
+            )
+            .broadcast_to_shape(shape);
+            let others_if_none = div(&out.broadcast_to_shape(shape), x);
+            let one_zero = zeros
+                .raw_binary(BinaryOp::Eq, &zero.constant(1.0))
+                .raw_binary(BinaryOp::And, &is_zero);
+            let others_if_one = one_zero.raw_where(&prod_nonzero.broadcast_to_shape(shape), &zero);
+            let others = zeros
+                .raw_binary(BinaryOp::Eq, &zero)
+                .raw_where(&others_if_none, &others_if_one);
+            mul(&g_full, &others)
+        }
+    }
+}
+
+/// The gradient of a shrink: `g` placed back at the kept positions, zeros elsewhere.
+fn unshrink(g: &Tensor, ranges: &[(Dim, Dim)], input: &Shape) -> Result<Tensor> {
+    let zero = Scalar::zero(g.dtype());
+    let mut t = g.clone();
+    for (axis, &(start, step)) in ranges.iter().enumerate() {
+        let (len, kept) = (input[axis], t.shape()[axis]);
+        if start.as_const() == Some(0) && step.as_const() == Some(1) && kept == len {
+            continue;
+        }
+        let step = step.as_const().filter(|&s| s >= 1).ok_or_else(|| {
+            Error::Internal(format!(
+                "grad of a shrink with step {step} along axis {axis}"
+            ))
+        })?;
+        if step > 1 {
+            // Interleave: each kept element followed by step - 1 zeros.
+            let mut dims = t.shape().dims().to_vec();
+            dims.insert(axis + 1, Dim::constant(1));
+            let split = t.reshape_to(Shape::new(dims.clone()));
+            let spread = pad_axis(
+                &split,
+                axis + 1,
+                Dim::constant(0),
+                Dim::constant(step - 1),
+                zero,
+            );
+            dims.remove(axis + 1);
+            dims[axis] = kept * Dim::constant(step);
+            t = spread.reshape_to(Shape::new(dims));
+        }
+        // Now t covers [start, start + kept * step) of the axis; fit it to the input.
+        let covered = t.shape()[axis];
+        let after = len - start - covered;
+        match after.as_const() {
+            Some(a) if a < 0 => {
+                let mut dims = t.shape().dims().to_vec();
+                dims[axis] = covered + Dim::constant(a);
+                let keep_front = vec![(Dim::constant(0), Dim::constant(1)); t.ndim()];
+                t = shrink(&t, keep_front, Shape::new(dims));
+                t = pad_axis(&t, axis, start, Dim::constant(0), zero);
+            }
+            _ => t = pad_axis(&t, axis, start, after, zero),
+        }
+    }
+    Ok(t)
 }

@@ -16,6 +16,7 @@ pub mod inspect;
 mod ops;
 mod planner;
 mod runtime;
+mod safetensors;
 mod tensor;
 
 pub use autograd::grad;
@@ -24,6 +25,7 @@ pub use element::Element;
 pub use error::{Error, Result};
 pub use ops::{Conv1d, Conv2d, Conv3d, ConvOptions, Operand, Padding, PoolOptions, ScalarOperand};
 pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
+pub use safetensors::{load_safetensors, save_safetensors};
 pub use tensor::Tensor;
 pub use tessel_ir::{BackendError, DeviceInfo, Features};
 pub use tessel_shape::{DType, Dim, Shape, bf16, f16};

@@ -127,7 +127,7 @@ impl Tensor {
 
     /// The binary op on operands whose dtype the op is known to support (internal
     /// composites only).
-    pub(super) fn raw_binary(&self, op: BinaryOp, rhs: &Tensor) -> Tensor {
+    pub(crate) fn raw_binary(&self, op: BinaryOp, rhs: &Tensor) -> Tensor {
         debug_assert!(op.supports(self.dtype()) && self.dtype() == rhs.dtype());
         debug_assert_eq!(self.shape(), rhs.shape());
         let dtype = if op.is_comparison() {
@@ -143,7 +143,7 @@ impl Tensor {
     }
 
     /// The unary op on an operand whose dtype the op is known to support.
-    pub(super) fn raw_unary(&self, op: UnaryOp) -> Tensor {
+    pub(crate) fn raw_unary(&self, op: UnaryOp) -> Tensor {
         debug_assert!(op.supports(self.dtype()));
         let dtype = if matches!(op, UnaryOp::IsNan | UnaryOp::IsInf) {
             DType::Bool
@@ -154,7 +154,7 @@ impl Tensor {
     }
 
     /// `where(self, a, b)` for a bool `self` and aligned `a`, `b`.
-    pub(super) fn raw_where(&self, a: &Tensor, b: &Tensor) -> Tensor {
+    pub(crate) fn raw_where(&self, a: &Tensor, b: &Tensor) -> Tensor {
         debug_assert!(self.dtype() == DType::Bool && a.dtype() == b.dtype());
         self.record(
             Op::Ternary(TernaryOp::Where, self.node(), a.node(), b.node()),
@@ -164,7 +164,7 @@ impl Tensor {
     }
 
     /// A constant `value` of this tensor's dtype and shape.
-    pub(super) fn constant(&self, value: f64) -> Tensor {
+    pub(crate) fn constant(&self, value: f64) -> Tensor {
         self.full_like_scalar(Scalar::F64(value), self.dtype())
     }
 

@@ -8,7 +8,7 @@ mod elementwise;
 mod indexing;
 mod linalg;
 mod math;
-mod movement;
+pub(crate) mod movement;
 mod operators;
 mod padding;
 mod pool;

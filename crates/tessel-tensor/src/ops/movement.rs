@@ -453,7 +453,7 @@ fn permute_to(x: &Tensor, perm: Vec<usize>, out: Shape) -> Tensor {
 
 /// Elements `start, start + step, ...` of every axis (`ranges[axis] = (start, step)`), `out`
 /// giving how many.
-fn shrink(x: &Tensor, ranges: Vec<(Dim, Dim)>, out: Shape) -> Tensor {
+pub(crate) fn shrink(x: &Tensor, ranges: Vec<(Dim, Dim)>, out: Shape) -> Tensor {
     if &out == x.shape() && ranges.iter().all(|&(s, _)| s.as_const() == Some(0)) {
         return x.clone();
     }
@@ -474,7 +474,7 @@ fn shrink_axis(x: &Tensor, axis: usize, start: Dim, step: i64, out: Shape) -> Te
 /// the kernel's validity mask then tests the very index expression the guarded load uses.
 /// (Padding an outer axis of the N-d shape directly lets the load index simplify to a form
 /// the IR verifier cannot bound by the mask, and the kernel fails verification.)
-fn pad_axis(x: &Tensor, axis: usize, before: Dim, after: Dim, value: Scalar) -> Tensor {
+pub(crate) fn pad_axis(x: &Tensor, axis: usize, before: Dim, after: Dim, value: Scalar) -> Tensor {
     let dims = x.shape().dims();
     let d = dims[axis];
     let mut out = dims.to_vec();

@@ -9,6 +9,7 @@
 //! A dtype the device cannot compute (`f64` or 64-bit integers on some GPUs) is skipped,
 //! with a `tessel-skip:` line on stderr that `cargo xtask test-gpu` counts.
 
+mod autograd;
 mod common;
 mod conv;
 mod creation;

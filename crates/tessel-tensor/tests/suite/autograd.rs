@@ -1,0 +1,357 @@
+//! Gradients: every differentiable op against central finite differences in f64, a
+//! hand-derived reference for an MLP in f32 on every device, PyTorch's tie rules, second
+//! derivatives, and misuse errors.
+
+use tessel_tensor::{Conv2d, DType, Padding, PoolOptions, Result, Tensor, grad};
+
+use crate::common::{Rng, assert_close, invalid, on_device, read, skipped, tensor};
+
+type Case = dyn Fn(&[Tensor]) -> Result<Tensor>;
+
+/// Checks the gradient of `Σ w ⊙ f(inputs)` (random weights `w`) with respect to every
+/// input against central differences, in f64. Inputs are drawn from `[lo, hi)`.
+#[track_caller]
+fn gradcheck(name: &str, dims: &[&[usize]], (lo, hi): (f64, f64), f: &Case) {
+    if on_device([DType::F64]).is_empty() {
+        return;
+    }
+    let mut rng = Rng::new(
+        name.bytes()
+            .fold(7u64, |h, b| h.wrapping_mul(31) + u64::from(b)),
+    );
+    let values: Vec<Vec<f64>> = dims
+        .iter()
+        .map(|d| {
+            (0..d.iter().product())
+                .map(|_| rng.uniform(lo, hi))
+                .collect()
+        })
+        .collect();
+    let leaves = |values: &[Vec<f64>]| -> Vec<Tensor> {
+        values
+            .iter()
+            .zip(dims)
+            .map(|(v, d)| tensor(DType::F64, v, d))
+            .collect()
+    };
+    let inputs = leaves(&values);
+    let out = f(&inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let weights: Vec<f64> = (0..out.numel()).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let w = tensor(DType::F64, &weights, &out.dims());
+    let loss_of = |inputs: &[Tensor]| -> Tensor {
+        let out = f(inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+        (&out * &w).and_then(|t| t.sum_all()).unwrap()
+    };
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let grads = grad(&loss_of(&inputs), &refs).unwrap_or_else(|e| panic!("{name}: {e}"));
+    if grads.iter().any(|g| skipped(g, name)) {
+        return;
+    }
+    for (i, g) in grads.iter().enumerate() {
+        assert_eq!(
+            g.dims(),
+            dims[i].to_vec(),
+            "{name}: gradient shape of input {i}"
+        );
+        let analytic = read(g);
+        let numeric: Vec<f64> = (0..values[i].len())
+            .map(|j| {
+                let h = 1e-6 * values[i][j].abs().max(1.0);
+                let at = |delta: f64| {
+                    let mut v = values.clone();
+                    v[i][j] += delta;
+                    read(&loss_of(&leaves(&v)))[0]
+                };
+                (at(h) - at(-h)) / (2.0 * h)
+            })
+            .collect();
+        assert_close(&format!("{name}: d/d input {i}"), &analytic, &numeric, 1e-6);
+    }
+}
+
+const WIDE: (f64, f64) = (-2.0, 2.0);
+const POSITIVE: (f64, f64) = (0.5, 3.0);
+
+#[test]
+fn unary_ops_match_finite_differences() {
+    let cases: [(&str, (f64, f64), &Case); 20] = [
+        ("neg", WIDE, &|x| x[0].neg()),
+        ("abs", WIDE, &|x| x[0].abs()),
+        ("exp", WIDE, &|x| Ok(x[0].exp())),
+        ("exp2", WIDE, &|x| Ok(x[0].exp2())),
+        ("log", POSITIVE, &|x| Ok(x[0].log())),
+        ("log2", POSITIVE, &|x| Ok(x[0].log2())),
+        ("sqrt", POSITIVE, &|x| Ok(x[0].sqrt())),
+        ("rsqrt", POSITIVE, &|x| Ok(x[0].rsqrt())),
+        ("reciprocal", POSITIVE, &|x| Ok(x[0].reciprocal())),
+        ("sin", WIDE, &|x| Ok(x[0].sin())),
+        ("cos", WIDE, &|x| Ok(x[0].cos())),
+        ("tan", (-1.0, 1.0), &|x| Ok(x[0].tan())),
+        ("tanh", WIDE, &|x| Ok(x[0].tanh())),
+        ("erf", WIDE, &|x| Ok(x[0].erf())),
+        ("sigmoid", WIDE, &|x| Ok(x[0].sigmoid())),
+        ("relu", WIDE, &|x| Ok(x[0].relu())),
+        ("gelu", WIDE, &|x| Ok(x[0].gelu())),
+        ("silu", WIDE, &|x| Ok(x[0].silu())),
+        ("softplus", WIDE, &|x| x[0].softplus(1.0, 20.0)),
+        ("floor has a zero gradient", WIDE, &|x| x[0].floor()),
+    ];
+    for (name, domain, f) in cases {
+        gradcheck(name, &[&[2, 3]], domain, f);
+    }
+}
+
+#[test]
+fn binary_ops_with_broadcasting_match_finite_differences() {
+    let cases: [(&str, &[&[usize]], (f64, f64), &Case); 9] = [
+        ("add", &[&[2, 3], &[3]], WIDE, &|x| &x[0] + &x[1]),
+        ("sub", &[&[2, 1], &[1, 3]], WIDE, &|x| &x[0] - &x[1]),
+        ("mul", &[&[2, 3], &[2, 1]], WIDE, &|x| &x[0] * &x[1]),
+        ("div", &[&[2, 3], &[3]], POSITIVE, &|x| &x[0] / &x[1]),
+        ("pow", &[&[2, 3], &[2, 3]], POSITIVE, &|x| x[0].pow(&x[1])),
+        ("maximum", &[&[3, 4], &[4]], WIDE, &|x| x[0].maximum(&x[1])),
+        ("minimum", &[&[3, 4], &[3, 1]], WIDE, &|x| {
+            x[0].minimum(&x[1])
+        }),
+        ("fmod", &[&[2, 3], &[3]], POSITIVE, &|x| x[0].fmod(&x[1])),
+        ("where", &[&[2, 3], &[2, 3]], WIDE, &|x| {
+            Tensor::where_cond(&x[0].gt(0.0)?, &x[0], &(&x[1] * 3.0)?)
+        }),
+    ];
+    for (name, dims, domain, f) in cases {
+        gradcheck(name, dims, domain, f);
+    }
+    gradcheck("clamp", &[&[4, 3]], WIDE, &|x| {
+        x[0].clamp(Some(-1.0), Some(1.0))
+    });
+    gradcheck("scalar pow", &[&[5]], POSITIVE, &|x| x[0].pow(2.5));
+    gradcheck("mad chain", &[&[4], &[4], &[4]], WIDE, &|x| {
+        (&(&x[0] * &x[1])? + &x[2])?.mul(&x[0])
+    });
+}
+
+#[test]
+fn movement_ops_match_finite_differences() {
+    let cases: [(&str, &[&[usize]], &Case); 11] = [
+        ("reshape", &[&[2, 6]], &|x| x[0].reshape(&[3, 4])),
+        ("transpose (non-contiguous)", &[&[3, 4]], &|x| {
+            x[0].t()?.exp().sum(&[0], false)
+        }),
+        ("permute", &[&[2, 3, 4]], &|x| x[0].permute(&[2, 0, 1])),
+        ("expand", &[&[3, 1]], &|x| x[0].expand(&[2, 3, 4])),
+        ("pad", &[&[2, 3]], &|x| x[0].pad(&[(1, 0), (2, 1)], 0.5)),
+        ("strided slice", &[&[2, 10]], &|x| {
+            x[0].slice(1, Some(1), Some(9), 3)
+        }),
+        ("flip", &[&[3, 4]], &|x| x[0].flip(&[0, 1])),
+        ("cat", &[&[2, 3], &[1, 3]], &|x| {
+            Tensor::cat(&[&x[0], &x[1], &x[0]], 0)
+        }),
+        ("stack", &[&[2, 3], &[2, 3]], &|x| {
+            Tensor::stack(&[&x[0], &x[1]], 1)
+        }),
+        ("repeat", &[&[2, 2]], &|x| x[0].repeat(&[2, 3])),
+        ("reflect pad", &[&[1, 5]], &|x| {
+            x[0].pad_reflect(&[(0, 0), (2, 2)])
+        }),
+    ];
+    for (name, dims, f) in cases {
+        gradcheck(name, dims, WIDE, f);
+    }
+}
+
+#[test]
+fn reductions_match_finite_differences() {
+    let cases: [(&str, &Case); 10] = [
+        ("sum", &|x| x[0].sum(&[1], false)),
+        ("mean", &|x| x[0].mean(&[0, 2], true)),
+        ("max", &|x| x[0].max(&[2], false)),
+        ("min", &|x| x[0].min(&[0], false)),
+        ("prod", &|x| x[0].prod(&[1], false)),
+        ("var", &|x| x[0].var(&[2], false)),
+        ("std", &|x| x[0].std(&[1, 2], false)),
+        ("logsumexp", &|x| x[0].logsumexp(&[2], false)),
+        ("softmax", &|x| x[0].softmax(-1)),
+        ("log_softmax", &|x| x[0].log_softmax(1)),
+    ];
+    for (name, f) in cases {
+        gradcheck(name, &[&[2, 3, 4]], WIDE, f);
+    }
+}
+
+#[test]
+fn contractions_convolutions_and_pooling_match_finite_differences() {
+    gradcheck("matmul", &[&[3, 4], &[4, 2]], WIDE, &|x| x[0].matmul(&x[1]));
+    gradcheck("batched matmul", &[&[2, 3, 4], &[4, 5]], WIDE, &|x| {
+        x[0].matmul(&x[1])
+    });
+    let conv = Conv2d {
+        stride: [2, 1],
+        padding: Padding::Explicit([1, 1]),
+        ..Conv2d::default()
+    };
+    gradcheck(
+        "conv2d",
+        &[&[1, 2, 5, 4], &[3, 2, 3, 3], &[3]],
+        WIDE,
+        &move |x| x[0].conv2d(&x[1], Some(&x[2]), &conv),
+    );
+    let pool = PoolOptions {
+        stride: Some([1, 2]),
+        padding: [1, 1],
+        ..PoolOptions::new([3, 3])
+    };
+    gradcheck("max_pool2d", &[&[1, 2, 4, 5]], WIDE, &move |x| {
+        x[0].max_pool2d(&pool)
+    });
+    gradcheck("avg_pool2d", &[&[1, 2, 4, 5]], WIDE, &move |x| {
+        x[0].avg_pool2d(&pool)
+    });
+    gradcheck("cumsum", &[&[2, 5]], WIDE, &|x| x[0].cumsum(1));
+}
+
+#[test]
+fn prod_with_zeros_and_max_ties_follow_pytorch() {
+    if on_device([DType::F64]).is_empty() {
+        return;
+    }
+    // prod: one zero → only it gets the product of the rest; two zeros → all zero.
+    let x = tensor(DType::F64, &[2.0, 0.0, 3.0, 0.0, 0.0, 5.0], &[2, 3]);
+    let g = grad(&x.prod(&[1], false).unwrap().sum_all().unwrap(), &[&x]).unwrap();
+    assert_eq!(read(&g[0]), vec![0.0, 6.0, 0.0, 0.0, 0.0, 0.0]);
+    // amax: ties share the gradient equally; maximum: a tie gives each side half.
+    let x = tensor(DType::F64, &[1.0, 3.0, 3.0], &[3]);
+    let g = grad(&x.max_all().unwrap(), &[&x]).unwrap();
+    assert_eq!(read(&g[0]), vec![0.0, 0.5, 0.5]);
+    let y = tensor(DType::F64, &[1.0, 2.0, 3.0], &[3]);
+    let g = grad(&x.maximum(&y).unwrap().sum_all().unwrap(), &[&x, &y]).unwrap();
+    assert_eq!(read(&g[0]), vec![0.5, 1.0, 0.5]);
+    assert_eq!(read(&g[1]), vec![0.5, 0.0, 0.5]);
+}
+
+#[test]
+fn second_derivatives_are_gradients_of_gradients() {
+    if on_device([DType::F64]).is_empty() {
+        return;
+    }
+    let x = tensor(DType::F64, &[-1.5, 0.5, 2.0], &[3]);
+    let y = (&(&x * &x).unwrap() * &x).unwrap().sum_all().unwrap(); // Σ x³
+    let dx = grad(&y, &[&x]).unwrap().remove(0);
+    // Differentiate before reading: reading realizes `dx`, after which it is a constant.
+    let ddx = grad(&dx.sum_all().unwrap(), &[&x]).unwrap().remove(0);
+    assert_close("d x³", &read(&dx), &[6.75, 0.75, 12.0], 1e-12);
+    assert_close("d² x³", &read(&ddx), &[-9.0, 3.0, 12.0], 1e-12);
+    // Through a transcendental: d²/dx² sin x = -sin x.
+    let s = x.sin().sum_all().unwrap();
+    let ds = grad(&s, &[&x]).unwrap().remove(0);
+    let dds = grad(&ds.sum_all().unwrap(), &[&x]).unwrap().remove(0);
+    if skipped(&dds, "sin''") {
+        return;
+    }
+    let want: Vec<f64> = [-1.5f64, 0.5, 2.0].iter().map(|v| -v.sin()).collect();
+    assert_close("d² sin", &read(&dds), &want, 1e-12);
+}
+
+/// `loss = Σ v ⊙ tanh(x·W + b)`, with the gradients derived by hand.
+#[test]
+fn mlp_gradients_in_f32_match_a_hand_derived_reference() {
+    let (n, k, m) = (5, 4, 3);
+    let mut rng = Rng::new(11);
+    let mut draw = |len: usize| -> Vec<f64> {
+        (0..len)
+            .map(|_| f64::from(rng.uniform(-1.0, 1.0) as f32))
+            .collect()
+    };
+    let (xv, wv, bv, vv) = (draw(n * k), draw(k * m), draw(m), draw(n * m));
+    let x = tensor(DType::F32, &xv, &[n, k]);
+    let w = tensor(DType::F32, &wv, &[k, m]);
+    let b = tensor(DType::F32, &bv, &[m]);
+    let v = tensor(DType::F32, &vv, &[n, m]);
+    let h = (&x.matmul(&w).unwrap() + &b).unwrap().tanh();
+    let loss = (&h * &v).unwrap().sum_all().unwrap();
+    let grads = grad(&loss, &[&x, &w, &b]).unwrap();
+    let refs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
+    Tensor::realize_all(&refs).unwrap();
+
+    // delta[i][j] = v ⊙ (1 - tanh²(z)), z = x·W + b.
+    let mut delta = vec![0.0; n * m];
+    let mut want_loss = 0.0;
+    for i in 0..n {
+        for j in 0..m {
+            let z = bv[j] + (0..k).map(|p| xv[i * k + p] * wv[p * m + j]).sum::<f64>();
+            want_loss += vv[i * m + j] * z.tanh();
+            delta[i * m + j] = vv[i * m + j] * (1.0 - z.tanh().powi(2));
+        }
+    }
+    let dx: Vec<f64> = (0..n * k)
+        .map(|ip| {
+            (0..m)
+                .map(|j| delta[ip / k * m + j] * wv[ip % k * m + j])
+                .sum()
+        })
+        .collect();
+    let dw: Vec<f64> = (0..k * m)
+        .map(|pj| {
+            (0..n)
+                .map(|i| xv[i * k + pj / m] * delta[i * m + pj % m])
+                .sum()
+        })
+        .collect();
+    let db: Vec<f64> = (0..m)
+        .map(|j| (0..n).map(|i| delta[i * m + j]).sum())
+        .collect();
+    assert_close("loss", &read(&loss), &[want_loss], 1e-4);
+    assert_close("dx", &read(&grads[0]), &dx, 1e-4);
+    assert_close("dW", &read(&grads[1]), &dw, 1e-4);
+    assert_close("db", &read(&grads[2]), &db, 1e-4);
+}
+
+#[test]
+fn misuse_is_an_error_that_says_what_to_do() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0], [2]).unwrap();
+    let y = (&x * 3.0).unwrap();
+    let e = grad(&y, &[&x]).unwrap_err();
+    assert!(
+        invalid("grad")(&e) && e.to_string().contains("sum_all"),
+        "{e}"
+    );
+    let loss = y.sum_all().unwrap();
+    let unused = Tensor::from_vec(vec![1.0f32], [1]).unwrap();
+    let e = grad(&loss, &[&unused]).unwrap_err();
+    assert!(e.to_string().contains("does not take part"), "{e}");
+    let ints = Tensor::from_vec(vec![1i32, 2], [2]).unwrap();
+    let e = grad(&loss, &[&ints]).unwrap_err();
+    assert!(e.to_string().contains("float"), "{e}");
+    loss.realize().unwrap();
+    let e = grad(&loss, &[&x]).unwrap_err();
+    assert!(e.to_string().contains("realized"), "{e}");
+}
+
+#[test]
+fn a_gradient_step_assigned_to_a_parameter_replays_one_plan() {
+    let w = Tensor::from_vec(vec![0.5f32, -1.0, 2.0], [3]).unwrap();
+    let target = Tensor::from_vec(vec![1.0f32, 1.0, 1.0], [3]).unwrap();
+    let mut losses = Vec::new();
+    let mut compiled = Vec::new();
+    for _ in 0..4 {
+        let loss = (&w - &target).unwrap().pow(2.0).unwrap().sum_all().unwrap();
+        let g = loss.backward(&[&w]).unwrap().remove(0);
+        let next = (&w - &(&g * 0.25).unwrap()).unwrap();
+        let report = Tensor::realize_all(&[&loss, &next]).unwrap();
+        w.assign(&next).unwrap();
+        losses.push(loss.item::<f32>().unwrap());
+        compiled.push(report.compiled);
+    }
+    // w ← w - 0.5 (w - 1): the distance to 1 halves each step, so the loss quarters.
+    assert_close(
+        "losses",
+        &losses.iter().map(|&l| f64::from(l)).collect::<Vec<_>>(),
+        &[5.25, 1.3125, 0.328125, 0.08203125],
+        1e-6,
+    );
+    assert!(
+        compiled[1..].iter().all(|&c| c == 0),
+        "compiles per step: {compiled:?}"
+    );
+    assert_close("w", &read(&w), &[0.96875, 0.875, 1.0625], 1e-6);
+}
