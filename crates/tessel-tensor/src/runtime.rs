@@ -62,6 +62,8 @@ pub struct RuntimeStats {
     pub graph_nodes: usize,
     /// Cached plans.
     pub plans: usize,
+    /// Live data buffers: realized tensors and uploaded inputs, on the host or a device.
+    pub buffers: usize,
 }
 
 pub(crate) struct Runtime {
@@ -87,6 +89,7 @@ pub fn stats() -> RuntimeStats {
         kernels_compiled: rt.compiled.load(Ordering::Relaxed),
         graph_nodes: st.graph.len(),
         plans: st.plans.len(),
+        buffers: st.leaves.len(),
     }
 }
 
