@@ -157,6 +157,59 @@ pub fn kernelize_with(
             .filter(|n| !matches!(graph.node(**n).op, Op::Leaf(_))),
     );
 
+    // Absorbing producers into their consumers' kernels (multi-output kernels) can tie two
+    // kernels in a cycle that no graph dependency shows (each writes a value the other
+    // reads); then the schedule is rebuilt with one kernel per materialized value, whose
+    // dependencies are the graph's own and so acyclic.
+    let (kernels, empty, sorted) = match build(
+        graph,
+        &order,
+        &materialized,
+        separate,
+        &leaf_slot,
+        true,
+    )? {
+        (kernels, empty, Some(sorted)) => (kernels, empty, sorted),
+        (_, _, None) => {
+            tracing::debug!(target: "tessel::kernels", "multi-output kernels formed a cycle; one kernel per value instead");
+            match build(graph, &order, &materialized, separate, &leaf_slot, false)? {
+                (kernels, empty, Some(sorted)) => (kernels, empty, sorted),
+                (_, _, None) => {
+                    return Err(KernelizeError(
+                        "kernels depend on each other in a cycle".into(),
+                    ));
+                }
+            }
+        }
+    };
+    let mut kernels: Vec<Option<ScheduledKernel>> = kernels.into_iter().map(Some).collect();
+    let kernels: Vec<ScheduledKernel> = sorted
+        .into_iter()
+        .filter_map(|i| kernels[i].take())
+        .collect();
+    let buffers = kernels
+        .iter()
+        .flat_map(|k| &k.writes)
+        .chain(&empty)
+        .map(|&n| {
+            let node = graph.node(n);
+            (n, node.dtype, node.shape.numel())
+        })
+        .collect();
+    Ok(Schedule { kernels, buffers })
+}
+
+/// The kernels computing `materialized` (consumers absorbing producers of their shape when
+/// `absorb` is set), the empty values, and the kernels in dependency order (`None` if
+/// they form a cycle).
+fn build(
+    graph: &Graph,
+    order: &[NodeId],
+    materialized: &FxHashSet<NodeId>,
+    separate: &[NodeId],
+    leaf_slot: &FxHashMap<LeafId, usize>,
+    absorb: bool,
+) -> Result<(Vec<ScheduledKernel>, Vec<NodeId>, Option<Vec<usize>>), KernelizeError> {
     // Lower consumers before producers so a consumer can absorb a producer it evaluates at
     // its own coordinates; `absorbed` records who wrote what.
     let mut written_by: FxHashMap<NodeId, usize> = FxHashMap::default();
@@ -176,14 +229,15 @@ pub fn kernelize_with(
             .iter()
             .copied()
             .filter(|m| {
-                *m != root
+                absorb
+                    && *m != root
                     && !separate.contains(m)
                     && !written_by.contains_key(m)
                     && graph.node(*m).shape == graph.node(root).shape
             })
             .collect();
         let lowered = loop {
-            let lowered = match lower_kernel(graph, root, &materialized, &absorbable, &leaf_slot)? {
+            let lowered = match lower_kernel(graph, root, materialized, &absorbable, leaf_slot)? {
                 Lowering::Done(k) => k,
                 Lowering::Retry(conflicts) => {
                     for m in conflicts {
@@ -235,26 +289,10 @@ pub fn kernelize_with(
             }
         }
         if sorted.len() == before {
-            return Err(KernelizeError(
-                "kernels depend on each other in a cycle".into(),
-            ));
+            return Ok((kernels, empty, None));
         }
     }
-    let mut kernels: Vec<Option<ScheduledKernel>> = kernels.into_iter().map(Some).collect();
-    let kernels: Vec<ScheduledKernel> = sorted
-        .into_iter()
-        .filter_map(|i| kernels[i].take())
-        .collect();
-    let buffers = kernels
-        .iter()
-        .flat_map(|k| &k.writes)
-        .chain(&empty)
-        .map(|&n| {
-            let node = graph.node(n);
-            (n, node.dtype, node.shape.numel())
-        })
-        .collect();
-    Ok(Schedule { kernels, buffers })
+    Ok((kernels, empty, Some(sorted)))
 }
 
 /// Whether materialized node `from` needs `target`'s value (through unmaterialized nodes,

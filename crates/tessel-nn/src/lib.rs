@@ -10,3 +10,20 @@
 mod module;
 
 pub use module::{Module, ParamKind, Visitor};
+
+mod io;
+pub mod optim;
+
+pub use io::{load, save};
+
+pub mod init;
+mod layers;
+pub mod loss;
+
+pub use init::ParamOptions;
+pub use layers::{
+    AttentionMasks, AvgPool1d, AvgPool2d, BatchNorm1d, BatchNorm2d, BatchNormOptions, Conv1d,
+    Conv2d, Dropout, Embedding, Flatten, Forward, GELU, GeluApproximate, LayerNorm, Linear,
+    MaxPool1d, MaxPool2d, MultiHeadAttention, MultiheadAttention, RMSNorm, ReLU, Sequential, SiLU,
+    Sigmoid, Tanh, scaled_dot_product_attention,
+};

@@ -11,11 +11,16 @@ pub enum ParamKind {
     Buffer,
 }
 
+/// A callback that sees each sub-module.
+type ModuleHook<'a> = &'a mut dyn FnMut(&dyn Module);
+
 /// Walks a module's named tensors; names are dotted paths (`"layers.0.weight"`), as in
 /// PyTorch's `state_dict`.
 pub struct Visitor<'a> {
     prefix: String,
     f: &'a mut dyn FnMut(&str, ParamKind, &Tensor),
+    /// Called with every sub-module before it is visited ([`Module::train`] uses it).
+    on_module: Option<ModuleHook<'a>>,
 }
 
 impl<'a> Visitor<'a> {
@@ -24,6 +29,7 @@ impl<'a> Visitor<'a> {
         Visitor {
             prefix: String::new(),
             f,
+            on_module: None,
         }
     }
 
@@ -47,6 +53,9 @@ impl<'a> Visitor<'a> {
         let len = self.prefix.len();
         self.prefix.push_str(name);
         self.prefix.push('.');
+        if let Some(on_module) = self.on_module.as_mut() {
+            on_module(module);
+        }
         module.visit(self);
         self.prefix.truncate(len);
     }
@@ -82,7 +91,10 @@ pub trait Module {
     /// The trained parameters, in visiting order. The tensors are handles to the module's
     /// own: [`Tensor::assign`] on one updates the module.
     fn parameters(&self) -> Vec<Tensor> {
-        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
     }
 
     /// The trained parameters with their dotted names.
@@ -96,6 +108,25 @@ pub trait Module {
         out
     }
 
+    /// The buffers (untrained state such as `BatchNorm`'s running statistics) with their
+    /// dotted names, in visiting order.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit(&mut Visitor::new(&mut |name, kind, t| {
+            if kind == ParamKind::Buffer {
+                out.push((name.to_string(), t.clone()));
+            }
+        }));
+        out
+    }
+
+    /// The buffers, in visiting order. A training step that updates them (`BatchNorm` in
+    /// training mode) should realize them together with its parameter updates, so each
+    /// step's update does not chain onto the last.
+    fn buffers(&self) -> Vec<Tensor> {
+        self.named_buffers().into_iter().map(|(_, t)| t).collect()
+    }
+
     /// Parameters and buffers with their dotted names: what a weight file holds.
     fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
@@ -103,5 +134,32 @@ pub trait Module {
             out.push((name.to_string(), t.clone()));
         }));
         out
+    }
+
+    /// Switches this module alone between training (`true`) and evaluation behaviour.
+    ///
+    /// Only layers that behave differently in training override it (`Dropout`,
+    /// `BatchNorm`, holding the flag in an `AtomicBool` so they stay `Send + Sync`); the
+    /// default does nothing. Call [`Module::train`] instead, which reaches sub-modules.
+    fn set_training_local(&self, training: bool) {
+        let _ = training;
+    }
+
+    /// Puts this module and every sub-module it visits into training (`true`) or
+    /// evaluation (`false`) mode, like PyTorch's `module.train(mode)`. Layers start in
+    /// training mode. The switch walks [`Module::visit`], so a custom module that visits
+    /// its sub-modules with [`Visitor::module`] needs nothing more.
+    fn train(&self, training: bool) {
+        self.set_training_local(training);
+        let mut on_module = |m: &dyn Module| m.set_training_local(training);
+        let mut ignore = |_: &str, _: ParamKind, _: &Tensor| {};
+        let mut visitor = Visitor::new(&mut ignore);
+        visitor.on_module = Some(&mut on_module);
+        self.visit(&mut visitor);
+    }
+
+    /// Evaluation mode: `train(false)` (PyTorch's `module.eval()`).
+    fn eval(&self) {
+        self.train(false);
     }
 }

@@ -40,6 +40,10 @@ pub use tessel_tensor::{
     RuntimeStats, ScalarOperand, Shape, Tensor, bf16, f16, inspect, stats,
 };
 
+/// Layers, losses, optimizers and weight files.
+pub use tessel_nn as nn;
+pub use tessel_tensor::{grad, load_safetensors, save_safetensors};
+
 /// The kernel IR, for writing custom kernels and inspecting generated ones.
 pub use tessel_ir as ir;
 /// The symbolic layer: dtypes, scalar semantics, symbolic dims, shape rules.
@@ -47,5 +51,7 @@ pub use tessel_shape as shape;
 
 /// The names most programs need: `use tessel::prelude::*;`.
 pub mod prelude {
+    pub use tessel_nn::optim::Optimizer;
+    pub use tessel_nn::{Forward, Module};
     pub use tessel_tensor::{DType, Device, Error, Result, Tensor};
 }

@@ -340,31 +340,35 @@ pub(super) fn mask_to(op: &'static str, x: &Tensor, mask: &Tensor) -> Result<Ten
     Ok(mask.broadcast_to_shape(&shape))
 }
 
-/// The integer dtype whose values carry `dtype`'s bits, for exact one-hot selection.
-fn bits_dtype(dtype: DType) -> DType {
-    match dtype {
-        DType::Bool => DType::U8,
-        DType::F16 | DType::BF16 => DType::I16,
-        DType::F32 => DType::I32,
-        DType::F64 => DType::I64,
-        other => other,
-    }
-}
-
-fn to_bits(x: &Tensor) -> Tensor {
-    let bits = bits_dtype(x.dtype());
+/// `x` in a dtype one-hot selection can sum: `bool` as `u8`, everything else as itself.
+///
+/// Floats are selected as values, not as bit patterns, so gradients flow through every
+/// gather-like op: unselected slots hold `-inf` and the selection is a max, which returns
+/// the selected value exactly (signed zeros, infinities and NaN included; a sum would turn
+/// `-0.0` into `0.0`).
+fn selectable(x: &Tensor) -> Tensor {
     match x.dtype() {
-        DType::Bool => x.cast_to(bits),
-        d if d.is_float() => x.record(Op::Bitcast(x.node()), bits, x.shape().clone()),
+        DType::Bool => x.cast_to(DType::U8),
         _ => x.clone(),
     }
 }
 
-fn from_bits(x: &Tensor, dtype: DType) -> Tensor {
+fn from_selectable(x: &Tensor, dtype: DType) -> Tensor {
     match dtype {
         DType::Bool => x.cast_to(DType::Bool),
-        d if d.is_float() => x.record(Op::Bitcast(x.node()), dtype, x.shape().clone()),
         _ => x.clone(),
+    }
+}
+
+/// How one-hot selection combines a slot axis, and what unselected slots hold.
+fn selection(dtype: DType) -> (ReduceOp, tessel_shape::Scalar) {
+    if dtype.is_float() {
+        (
+            ReduceOp::Max,
+            tessel_shape::Scalar::F64(f64::NEG_INFINITY).cast(dtype),
+        )
+    } else {
+        (ReduceOp::Sum, tessel_shape::Scalar::zero(dtype))
     }
 }
 
@@ -403,15 +407,27 @@ fn pick(src: &Tensor, index: &Tensor, axis: usize) -> Result<Tensor> {
     let mask = one_hot_mask(index, axis, src.shape()[axis])?;
     let mut dims = src.shape().clone().into_dims();
     dims.insert(axis, Dim::constant(1));
-    let bits = to_bits(&src.reshape_to(Shape::new(dims)));
+    let bits = selectable(&src.reshape_to(Shape::new(dims)));
     let mask = mask.broadcast_to_shape(&rules::broadcast("gather", mask.shape(), bits.shape())?);
-    let zero = bits.full_like_scalar(tessel_shape::Scalar::zero(bits.dtype()), bits.dtype());
+    let (combine, fill) = selection(bits.dtype());
+    let zero = bits.full_like_scalar(fill, bits.dtype());
     let chosen = mask.raw_where(
         &bits.broadcast_to_shape(mask.shape()),
         &zero.broadcast_to_shape(mask.shape()),
     );
-    let out = reduce_axis(&chosen, ReduceOp::Sum, axis + 1).reshape_to(index.shape().clone());
-    Ok(from_bits(&out, src.dtype()))
+    let mut out = reduce_axis(&chosen, combine, axis + 1).reshape_to(index.shape().clone());
+    if combine == ReduceOp::Max {
+        // An index out of range selects nothing: 0, as documented, rather than the fill.
+        let n = src.shape()[axis]
+            .as_const()
+            .ok_or_else(|| invalid("gather", "symbolic source sizes are not supported".into()))?;
+        let in_range = index.ge(0)?.logical_and(&index.lt(n)?)?;
+        out = in_range.raw_where(
+            &out,
+            &out.full_like_scalar(tessel_shape::Scalar::zero(out.dtype()), out.dtype()),
+        );
+    }
+    Ok(from_selectable(&out, src.dtype()))
 }
 
 fn triangle(x: &Tensor, op: &'static str, k: i64, keep: BinaryOp) -> Result<Tensor> {

@@ -211,6 +211,31 @@ fn contractions_convolutions_and_pooling_match_finite_differences() {
 }
 
 #[test]
+fn indexing_ops_match_finite_differences() {
+    let rows = || Tensor::from_vec(vec![2i64, 0, 2, 1], [4]).unwrap();
+    let cases: [(&str, &[&[usize]], &Case); 6] = [
+        ("gather", &[&[3, 4]], &|x| {
+            let idx = Tensor::from_vec(vec![3i64, 0, 0, 1, 2, 2], [3, 2])?;
+            x[0].gather(1, &idx)
+        }),
+        ("index_select", &[&[3, 2]], &move |x| {
+            x[0].index_select(0, &rows())
+        }),
+        ("embedding", &[&[3, 2]], &move |x| {
+            Tensor::embedding(&x[0], &rows())
+        }),
+        ("masked_fill", &[&[2, 3]], &|x| {
+            x[0].masked_fill(&x[0].gt(0.5)?, 2.0)
+        }),
+        ("tril", &[&[3, 3]], &|x| x[0].tril(-1)),
+        ("roll", &[&[2, 3]], &|x| x[0].roll(&[1, -1], &[0, 1])),
+    ];
+    for (name, dims, f) in cases {
+        gradcheck(name, dims, WIDE, f);
+    }
+}
+
+#[test]
 fn prod_with_zeros_and_max_ties_follow_pytorch() {
     if on_device([DType::F64]).is_empty() {
         return;
@@ -354,4 +379,51 @@ fn a_gradient_step_assigned_to_a_parameter_replays_one_plan() {
         "compiles per step: {compiled:?}"
     );
     assert_close("w", &read(&w), &[0.96875, 0.875, 1.0625], 1e-6);
+}
+
+/// A classifier's loss and gradients in one realize: `-mean(log_softmax(x·W)[y])` with
+/// `dW = xᵀ (softmax(x·W) - onehot(y)) / n`. Realized together, the schedule once formed
+/// multi-output kernels that waited on each other (a cycle).
+#[test]
+fn cross_entropy_gradients_realize_with_the_loss() {
+    let (n, k, c) = (5, 6, 3);
+    let mut rng = Rng::new(5);
+    let xv: Vec<f64> = (0..n * k)
+        .map(|_| f64::from(rng.uniform(-1.0, 1.0) as f32))
+        .collect();
+    let wv: Vec<f64> = (0..k * c)
+        .map(|_| f64::from(rng.uniform(-1.0, 1.0) as f32))
+        .collect();
+    let labels = [0usize, 2, 1, 2, 0];
+    let x = tensor(DType::F32, &xv, &[n, k]);
+    let w = tensor(DType::F32, &wv, &[k, c]);
+    let y = Tensor::from_vec(labels.iter().map(|&l| l as i64).collect(), [n, 1]).unwrap();
+    let h = x.matmul(&w).unwrap().relu();
+    let w2 = tensor(
+        DType::F32,
+        &[0.5, -1.0, 0.25, 1.5, 0.75, -0.5, -2.0, 1.0, 0.5],
+        &[c, c],
+    );
+    let logits = h.matmul(&w2).unwrap();
+    let picked = logits.log_softmax(1).unwrap().gather(1, &y).unwrap();
+    let loss = picked.mean_all().unwrap().neg().unwrap();
+    let g = grad(&loss, &[&logits, &w]).unwrap();
+    Tensor::realize_all(&[&loss, &g[0], &g[1]]).unwrap();
+    // The reference for d loss / d logits: (softmax - onehot) / n.
+    let lv = read(&logits);
+    let mut want = vec![0.0; n * c];
+    let mut want_loss = 0.0;
+    for i in 0..n {
+        let row = &lv[i * c..(i + 1) * c];
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
+        for j in 0..c {
+            let p = (row[j] - max).exp() / sum;
+            want[i * c + j] = (p - f64::from(u8::from(j == labels[i]))) / n as f64;
+        }
+        want_loss -= (row[labels[i]] - max - sum.ln()) / n as f64;
+    }
+    assert_close("loss", &read(&loss), &[want_loss], 1e-5);
+    assert_close("d logits", &read(&g[0]), &want, 1e-5);
+    assert_eq!(g[1].dims(), vec![k, c]);
 }

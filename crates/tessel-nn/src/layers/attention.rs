@@ -1,0 +1,427 @@
+//! Attention: [`scaled_dot_product_attention`] and [`MultiheadAttention`].
+
+use tessel_tensor::{DType, Result, Tensor};
+
+use super::{check_dtype, dims_i64, invalid};
+use crate::init::{ParamOptions, constant, xavier_uniform};
+use crate::{Linear, Module, Visitor};
+
+/// `[L, S]` bool, true above the diagonal: the positions a causal mask hides (query `i`
+/// sees keys `0..=i`, aligned at the top left as in PyTorch), on `like`'s device.
+fn causal_hidden(l: usize, s: usize, like: &Tensor) -> Result<Tensor> {
+    Tensor::ones([l, s], DType::Bool)
+        .triu(1)?
+        .to(&like.device())
+}
+
+/// The attention probabilities `softmax(q kᵀ * scale + mask)` over the last dim.
+fn attention_probs(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    attn_mask: Option<&Tensor>,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    let (qd, kd) = (q.dims(), k.dims());
+    let (l, e) = (qd[qd.len() - 2], qd[qd.len() - 1]);
+    let s = kd[kd.len() - 2];
+    let scale = scale.unwrap_or_else(|| 1.0 / (e as f64).sqrt());
+    let mut scores = (&q.matmul(&k.transpose(-2, -1)?)? * scale)?;
+    if is_causal {
+        scores = scores.masked_fill(&causal_hidden(l, s, q)?, f64::NEG_INFINITY)?;
+    }
+    if let Some(mask) = attn_mask {
+        scores = match mask.dtype() {
+            // SDPA's convention: true takes part in attention.
+            DType::Bool => scores.masked_fill(&mask.logical_not(), f64::NEG_INFINITY)?,
+            dt if dt == q.dtype() => (&scores + mask)?,
+            dt => {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "attn_mask must be bool or the query's dtype {}, got {dt}",
+                        q.dtype()
+                    ),
+                ));
+            }
+        };
+    }
+    scores.softmax(-1)
+}
+
+/// `softmax(q kᵀ * scale + mask) v` (`torch.nn.functional.scaled_dot_product_attention`,
+/// without dropout).
+///
+/// `q` is `[..., L, E]`, `k` `[..., S, E]`, `v` `[..., S, Ev]`, batch dims broadcasting;
+/// the result is `[..., L, Ev]`. `scale` defaults to `1 / sqrt(E)`. `attn_mask`
+/// broadcasts to `[..., L, S]`: a `bool` mask marks the positions that **take part**
+/// (PyTorch's convention here, the opposite of [`MultiheadAttention`]'s), a float mask is
+/// added to the scores. `is_causal` hides key `j > i` from query `i`; it cannot be combined
+/// with `attn_mask` (as in PyTorch). A query row that sees no key gives NaN.
+///
+/// ```
+/// # use tessel_nn::scaled_dot_product_attention;
+/// # use tessel_tensor::{DType, Tensor};
+/// # fn main() -> tessel_tensor::Result<()> {
+/// let q = Tensor::randn([2, 4, 8], DType::F32)?;
+/// let v = Tensor::randn([2, 4, 8], DType::F32)?;
+/// let y = scaled_dot_product_attention(&q, &q, &v, None, true, None)?;
+/// // The first query sees only the first key.
+/// assert_eq!(y.narrow(1, 0, 1)?.to_vec::<f32>()?[..8], v.narrow(1, 0, 1)?.to_vec::<f32>()?[..8]);
+/// # Ok(())
+/// # }
+/// ```
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    const OP: &str = "scaled_dot_product_attention";
+    if q.ndim() < 2 || k.ndim() < 2 || v.ndim() < 2 {
+        return Err(invalid(
+            OP,
+            format!(
+                "q, k and v must be at least 2-d ([..., L, E], [..., S, E], [..., S, Ev]), got {}, {} and {}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    if !q.dtype().is_float() || k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        return Err(invalid(
+            OP,
+            format!(
+                "q, k and v must share one float dtype, got {}, {} and {}",
+                q.dtype(),
+                k.dtype(),
+                v.dtype()
+            ),
+        ));
+    }
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    if qd[qd.len() - 1] != kd[kd.len() - 1] || kd[kd.len() - 2] != vd[vd.len() - 2] {
+        return Err(invalid(
+            OP,
+            format!(
+                "q [..., L, E], k [..., S, E] and v [..., S, Ev] disagree: got {}, {} and {}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    if is_causal && attn_mask.is_some() {
+        return Err(invalid(
+            OP,
+            "give either attn_mask or is_causal, not both; fold the causal mask into attn_mask",
+        ));
+    }
+    if let Some(s) = scale
+        && !s.is_finite()
+    {
+        return Err(invalid(OP, format!("scale must be finite, got {s}")));
+    }
+    attention_probs(OP, q, k, attn_mask, is_causal, scale)?.matmul(v)
+}
+
+/// The masks of a [`MultiheadAttention`] call; `Default` is none.
+///
+/// Following `torch.nn.MultiheadAttention`, a `bool` mask marks the positions to **hide**
+/// (true = not attended), and a float mask (the query's dtype) is added to the scores.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionMasks<'a> {
+    /// `[N, S]` (`[S]` for unbatched input): keys to ignore per batch element, such as
+    /// padding.
+    pub key_padding_mask: Option<&'a Tensor>,
+    /// `[L, S]`, or `[N * num_heads, L, S]` (`[num_heads, L, S]` unbatched): per query.
+    pub attn_mask: Option<&'a Tensor>,
+    /// Hide key `j > i` from query `i` (a causal mask is built; it combines with the
+    /// masks above).
+    pub is_causal: bool,
+}
+
+/// Multi-head attention (`torch.nn.MultiheadAttention` with `batch_first=True`, the same
+/// embedding size for queries, keys and values, no dropout).
+///
+/// Parameters, named as in PyTorch's `state_dict`: `in_proj_weight` `[3E, E]` (Glorot
+/// uniform) and `in_proj_bias` `[3E]` (zeros) project queries, keys and values, stacked in
+/// that order; `out_proj.weight` `[E, E]` and `out_proj.bias` `[E]` (zeros) mix the heads.
+///
+/// ```
+/// # use tessel_nn::{AttentionMasks, MultiheadAttention};
+/// # use tessel_tensor::{DType, Tensor};
+/// # fn main() -> tessel_tensor::Result<()> {
+/// let mha = MultiheadAttention::new(16, 4)?;
+/// let x = Tensor::randn([2, 5, 16], DType::F32)?;
+/// let masks = AttentionMasks { is_causal: true, ..AttentionMasks::default() };
+/// assert_eq!(mha.forward(&x, &x, &x, &masks)?.dims(), vec![2, 5, 16]);
+/// # Ok(())
+/// # }
+/// ```
+pub struct MultiheadAttention {
+    num_heads: usize,
+    in_proj_weight: Tensor,
+    in_proj_bias: Option<Tensor>,
+    out_proj: Linear,
+}
+
+/// [`MultiheadAttention`] under the name the project's docs use.
+pub type MultiHeadAttention = MultiheadAttention;
+
+impl MultiheadAttention {
+    /// Attention over `embed_dim` features split into `num_heads` heads, with biases,
+    /// `f32` on the default device.
+    pub fn new(embed_dim: usize, num_heads: usize) -> Result<MultiheadAttention> {
+        MultiheadAttention::with_options(embed_dim, num_heads, true, &ParamOptions::default())
+    }
+
+    /// Attention with or without the projection biases, parameters of `opts`' dtype and
+    /// device.
+    pub fn with_options(
+        embed_dim: usize,
+        num_heads: usize,
+        bias: bool,
+        opts: &ParamOptions,
+    ) -> Result<MultiheadAttention> {
+        if embed_dim == 0 || num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
+            return Err(invalid(
+                "MultiheadAttention::new",
+                format!(
+                    "embed_dim = {embed_dim} must be a positive multiple of num_heads = {num_heads}"
+                ),
+            ));
+        }
+        let e = embed_dim;
+        // PyTorch's order: out_proj is built (its weight drawn) before in_proj.
+        let out_weight = Linear::with_options(e, e, false, opts)?.weight().clone();
+        let out_bias = if bias {
+            Some(constant(&[e], 0.0, opts)?)
+        } else {
+            None
+        };
+        let out_proj = Linear::from_tensors(out_weight, out_bias)?;
+        let in_proj_weight = xavier_uniform(&[3 * e, e], e, 3 * e, 1.0, opts)?;
+        let in_proj_bias = if bias {
+            Some(constant(&[3 * e], 0.0, opts)?)
+        } else {
+            None
+        };
+        Ok(MultiheadAttention {
+            num_heads,
+            in_proj_weight,
+            in_proj_bias,
+            out_proj,
+        })
+    }
+
+    /// The embedding size `E`.
+    pub fn embed_dim(&self) -> usize {
+        self.in_proj_weight.dims()[1]
+    }
+
+    /// The number of heads.
+    pub fn num_heads(&self) -> usize {
+        self.num_heads
+    }
+
+    /// The stacked query, key and value projection weights, `[3E, E]`.
+    pub fn in_proj_weight(&self) -> &Tensor {
+        &self.in_proj_weight
+    }
+
+    /// The stacked projection biases, `[3E]`, if the layer has them.
+    pub fn in_proj_bias(&self) -> Option<&Tensor> {
+        self.in_proj_bias.as_ref()
+    }
+
+    /// The output projection.
+    pub fn out_proj(&self) -> &Linear {
+        &self.out_proj
+    }
+
+    /// The attention output for `query` `[N, L, E]`, `key` and `value` `[N, S, E]` (or
+    /// unbatched `[L, E]`, `[S, E]`): `[N, L, E]` (or `[L, E]`).
+    pub fn forward(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        masks: &AttentionMasks<'_>,
+    ) -> Result<Tensor> {
+        Ok(self.run(query, key, value, masks)?.0)
+    }
+
+    /// [`MultiheadAttention::forward`] and the attention weights averaged over the heads,
+    /// `[N, L, S]` (or `[L, S]`), as PyTorch returns with `need_weights=True`.
+    pub fn forward_with_weights(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        masks: &AttentionMasks<'_>,
+    ) -> Result<(Tensor, Tensor)> {
+        let (out, probs) = self.run(query, key, value, masks)?;
+        let weights = probs.mean(&[-3], false)?;
+        Ok((out, weights))
+    }
+
+    /// The output and the per-head probabilities `[N, H, L, S]` (unbatched: `[H, L, S]`).
+    fn run(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        masks: &AttentionMasks<'_>,
+    ) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "MultiheadAttention";
+        let e = self.embed_dim();
+        let h = self.num_heads;
+        let batched = query.ndim() == 3;
+        let ranks_ok = matches!(query.ndim(), 2 | 3)
+            && key.ndim() == query.ndim()
+            && value.ndim() == query.ndim();
+        let (q, k, v) = if batched {
+            (query.clone(), key.clone(), value.clone())
+        } else {
+            (query.unsqueeze(0)?, key.unsqueeze(0)?, value.unsqueeze(0)?)
+        };
+        let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+        if !ranks_ok
+            || qd[2] != e
+            || kd[2] != e
+            || vd[2] != e
+            || kd[0] != qd[0]
+            || vd[0] != qd[0]
+            || kd[1] != vd[1]
+        {
+            return Err(invalid(
+                OP,
+                format!(
+                    "expected query [N, L, {e}], key and value [N, S, {e}] (or unbatched [L, {e}], [S, {e}]), got {}, {} and {}",
+                    query.shape(),
+                    key.shape(),
+                    value.shape()
+                ),
+            ));
+        }
+        let dtype = self.in_proj_weight.dtype();
+        for t in [query, key, value] {
+            check_dtype(OP, t, dtype)?;
+        }
+        let (n, l, s) = (qd[0], qd[1], kd[1]);
+        let d = e / h;
+
+        // Project and split heads: [N, T, E] -> [N, H, T, D].
+        let project = |x: &Tensor, i: usize, t: usize| -> Result<Tensor> {
+            let w = self.in_proj_weight.narrow(0, (i * e) as i64, e as i64)?;
+            let mut y = x.matmul(&w.t()?)?;
+            if let Some(b) = &self.in_proj_bias {
+                y = (&y + &b.narrow(0, (i * e) as i64, e as i64)?)?;
+            }
+            y.reshape(&dims_i64(&[n, t, h, d]))?.permute(&[0, 2, 1, 3])
+        };
+        let (qh, kh, vh) = (project(&q, 0, l)?, project(&k, 1, s)?, project(&v, 2, s)?);
+
+        let mask = self.additive_mask(masks, batched, n, l, s, &q)?;
+        let probs = attention_probs(OP, &qh, &kh, mask.as_ref(), false, None)?;
+        let heads = probs.matmul(&vh)?;
+        let merged = heads
+            .permute(&[0, 2, 1, 3])?
+            .reshape(&dims_i64(&[n, l, e]))?;
+        let out = self.out_proj.forward(&merged)?;
+        if batched {
+            Ok((out, probs))
+        } else {
+            Ok((out.squeeze(Some(&[0]))?, probs.squeeze(Some(&[0]))?))
+        }
+    }
+
+    /// The masks folded into one float mask broadcasting to `[N, H, L, S]`: 0 where a key
+    /// is seen, `-inf` where it is hidden, plus any float mask given.
+    fn additive_mask(
+        &self,
+        masks: &AttentionMasks<'_>,
+        batched: bool,
+        n: usize,
+        l: usize,
+        s: usize,
+        q: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        const OP: &str = "MultiheadAttention";
+        let h = self.num_heads;
+        let dtype = q.dtype();
+        let to_float = |m: &Tensor, what: &str| -> Result<Tensor> {
+            match m.dtype() {
+                DType::Bool => Ok(Tensor::where_cond(m, f64::NEG_INFINITY, 0.0)?.cast(dtype)),
+                dt if dt == dtype => Ok(m.clone()),
+                dt => Err(invalid(
+                    OP,
+                    format!("{what} must be bool or the query's dtype {dtype}, got {dt}"),
+                )),
+            }
+        };
+        let mut total: Option<Tensor> = None;
+        let mut add = |m: Tensor| -> Result<()> {
+            total = Some(match total.take() {
+                Some(t) => (&t + &m)?,
+                None => m,
+            });
+            Ok(())
+        };
+        if let Some(m) = masks.key_padding_mask {
+            let want = if batched { vec![n, s] } else { vec![s] };
+            if m.dims() != want {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "key_padding_mask must be {want:?} ([N, S], or [S] unbatched), got {}",
+                        m.shape()
+                    ),
+                ));
+            }
+            add(to_float(m, "key_padding_mask")?.reshape(&dims_i64(&[n, 1, 1, s]))?)?;
+        }
+        if let Some(m) = masks.attn_mask {
+            let per_head = if batched {
+                vec![n * h, l, s]
+            } else {
+                vec![h, l, s]
+            };
+            let shaped = if m.dims() == [l, s] {
+                m.reshape(&dims_i64(&[1, 1, l, s]))?
+            } else if m.dims() == per_head {
+                m.reshape(&dims_i64(&[n, h, l, s]))?
+            } else {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "attn_mask must be [L, S] = {:?} or {per_head:?} ([N * num_heads, L, S], or [num_heads, L, S] unbatched), got {}",
+                        [l, s],
+                        m.shape()
+                    ),
+                ));
+            };
+            add(to_float(&shaped, "attn_mask")?)?;
+        }
+        if masks.is_causal {
+            let hidden = causal_hidden(l, s, q)?;
+            add(to_float(&hidden, "causal mask")?.reshape(&dims_i64(&[1, 1, l, s]))?)?;
+        }
+        Ok(total)
+    }
+}
+
+impl Module for MultiheadAttention {
+    fn visit(&self, v: &mut Visitor<'_>) {
+        v.param("in_proj_weight", &self.in_proj_weight);
+        if let Some(b) = &self.in_proj_bias {
+            v.param("in_proj_bias", b);
+        }
+        v.module("out_proj", &self.out_proj);
+    }
+}

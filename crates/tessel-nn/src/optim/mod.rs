@@ -1,0 +1,282 @@
+//! Optimizers and learning-rate schedules, with PyTorch's update formulas and defaults.
+//!
+//! A training step is one cached plan: [`Optimizer::step`] records the gradients and every
+//! update lazily, then computes the loss, the new parameters and the new optimizer state
+//! in one [`Tensor::realize_all`] and [`Tensor::assign`]s them. Everything that changes
+//! from step to step (the learning rate, Adam's bias corrections) enters the graph as a
+//! small tensor made from data each step, never as a constant, so the second step's graph
+//! has the first step's structure and replays its plan: nothing compiles after step 1.
+//!
+//! State (momentum, moment averages) lives on each parameter's device in its dtype. For
+//! `f16`/`bf16` parameters the update is computed in `f32` and rounded once when stored,
+//! like PyTorch's fused optimizers.
+//!
+//! ```
+//! use tessel_nn::optim::{Optimizer, Sgd, SgdConfig};
+//! use tessel_tensor::Tensor;
+//! # fn main() -> tessel_tensor::Result<()> {
+//! let w = Tensor::from_vec(vec![1.0f32, 2.0], [2])?;
+//! let mut opt = Sgd::new(vec![w.clone()], SgdConfig { lr: 0.5, ..Default::default() })?;
+//! // A gradient from elsewhere (clipped, accumulated, ...): `apply` instead of `step`.
+//! let g = Tensor::from_vec(vec![0.2f32, -0.4], [2])?;
+//! opt.apply(&[g], &[])?;
+//! assert_eq!(w.to_vec::<f32>()?, vec![0.9, 2.2]);
+//! # Ok(())
+//! # }
+//! ```
+
+mod adam;
+mod schedule;
+mod sgd;
+
+pub use adam::{Adam, AdamConfig, AdamW, AdamWConfig};
+pub use schedule::{
+    ConstantLr, CosineAnnealingLr, LinearLr, LrSchedule, LrScheduler, SequentialLr, StepLr,
+};
+pub use sgd::{Sgd, SgdConfig};
+
+use tessel_tensor::{DType, Device, Error, Result, Tensor, bf16, f16};
+
+/// An optimizer: updates a fixed list of parameters from their gradients.
+///
+/// Implementors provide [`Optimizer::record_update`]; [`Optimizer::apply`] and
+/// [`Optimizer::step`] follow.
+pub trait Optimizer {
+    /// The parameters, in the order gradients are given.
+    fn params(&self) -> &[Tensor];
+
+    /// The learning rate the next step uses.
+    fn lr(&self) -> f64;
+
+    /// Sets the learning rate of the following steps (what a schedule calls). It is
+    /// checked at the next step: it must be finite and non-negative.
+    fn set_lr(&mut self, lr: f64);
+
+    /// How many steps have been taken.
+    fn steps(&self) -> u64;
+
+    /// Low level: records one update lazily and returns `(tensor, new value)` pairs for
+    /// every parameter and state tensor, advancing the step count. Nothing is computed
+    /// or assigned; [`Optimizer::apply`] does both, and is what callers want.
+    fn record_update(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>>;
+
+    /// Updates the parameters from user-supplied gradients (one per parameter, in
+    /// [`Optimizer::params`] order, each of its parameter's shape, dtype and device),
+    /// computing `also_realize` (a loss, a metric) in the same plan.
+    fn apply(&mut self, grads: &[Tensor], also_realize: &[&Tensor]) -> Result<()> {
+        let updates = self.record_update(grads)?;
+        let mut outputs: Vec<&Tensor> = also_realize.to_vec();
+        outputs.extend(updates.iter().map(|(_, value)| value));
+        Tensor::realize_all(&outputs)?;
+        for (target, value) in &updates {
+            target.assign(value)?;
+        }
+        Ok(())
+    }
+
+    /// One training step on a scalar `loss`: its gradients with respect to
+    /// [`Optimizer::params`], then [`Optimizer::apply`]. The loss is computed in the same
+    /// plan, so reading it afterwards costs nothing.
+    fn step(&mut self, loss: &Tensor) -> Result<()> {
+        self.step_with(loss, &[])
+    }
+
+    /// [`Optimizer::step`], also computing `also_realize` in the same plan: a metric, or a
+    /// model's buffers (`BatchNorm`'s running statistics, updated lazily by its forward
+    /// pass), which should be realized every step so they stay buffers rather than a
+    /// growing chain of updates.
+    fn step_with(&mut self, loss: &Tensor, also_realize: &[&Tensor]) -> Result<()> {
+        if loss.numel() != 1 {
+            return Err(Error::InvalidArgument {
+                op: "Optimizer::step",
+                reason: format!(
+                    "the loss must be a single value, but it has shape {}; reduce it with .mean(&[], false) or .sum(&[], false) first",
+                    loss.shape()
+                ),
+            });
+        }
+        let wrt: Vec<&Tensor> = self.params().iter().collect();
+        let grads = loss.backward(&wrt)?;
+        let mut outputs = vec![loss];
+        outputs.extend_from_slice(also_realize);
+        self.apply(&grads, &outputs)
+    }
+}
+
+/// Checks a parameter list: non-empty, float, concrete shapes.
+fn check_params(op: &'static str, params: &[Tensor]) -> Result<()> {
+    if params.is_empty() {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: "the parameter list is empty; pass model.parameters()".into(),
+        });
+    }
+    for (i, p) in params.iter().enumerate() {
+        if !p.dtype().is_float() {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!(
+                    "parameter {i} is {} {}; only floating-point tensors can be optimized",
+                    p.shape(),
+                    p.dtype()
+                ),
+            });
+        }
+        if p.shape().as_usizes().is_none() {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!("parameter {i} has the symbolic shape {}", p.shape()),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks gradients against parameters: one each, same shape, dtype and device.
+fn check_grads(op: &'static str, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
+    if grads.len() != params.len() {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "{} gradients were given for {} parameters; give one gradient per parameter, in params() order",
+                grads.len(),
+                params.len()
+            ),
+        });
+    }
+    for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+        if g.shape() != p.shape() || g.dtype() != p.dtype() {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!(
+                    "gradient {i} is {} {} but its parameter is {} {}; the gradient needs the parameter's shape and dtype",
+                    g.shape(),
+                    g.dtype(),
+                    p.shape(),
+                    p.dtype()
+                ),
+            });
+        }
+        if g.device() != p.device() {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: p.device().to_string(),
+                rhs: g.device().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks a hyperparameter is finite and at least `min`.
+fn check_at_least(op: &'static str, name: &str, value: f64, min: f64) -> Result<()> {
+    if value.is_finite() && value >= min {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            op,
+            reason: format!("{name} must be a finite number >= {min}, got {value}"),
+        })
+    }
+}
+
+/// A zeroed state tensor like `p` (shape, dtype, device). It holds data rather than being
+/// a constant, so the first step's graph already has the structure of every later step.
+fn zeros_state(p: &Tensor) -> Result<Tensor> {
+    let dims = p.dims();
+    let n = p.numel();
+    let t = match p.dtype() {
+        DType::F64 => Tensor::from_vec(vec![0f64; n], dims)?,
+        DType::F32 => Tensor::from_vec(vec![0f32; n], dims)?,
+        DType::F16 => Tensor::from_vec(vec![f16::ZERO; n], dims)?,
+        DType::BF16 => Tensor::from_vec(vec![bf16::ZERO; n], dims)?,
+        other => {
+            return Err(Error::UnsupportedDType {
+                op: "optimizer state",
+                dtype: other,
+                hint: "only floating-point parameters can be optimized",
+            });
+        }
+    };
+    t.to(&p.device())
+}
+
+/// The dtype an update computes in: `f16` and `bf16` updates compute in `f32` and round
+/// once when stored (as PyTorch's fused optimizers do), so rounding does not compound
+/// through the update's chain of ops.
+fn compute_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        other => other,
+    }
+}
+
+/// `t` in its compute dtype.
+fn widen(t: &Tensor) -> Tensor {
+    let dtype = compute_dtype(t.dtype());
+    if dtype == t.dtype() {
+        t.clone()
+    } else {
+        t.cast(dtype)
+    }
+}
+
+/// A computed `value` rounded to the dtype of the tensor `like` it replaces.
+fn narrow(value: Tensor, like: &Tensor) -> Tensor {
+    if value.dtype() == like.dtype() {
+        value
+    } else {
+        value.cast(like.dtype())
+    }
+}
+
+/// The per-step values of one step (learning rate, bias corrections, ...) as 0-d tensors,
+/// one set per dtype and device among the parameters.
+///
+/// They are tensors made from data, not constants: a constant's value is part of a plan's
+/// cache key, so a changing one would compile a new plan every step.
+struct StepValues {
+    values: Vec<f64>,
+    made: Vec<(DType, Device, Vec<Tensor>)>,
+}
+
+impl StepValues {
+    fn new(values: Vec<f64>) -> StepValues {
+        StepValues {
+            values,
+            made: Vec::new(),
+        }
+    }
+
+    /// The values as 0-d tensors of `like`'s dtype and device (`like` is already in its
+    /// compute dtype).
+    fn for_param(&mut self, like: &Tensor) -> Result<Vec<Tensor>> {
+        let (dtype, device) = (like.dtype(), like.device());
+        if let Some((_, _, ts)) = self
+            .made
+            .iter()
+            .find(|(d, dev, _)| *d == dtype && *dev == device)
+        {
+            return Ok(ts.clone());
+        }
+        let mut ts = Vec::with_capacity(self.values.len());
+        for &v in &self.values {
+            let t = match dtype {
+                DType::F64 => Tensor::scalar(v),
+                DType::F32 => Tensor::scalar(v as f32),
+                DType::F16 => Tensor::scalar(f16::from_f64(v)),
+                DType::BF16 => Tensor::scalar(bf16::from_f64(v)),
+                other => {
+                    return Err(Error::UnsupportedDType {
+                        op: "optimizer step",
+                        dtype: other,
+                        hint: "only floating-point parameters can be optimized",
+                    });
+                }
+            };
+            ts.push(t.to(&device)?);
+        }
+        self.made.push((dtype, device, ts.clone()));
+        Ok(ts)
+    }
+}
