@@ -146,6 +146,27 @@ pub fn kernelize_with(
     targets: &[NodeId],
     separate: &[NodeId],
 ) -> Result<Schedule, KernelizeError> {
+    kernelize_impl(graph, targets, separate, false)
+}
+
+/// [`kernelize`], with every kernel whose reductions are long lowered cooperatively: a
+/// workgroup per output element, its invocations striding through the reduction together
+/// and combining partial results in local memory. On a GPU this reads memory coalesced and
+/// keeps every core busy when there are few outputs (a row sum, softmax statistics); on a
+/// CPU it is slower. An alternative partition, for measurement to choose.
+pub fn kernelize_cooperative(
+    graph: &Graph,
+    targets: &[NodeId],
+) -> Result<Schedule, KernelizeError> {
+    kernelize_impl(graph, targets, &[], true)
+}
+
+fn kernelize_impl(
+    graph: &Graph,
+    targets: &[NodeId],
+    separate: &[NodeId],
+    cooperative: bool,
+) -> Result<Schedule, KernelizeError> {
     let order = graph.toposort(targets);
     let (_, leaves) = signature(graph, targets);
     let leaf_slot: FxHashMap<LeafId, usize> =
@@ -168,11 +189,20 @@ pub fn kernelize_with(
         separate,
         &leaf_slot,
         true,
+        cooperative,
     )? {
         (kernels, empty, Some(sorted)) => (kernels, empty, sorted),
         (_, _, None) => {
             tracing::debug!(target: "tessel::kernels", "multi-output kernels formed a cycle; one kernel per value instead");
-            match build(graph, &order, &materialized, separate, &leaf_slot, false)? {
+            match build(
+                graph,
+                &order,
+                &materialized,
+                separate,
+                &leaf_slot,
+                false,
+                cooperative,
+            )? {
                 (kernels, empty, Some(sorted)) => (kernels, empty, sorted),
                 (_, _, None) => {
                     return Err(KernelizeError(
@@ -200,8 +230,8 @@ pub fn kernelize_with(
 }
 
 /// The kernels computing `materialized` (consumers absorbing producers of their shape when
-/// `absorb` is set), the empty values, and the kernels in dependency order (`None` if
-/// they form a cycle).
+/// `absorb` is set; long reductions lowered cooperatively when `cooperative` is), the
+/// empty values, and the kernels in dependency order (`None` if they form a cycle).
 fn build(
     graph: &Graph,
     order: &[NodeId],
@@ -209,6 +239,7 @@ fn build(
     separate: &[NodeId],
     leaf_slot: &FxHashMap<LeafId, usize>,
     absorb: bool,
+    cooperative: bool,
 ) -> Result<(Vec<ScheduledKernel>, Vec<NodeId>, Option<Vec<usize>>), KernelizeError> {
     // Lower consumers before producers so a consumer can absorb a producer it evaluates at
     // its own coordinates; `absorbed` records who wrote what.
@@ -237,7 +268,14 @@ fn build(
             })
             .collect();
         let lowered = loop {
-            let lowered = match lower_kernel(graph, root, materialized, &absorbable, leaf_slot)? {
+            let lowered = match lower_kernel(
+                graph,
+                root,
+                materialized,
+                &absorbable,
+                leaf_slot,
+                cooperative,
+            )? {
                 Lowering::Done(k) => k,
                 Lowering::Retry(conflicts) => {
                     for m in conflicts {

@@ -24,7 +24,7 @@ pub mod vendor;
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{
-    KernelizeError, Schedule, ScheduledKernel, Signature, Slot, kernelize, kernelize_with,
-    signature,
+    KernelizeError, Schedule, ScheduledKernel, Signature, Slot, kernelize, kernelize_cooperative,
+    kernelize_with, signature,
 };
 pub use vendor::{VendorMatch, find_matmuls};

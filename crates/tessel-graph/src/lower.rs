@@ -21,6 +21,12 @@ use crate::kernelize::{KernelizeError, ScheduledKernel, Slot};
 
 const LOCAL_SIZE: i64 = 128;
 
+/// Most invocations a cooperative reduction gives one output element.
+const MAX_LANES: i64 = 256;
+
+/// Below this many elements per output, a reduction stays one invocation's loop.
+const MIN_COOPERATIVE_EXTENT: i64 = 256;
+
 struct Lowerer<'g> {
     graph: &'g Graph,
     kb: KernelBuilder,
@@ -46,6 +52,9 @@ struct Lowerer<'g> {
     /// Absorbable nodes that were also needed at other coordinates: absorbing them would
     /// read a buffer this kernel writes.
     conflicts: Vec<NodeId>,
+    /// For a cooperative kernel (one workgroup per output element): the workgroup size
+    /// and the invocation's index in it.
+    lanes: Option<(i64, Value)>,
 }
 
 /// The result of lowering one kernel.
@@ -58,13 +67,30 @@ pub(crate) enum Lowering {
 
 /// Lowers the kernel computing materialized node `root` (and any node of `absorbable` it
 /// evaluates at its own coordinates).
+///
+/// With `cooperative`, a kernel whose reductions are long gives each output element a
+/// workgroup instead of one invocation: the invocations stride through each top-level
+/// reduction together (adjacent invocations read adjacent elements) and combine their
+/// partial results through local memory. Such a kernel writes only its root.
 pub(crate) fn lower_kernel(
     graph: &Graph,
     root: NodeId,
     materialized: &FxHashSet<NodeId>,
     absorbable: &FxHashSet<NodeId>,
     leaf_slot: &FxHashMap<LeafId, usize>,
+    cooperative: bool,
 ) -> Result<Lowering, KernelizeError> {
+    let lanes = if cooperative {
+        cooperative_lanes(graph, root, materialized)
+    } else {
+        None
+    };
+    let nothing = FxHashSet::default();
+    let absorbable = if lanes.is_some() {
+        &nothing
+    } else {
+        absorbable
+    };
     let node = graph.node(root);
     let shape = node.shape.clone();
     let numel = shape.numel();
@@ -80,16 +106,28 @@ pub(crate) fn lower_kernel(
     } else {
         DType::I64
     };
-    let mut kb = KernelBuilder::new(&kernel_name(graph, root));
-    let local = match numel.as_const() {
-        Some(n) if n < LOCAL_SIZE => n.max(1),
+    let name = kernel_name(graph, root);
+    let mut kb = KernelBuilder::new(&if lanes.is_some() {
+        format!("{name}_g")
+    } else {
+        name
+    });
+    let local = match (lanes, numel.as_const()) {
+        (Some(l), _) => l,
+        (None, Some(n)) if n < LOCAL_SIZE => n.max(1),
         _ => LOCAL_SIZE,
     };
-    kb.grid(
-        [numel.ceil_div(local), Dim::constant(1), Dim::constant(1)],
-        [local, 1, 1],
-    );
-    let gid_value = kb.global_id(0, idx);
+    let (gid_value, lane) = if lanes.is_some() {
+        kb.grid([numel, Dim::constant(1), Dim::constant(1)], [local, 1, 1]);
+        let group = kb.group_id(0, idx);
+        (group, Some((local, kb.local_id(0, idx))))
+    } else {
+        kb.grid(
+            [numel.ceil_div(local), Dim::constant(1), Dim::constant(1)],
+            [local, 1, 1],
+        );
+        (kb.global_id(0, idx), None)
+    };
     let gid_var = loop_var("gid", numel);
     kb.bind(gid_var, gid_value, idx);
     let gid = Expr::from(gid_var);
@@ -117,11 +155,12 @@ pub(crate) fn lower_kernel(
         depth: 0,
         n_reduces: 0,
         conflicts: Vec::new(),
+        lanes: lane,
     };
     let out = lw.param(Slot::Node(root), node.dtype, numel, Access::Write);
     lw.writes.push(root);
-    // Guard the tail when the grid over-covers.
-    let exact = numel.as_const().is_some_and(|n| n % local == 0);
+    // Guard the tail when the grid over-covers (a cooperative grid never does).
+    let exact = lane.is_some() || numel.as_const().is_some_and(|n| n % local == 0);
     let guard = if exact {
         None
     } else {
@@ -132,7 +171,16 @@ pub(crate) fn lower_kernel(
         Some(open)
     };
     let value = lw.eval_node(root, &root_coords, true)?;
-    lw.kb.store(out, gid_value, value);
+    if let Some((_, lane)) = lane {
+        // Every invocation of the workgroup holds the value; one stores it.
+        let zero = lw.kb.constant_as(0, idx);
+        let first = lw.kb.binary(BinaryOp::Eq, lane, zero);
+        let open = lw.kb.begin_if(first);
+        lw.kb.store(out, gid_value, value);
+        lw.kb.end_if(open);
+    } else {
+        lw.kb.store(out, gid_value, value);
+    }
     if let Some(open) = guard {
         lw.close_if(open);
     }
@@ -180,6 +228,31 @@ fn kernel_name(graph: &Graph, root: NodeId) -> String {
             dims.join("_")
         }
     )
+}
+
+/// The workgroup size for a cooperative kernel computing `root`: a power of two covering
+/// its longest reduction (at most [`MAX_LANES`]), or `None` if it has no reduction of at
+/// least [`MIN_COOPERATIVE_EXTENT`] elements per output.
+fn cooperative_lanes(graph: &Graph, root: NodeId, materialized: &FxHashSet<NodeId>) -> Option<i64> {
+    let mut longest = 0;
+    let mut stack = vec![root];
+    let mut seen = FxHashSet::default();
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n) || (n != root && materialized.contains(&n)) {
+            continue;
+        }
+        let node = graph.node(n);
+        if let Op::Reduce(_, a, axes) = &node.op {
+            let inner = &graph.node(*a).shape;
+            let extent: Dim = axes.iter().map(|&ax| inner[ax]).product();
+            longest = longest.max(extent.bounds().hi);
+        }
+        stack.extend(node.op.children());
+    }
+    (longest >= MIN_COOPERATIVE_EXTENT).then(|| {
+        let pow2 = 1i64 << (64 - (longest - 1).leading_zeros()).min(62);
+        pow2.min(MAX_LANES)
+    })
 }
 
 /// The coordinate along an axis of size `d` whose row-major stride is `stride`, from a
@@ -477,12 +550,39 @@ impl Lowerer<'_> {
         let zero = self.kb.constant_as(0, self.idx);
         let init = self.kb.constant(op.identity(acc_dtype));
         self.kb.store(Mem::Reg(acc), zero, init);
+        // Cooperatively only outside loops and conditionals, where every invocation of
+        // the workgroup reaches the barriers.
+        let lanes = self.lanes.filter(|_| self.depth == 0);
         let start = self.kb.constant_as(0, self.idx);
-        let end = self.ix(rsize);
+        let end = match lanes {
+            Some((l, _)) => self.ix(rsize.ceil_div(l)),
+            None => self.ix(rsize),
+        };
         let r = self.kb.begin_range(start, end);
-        self.kb.bind(loop_var, r, self.idx);
         self.memo.push(FxHashMap::default());
         self.depth += 1;
+        // Invocation `lane` of a workgroup takes elements lane, lane + l, lane + 2l, ...
+        let guard = match lanes {
+            Some((l, lane)) => {
+                let l_v = self.kb.constant_as(l, self.idx);
+                let element = self
+                    .kb
+                    .ternary(tessel_shape::TernaryOp::MulAdd, r, l_v, lane);
+                let guard = if rsize.as_const().is_some_and(|n| n % l == 0) {
+                    None
+                } else {
+                    let n = self.ix(rsize);
+                    let inside = self.kb.lt(element, n);
+                    Some(self.kb.begin_if(inside))
+                };
+                self.kb.bind(loop_var, element, self.idx);
+                guard
+            }
+            None => {
+                self.kb.bind(loop_var, r, self.idx);
+                None
+            }
+        };
         let v = self.eval_node(child, &mapped, false)?;
         let v = if acc_dtype == dtype {
             v
@@ -492,15 +592,52 @@ impl Lowerer<'_> {
         let prev = self.kb.load(Mem::Reg(acc), zero);
         let next = self.kb.binary(op.binary(), prev, v);
         self.kb.store(Mem::Reg(acc), zero, next);
+        if let Some(open) = guard {
+            self.kb.end_if(open);
+        }
         self.memo.pop();
         self.depth -= 1;
         self.kb.end_range(r);
-        let total = self.kb.load(Mem::Reg(acc), zero);
+        let mut total = self.kb.load(Mem::Reg(acc), zero);
+        if let Some((l, lane)) = lanes {
+            total = self.combine_lanes(op, acc_dtype, total, l, lane);
+        }
         Ok(if acc_dtype == dtype {
             total
         } else {
             self.kb.cast(total, dtype)
         })
+    }
+
+    /// The workgroup's `l` partial results combined by a tree through local memory; every
+    /// invocation gets the total.
+    fn combine_lanes(
+        &mut self,
+        op: ReduceOp,
+        dtype: DType,
+        partial: Value,
+        l: i64,
+        lane: Value,
+    ) -> Value {
+        let shared = self.kb.local(dtype, l as usize);
+        self.kb.store(shared, lane, partial);
+        self.kb.barrier();
+        let mut half = l / 2;
+        while half >= 1 {
+            let half_v = self.kb.constant_as(half, self.idx);
+            let active = self.kb.lt(lane, half_v);
+            let open = self.kb.begin_if(active);
+            let other = self.kb.add(lane, half_v);
+            let a = self.kb.load(shared, lane);
+            let b = self.kb.load(shared, other);
+            let c = self.kb.binary(op.binary(), a, b);
+            self.kb.store(shared, lane, c);
+            self.kb.end_if(open);
+            self.kb.barrier();
+            half /= 2;
+        }
+        let first = self.kb.constant_as(0, self.idx);
+        self.kb.load(shared, first)
     }
 
     /// Unmaterialized reductions under `n` (at `coords`) whose coordinates don't mention

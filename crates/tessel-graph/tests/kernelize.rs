@@ -2,7 +2,10 @@
 //! run on the reference interpreter and compared with plain Rust loops in f64.
 
 use rustc_hash::FxHashMap;
-use tessel_graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp, Slot, kernelize, signature};
+use tessel_graph::{
+    Graph, LeafId, Node, NodeId, Op, ReduceOp, Schedule, Slot, kernelize, kernelize_cooperative,
+    signature,
+};
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 
 struct Rng(u64);
@@ -90,6 +93,11 @@ impl Env {
     /// Runs the schedule for `targets` on the interpreter and returns their values.
     fn realize(&self, targets: &[NodeId]) -> (Vec<Vec<f32>>, usize) {
         let schedule = kernelize(&self.g, targets).unwrap();
+        self.run(targets, &schedule)
+    }
+
+    /// Runs `schedule`, made for `targets`, on the interpreter.
+    fn run(&self, targets: &[NodeId], schedule: &Schedule) -> (Vec<Vec<f32>>, usize) {
         let (_, leaves) = signature(&self.g, targets);
         let mut bufs: FxHashMap<Slot, Vec<u8>> = FxHashMap::default();
         for (i, leaf) in leaves.iter().enumerate() {
@@ -347,4 +355,42 @@ fn common_subexpressions_share_nodes_and_the_graph_stays_flat() {
         assert_eq!(env.g.release(y), vec![LeafId(1_000_000 + i)]);
     }
     assert_eq!(env.g.len(), before, "every temporary node was freed");
+}
+
+/// Cooperative reductions (a workgroup per output element, partial results combined in
+/// local memory) compute what the serial ones do: row sums and maxima of rows longer and
+/// shorter than a workgroup, softmax (a max hoisted out of a sum), a mean of squares.
+#[test]
+fn cooperative_reductions_match_the_serial_ones() {
+    for cols in [300, 512, 2000] {
+        let mut env = Env::new();
+        let mut rng = Rng(cols as u64);
+        let rows = 3;
+        let x = env.leaf(&[rows, cols], rng.vec(rows * cols));
+        let s = env.shape(x);
+        let sum = env.reduce(ReduceOp::Sum, x, &[1]);
+        let max = env.reduce(ReduceOp::Max, x, &[1]);
+        let me = env.expand(max, &s);
+        let shifted = env.binary(BinaryOp::Sub, x, me);
+        let e = env.unary(UnaryOp::Exp, shifted);
+        let z = env.reduce(ReduceOp::Sum, e, &[1]);
+        let ze = env.expand(z, &s);
+        let softmax = env.binary(BinaryOp::Div, e, ze);
+        let sq = env.binary(BinaryOp::Mul, x, x);
+        let all = env.reduce(ReduceOp::Sum, sq, &[0, 1]);
+        let targets = [sum, max, softmax, all];
+        let (serial, _) = env.realize(&targets);
+        let schedule = kernelize_cooperative(&env.g, &targets).unwrap();
+        let names: Vec<&str> = schedule.kernels.iter().map(|k| k.kernel.name.as_str()).collect();
+        assert!(
+            names.iter().filter(|n| n.ends_with("_g")).count() >= 3,
+            "{cols} columns: kernels {names:?}"
+        );
+        let (cooperative, _) = env.run(&targets, &schedule);
+        for (k, (a, b)) in serial.iter().zip(&cooperative).enumerate() {
+            let want: Vec<f64> = a.iter().map(|&v| f64::from(v)).collect();
+            assert_close(b, &want, 1e-5);
+            assert!(!b.is_empty(), "target {k}");
+        }
+    }
 }

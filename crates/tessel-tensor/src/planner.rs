@@ -6,6 +6,9 @@
 //!    second partition with each product materialized on its own plus a library routine
 //!    ([`VendorOp`]) that can write it. Every kernel and routine is a [`Candidate`] that
 //!    writes some values (graph positions) and reads others.
+//!    On a GPU, where the graph has long reductions, a third partition lowers them
+//!    cooperatively (a workgroup per output element, partial results combined in local
+//!    memory; [`kernelize_cooperative`]).
 //! 2. [`compile`] (no lock): each candidate compiled for the device. A backend without
 //!    the routine offers none; a candidate outside the default partition that fails to
 //!    compile is dropped with a warning, never failing the realize.
@@ -28,8 +31,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_graph::egraph::Budget as RewriteBudget;
 use tessel_graph::extract::{self, Budget, ClassId, Problem};
 use tessel_graph::{
-    Graph, LeafId, NodeId, Op, Schedule, Simplified, Slot, find_matmuls, kernelize, kernelize_with,
-    signature, simplify,
+    Graph, LeafId, NodeId, Op, Schedule, Simplified, Slot, find_matmuls, kernelize,
+    kernelize_cooperative, kernelize_with, signature, simplify,
 };
 use tessel_ir::cache::{Fnv128, temp_suffix};
 use tessel_ir::{Backend, BufferId, Kernel, ProgramId, VendorOp};
@@ -112,6 +115,9 @@ struct Candidate {
     writes: Vec<usize>,
     /// From the default partition: the reference others are checked against.
     default: bool,
+    /// From the partition made for library routines: worth compiling only if the backend
+    /// has one.
+    for_routine: bool,
 }
 
 impl Candidate {
@@ -143,11 +149,13 @@ fn rewrites_enabled() -> bool {
 }
 
 /// Builds the candidates for `targets`, whose subgraph reads `leaves` (in signature
-/// order), after simplifying it with the e-graph's rewrites (see the module docs).
+/// order), after simplifying it with the e-graph's rewrites (see the module docs), for
+/// `device`.
 pub(crate) fn partition(
     graph: &Graph,
     targets: &[NodeId],
     leaves: &[LeafId],
+    device: Device,
 ) -> Result<Partitions> {
     let simplified = rewrites_enabled().then(|| {
         let size = graph.toposort(targets).len();
@@ -194,7 +202,7 @@ pub(crate) fn partition(
             .map(|(k, t)| (pos[t], k))
             .collect(),
     };
-    add_schedule(&mut parts, &default, &pos, true);
+    add_schedule(&mut parts, &default, &pos, true, false);
     let written: FxHashSet<usize> = parts
         .candidates
         .iter()
@@ -207,6 +215,19 @@ pub(crate) fn partition(
         .filter(|p| !written.contains(p))
         .collect();
 
+    // On a GPU, long reductions may run faster with a workgroup per output; the CPU runs a
+    // workgroup's invocations one after another, where that only adds barriers.
+    if device.backend != "cpu" {
+        let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
+        if cooperative
+            .kernels
+            .iter()
+            .any(|k| k.kernel.name.ends_with("_g"))
+        {
+            add_schedule(&mut parts, &cooperative, &pos, false, false);
+        }
+    }
+
     let matches = find_matmuls(graph, order);
     if matches.is_empty() {
         return Ok(parts);
@@ -218,7 +239,7 @@ pub(crate) fn partition(
     separate.sort_unstable();
     separate.dedup();
     let alternative = kernelize_with(graph, targets, &separate).map_err(internal)?;
-    add_schedule(&mut parts, &alternative, &pos, false);
+    add_schedule(&mut parts, &alternative, &pos, false, true);
     for m in &matches {
         for &w in &m.writes {
             let node = graph.node(w);
@@ -235,6 +256,7 @@ pub(crate) fn partition(
                     .collect(),
                 writes: vec![pos[&w]],
                 default: false,
+                for_routine: true,
             });
         }
     }
@@ -259,6 +281,7 @@ fn add_schedule(
     schedule: &Schedule,
     pos: &FxHashMap<NodeId, usize>,
     default: bool,
+    for_routine: bool,
 ) {
     for (n, dtype, numel) in &schedule.buffers {
         parts.buffers.insert(pos[n], (*dtype, *numel));
@@ -276,6 +299,7 @@ fn add_schedule(
             writes: k.writes.iter().map(|w| pos[w]).collect(),
             work: Work::Kernel(k.kernel.clone()),
             default,
+            for_routine,
         };
         let duplicate = parts.candidates.iter().any(|c| {
             c.writes == candidate.writes
@@ -341,7 +365,10 @@ pub(crate) fn compile(
             }
         }
     }
-    for c in kernels.into_iter().filter(|c| c.default || any_vendor) {
+    for c in kernels
+        .into_iter()
+        .filter(|c| c.default || !c.for_routine || any_vendor)
+    {
         let Work::Kernel(kernel) = &c.work else {
             continue;
         };

@@ -219,7 +219,7 @@ impl Runtime {
         let plan = if let Some(plan) = st.plans.get(&key) {
             plan.clone()
         } else {
-            let parts = planner::partition(&st.graph, &targets, &leaves)?;
+            let parts = planner::partition(&st.graph, &targets, &leaves, device)?;
             drop(st);
             // Compile without the lock: other threads keep recording.
             let compiled = planner::compile(parts, &backend, device)?;

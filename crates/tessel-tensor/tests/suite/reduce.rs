@@ -778,3 +778,50 @@ fn reduction_errors_name_the_op_and_shape() -> Result<()> {
     );
     Ok(())
 }
+
+/// Rows long enough that GPUs also try the cooperative kernels (a workgroup per row,
+/// partial results combined in local memory), which must agree with the references: sums,
+/// maxima with a NaN, means, variances, softmax and logsumexp of 3 × 3000 values, in f32
+/// and f16 (accumulated in f32).
+#[test]
+fn long_rows_reduce_alike_on_every_device() -> Result<()> {
+    const COLS: usize = 3000;
+    for dtype in common::on_device([DType::F32, DType::F16]) {
+        let mut x = floats(31, dtype, &[3, COLS], -3.0, 3.0);
+        x.data[COLS + 17] = f64::NAN;
+        let t = x.tensor(dtype);
+        let rows: Vec<&[f64]> = x.data.chunks(COLS).collect();
+        let tol = reduce_tol(dtype, COLS);
+        let per_row = |f: &dyn Fn(&[f64]) -> f64| Nd {
+            dims: vec![3],
+            data: rows.iter().map(|r| f(r)).collect(),
+        };
+        let sum_t = t.sum(&[1], false)?;
+        if common::skipped(&sum_t, "long rows") {
+            continue;
+        }
+        assert_nd("sum", &Nd::of(&sum_t), &per_row(&sum), tol);
+        assert_nd("max", &Nd::of(&t.max(&[1], false)?), &per_row(&max), 0.0);
+        assert_nd("mean", &Nd::of(&t.mean(&[1], false)?), &per_row(&mean), tol);
+        assert_nd("var", &Nd::of(&t.var(&[1], false)?), &per_row(&|r| var(r, 1)), tol);
+        assert_nd(
+            "logsumexp",
+            &Nd::of(&t.logsumexp(&[1], false)?),
+            &per_row(&logsumexp),
+            tol,
+        );
+        let softmax: Vec<f64> = rows
+            .iter()
+            .flat_map(|r| {
+                let l = logsumexp(r);
+                r.iter().map(move |v| (v - l).exp())
+            })
+            .collect();
+        let want = Nd {
+            dims: vec![3, COLS],
+            data: softmax,
+        };
+        assert_nd("softmax", &Nd::of(&t.softmax(1)?), &want, tol);
+    }
+    Ok(())
+}
