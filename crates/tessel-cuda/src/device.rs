@@ -150,7 +150,7 @@ pub(crate) fn discover(only: Option<usize>) -> Discovery {
     };
     let mut devices = Vec::new();
     for ordinal in ordinals {
-        match set_up(devices.len(), ordinal) {
+        match set_up(devices.len(), ordinal, driver_version) {
             Ok(device) => {
                 tracing::debug!(
                     "tessel-cuda: device {ordinal}: {} (sm_{}{})",
@@ -169,7 +169,7 @@ pub(crate) fn discover(only: Option<usize>) -> Discovery {
     }
 }
 
-fn set_up(index: usize, ordinal: usize) -> Result<CudaDevice, DriverError> {
+fn set_up(index: usize, ordinal: usize, driver_version: i32) -> Result<CudaDevice, DriverError> {
     let ctx = Context::new(ordinal)?;
     let get = |a: Attr| ctx.attribute(a).map(|v| u32::try_from(v).unwrap_or(0));
     let capability = (
@@ -178,6 +178,7 @@ fn set_up(index: usize, ordinal: usize) -> Result<CudaDevice, DriverError> {
     );
     let info = DeviceInfo {
         name: ctx.name()?,
+        driver: format!("CUDA driver {driver_version}"),
         memory_bytes: ctx.total_memory()? as u64,
         compute_units: get(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         max_workgroup_size: get(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,

@@ -64,6 +64,10 @@ impl Features {
 pub struct DeviceInfo {
     /// The device's name, as its driver reports it.
     pub name: String,
+    /// What else decides how fast a program runs there: the driver's version (for the
+    /// CPU, the backend's version and thread count). Measured kernel times are cached
+    /// under it, so an upgrade measures again.
+    pub driver: String,
     /// Global memory, in bytes.
     pub memory_bytes: u64,
     /// Compute units (cores, SMs, CUs); 0 where the API cannot tell (wgpu).

@@ -265,6 +265,7 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
     };
     let info = DeviceInfo {
         name: c.name.clone(),
+        driver: format!("{} / {}", details.platform, details.driver),
         memory_bytes: device.global_mem_size()?,
         compute_units: device.max_compute_units()?,
         max_workgroup_size: u32::try_from(device.max_work_group_size()?).unwrap_or(u32::MAX),

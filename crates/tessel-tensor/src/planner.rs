@@ -65,6 +65,19 @@ pub(crate) struct Program {
     device: Device,
 }
 
+impl Program {
+    /// A program id the backend never handed out: launching it fails. For tests of what
+    /// happens when a plan fails at execution.
+    #[cfg(test)]
+    pub(crate) fn unbuilt(backend: Arc<dyn Backend>, device: Device) -> Program {
+        Program {
+            id: ProgramId(u64::MAX),
+            backend,
+            device,
+        }
+    }
+}
+
 impl Drop for Program {
     fn drop(&mut self) {
         if let Err(e) = self.backend.release(self.id) {
@@ -713,17 +726,18 @@ fn floats(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
     Some(bytes.chunks_exact(width).map(decode).collect())
 }
 
-/// The disk timing cache: one small file per (backend, device, program text).
+/// The disk timing cache: one small file per (backend, device, driver, program text).
 fn timing_dir() -> PathBuf {
     tessel_ir::cache::default_root().join("timings")
 }
 
 fn timing_key(backend: &dyn Backend, device: Device, work: &Work) -> u128 {
     let mut h = Fnv128::new();
-    h.field(b"tessel-timing-v1");
+    h.field(b"tessel-timing-v2");
     h.field(backend.name().as_bytes());
     if let Some(info) = backend.devices().get(device.ordinal) {
         h.field(info.name.as_bytes());
+        h.field(info.driver.as_bytes());
     }
     h.field(work.text().as_bytes());
     h.finish()

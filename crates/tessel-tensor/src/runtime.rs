@@ -407,3 +407,72 @@ impl Runtime {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::{PlanKernel, Program};
+    use crate::{DType, Tensor};
+
+    /// A measured plan keeps its runner-up. When running the chosen plan fails (here: its
+    /// first program is one the backend never built), the runner-up runs on the same
+    /// inputs, gives the right values, and replaces the failed plan in the cache.
+    #[test]
+    fn a_plan_that_fails_at_execution_falls_back_to_its_runner_up() {
+        Tensor::manual_seed(9);
+        let a = Tensor::randn([48, 40], DType::F32).unwrap();
+        let b = Tensor::randn([40, 56], DType::F32).unwrap();
+        Tensor::realize_all(&[&a, &b]).unwrap();
+        let want = a.matmul(&b).unwrap().to_vec::<f32>().unwrap();
+
+        let c = a.matmul(&b).unwrap();
+        let device = c.device();
+        let key = {
+            let st = runtime().lock();
+            (signature(&st.graph, &[c.node()]).0, device)
+        };
+        let (plan, runner_up) = {
+            let mut st = runtime().lock();
+            let plan = st.plans[&key].clone();
+            let runner_up = plan
+                .fallback
+                .clone()
+                .expect("a measured matmul plan keeps its runner-up");
+            let mut kernels: Vec<PlanKernel> = plan
+                .kernels
+                .iter()
+                .map(|k| PlanKernel {
+                    program: k.program.clone(),
+                    args: k.args.clone(),
+                })
+                .collect();
+            kernels[0].program = Arc::new(Program::unbuilt(plan.backend.clone(), device));
+            let broken = Plan {
+                device,
+                backend: plan.backend.clone(),
+                kernels,
+                buffers: plan.buffers.clone(),
+                inputs: plan.inputs.clone(),
+                outputs: plan.outputs.clone(),
+                fallback: Some(runner_up.clone()),
+            };
+            st.plans.insert(key.clone(), Arc::new(broken));
+            (plan, runner_up)
+        };
+        // The runner-up may be the other path (generated kernel or library routine), so
+        // equal up to rounding.
+        let got = c.to_vec::<f32>().unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "the runner-up's product is off by {worst}");
+        let st = runtime().lock();
+        assert!(
+            Arc::ptr_eq(&st.plans[&key], &runner_up),
+            "the runner-up replaces the failed plan"
+        );
+        drop((st, plan));
+    }
+}

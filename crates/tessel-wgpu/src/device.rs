@@ -383,6 +383,7 @@ fn open(c: &Candidate) -> Result<GpuDevice, String> {
         .filter(|&s| s > 0 && s == c.info.subgroup_max_size);
     let info = DeviceInfo {
         name: name.clone(),
+        driver: format!("{} {}", c.info.driver, c.info.driver_info),
         // wgpu has no query for the device's memory: the largest buffer stands in (see the
         // crate docs).
         memory_bytes: limits.max_buffer_size,
