@@ -52,6 +52,23 @@ for m in (4096, 1024):
     p, q = torch.rand(m, m, device=dev), torch.rand(m, m, device=dev)
     rows.append((f"matmul f32 {m}", time_ms(lambda: p @ q), 2 * m**3, "GFLOP/s"))
 
+# Issue 9: the same names as benches/gpu.rs.
+torch.backends.cudnn.benchmark = True  # cuDNN picks its fastest conv algorithm, once
+torch.backends.cudnn.allow_tf32 = False  # f32 convolution in true f32, as Tessel's
+cx = torch.rand(32, 64, 56, 56, device=dev) * 2 - 1
+cw = torch.rand(64, 64, 3, 3, device=dev) * 2 - 1
+conv = lambda: torch.nn.functional.conv2d(cx, cw, padding=1)
+rows.append(("conv2d f32 [32,64,56,56] 3x3 p1", time_ms(conv), 2 * 32 * 64 * 56 * 56 * 64 * 9, "GFLOP/s"))
+del cx, cw
+px = torch.rand(32, 64, 112, 112, device=dev) * 2 - 1
+pool = lambda: torch.nn.functional.max_pool2d(px, 3, stride=2, padding=1)
+rows.append(("max_pool2d f32 [32,64,112,112] 3x3 s2 p1", time_ms(pool), 4 * 32 * 64 * (112 * 112 + 56 * 56), "GB/s"))
+del px
+sx = torch.rand(16 << 20, device=dev) * 2 - 1
+# stable=True: Tessel's sort is stable too; values and int64 indices, as there.
+rows.append(("sort f32 16M (values + i64 indices)", time_ms(lambda: torch.sort(sx, stable=True)), 16 * (16 << 20), "GB/s"))
+del sx
+
 print(f"\n{'workload (PyTorch ' + torch.__version__ + ')':<40} {'median ms':>10}    throughput")
 for name, ms, amount, unit in rows:
     per_s = amount / (ms / 1e3)

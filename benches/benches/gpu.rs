@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use tessel_tensor::{Device, Result, Tensor};
+use tessel_tensor::{Conv2d, Device, Padding, PoolOptions, Result, Tensor};
 
 /// One workload: builds its output from its inputs, and says how much work it is.
 struct Workload {
@@ -32,6 +32,9 @@ fn workloads(scale: usize) -> Vec<Workload> {
     let soft = 8192 / scale.isqrt();
     let m = 4096 / scale.isqrt();
     let small_m = 1024 / scale.isqrt();
+    // `--small` keeps the conv/pool shapes and cuts the batch (2 at scale 16).
+    let batch = 32 / scale;
+    let sort_n = (16 << 20) / scale;
     vec![
         Workload {
             name: "chain8 f32 (8 fused elementwise ops)",
@@ -67,6 +70,45 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * (small_m * small_m * small_m) as f64,
             inputs: vec![vec![small_m, small_m], vec![small_m, small_m]],
             run: |x| x[0].matmul(&x[1]),
+        },
+        // Issue 9: a ResNet-50 stage convolution, a stem max-pool, and a long sort.
+        Workload {
+            name: "conv2d f32 [32,64,56,56] 3x3 p1",
+            unit: "GFLOP/s",
+            amount: 2.0 * (batch * 64 * 56 * 56 * 64 * 9) as f64,
+            inputs: vec![vec![batch, 64, 56, 56], vec![64, 64, 3, 3]],
+            run: |x| {
+                let opts = Conv2d {
+                    padding: Padding::Explicit([1, 1]),
+                    ..Conv2d::default()
+                };
+                x[0].conv2d(&x[1], None, &opts)
+            },
+        },
+        Workload {
+            name: "max_pool2d f32 [32,64,112,112] 3x3 s2 p1",
+            unit: "GB/s",
+            amount: 4.0 * (batch * 64 * (112 * 112 + 56 * 56)) as f64,
+            inputs: vec![vec![batch, 64, 112, 112]],
+            run: |x| {
+                x[0].max_pool2d(&PoolOptions {
+                    stride: Some([2, 2]),
+                    padding: [1, 1],
+                    ..PoolOptions::new([3, 3])
+                })
+            },
+        },
+        Workload {
+            name: "sort f32 16M (values + i64 indices)",
+            unit: "GB/s",
+            // Read once; values (4 bytes) and indices (8 bytes) written once.
+            amount: 16.0 * sort_n as f64,
+            inputs: vec![vec![sort_n]],
+            run: |x| {
+                let (values, indices) = x[0].sort(0, false)?;
+                Tensor::realize_all(&[&values, &indices])?;
+                Ok(values)
+            },
         },
     ]
 }

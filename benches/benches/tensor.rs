@@ -3,14 +3,16 @@
 //! - replaying a cached plan (host time per kernel launch, target < 10 µs),
 //! - a fused 10-op elementwise chain on 16M f32 against the same chain unfused,
 //! - a 1024×1024×1024 f32 matmul through the measured choice of path, and the `gemm`
-//!   crate called directly (throughput in elements = FLOP/s).
+//!   crate called directly (throughput in elements = FLOP/s);
+//! - issue 9's op families: `conv2d` forward at a ResNet-50 stage shape (batch 1 here),
+//!   `max_pool2d` 3×3/2 on a `ResNet` stem map, and sort of one long `f32` row.
 //!
 //! Run: `cargo bench -p tessel-benches --bench tensor`.
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use tessel_tensor::{DType, Tensor};
+use tessel_tensor::{Conv2d, DType, Padding, PoolOptions, Tensor};
 
 fn chain(x: &Tensor, fuse: bool) -> Tensor {
     let step = |t: Tensor, i: usize| -> Tensor {
@@ -127,5 +129,72 @@ fn gemm_direct(lhs: &[f32], rhs: &[f32], out: &mut [f32], n: usize) {
     }
 }
 
+fn conv2d(c: &mut Criterion) {
+    // ResNet-50's first stage (64 -> 64 channels, 56×56, 3×3, padding 1) at batch 1: the
+    // issue's batch 32 is 32× the work (7.4 GFLOP a run), too slow for criterion's samples
+    // on a 2-core CPU. The GPU bench (`--bench gpu`) runs batch 32.
+    let x = Tensor::randn([1, 64, 56, 56], DType::F32).unwrap();
+    let w = Tensor::randn([64, 64, 3, 3], DType::F32).unwrap();
+    Tensor::realize_all(&[&x, &w]).unwrap();
+    let opts = Conv2d {
+        padding: Padding::Explicit([1, 1]),
+        ..Conv2d::default()
+    };
+    let mut group = c.benchmark_group("conv2d f32 [1,64,56,56] 64->64 3x3 p1");
+    group.throughput(Throughput::Elements(2 * 64 * 56 * 56 * 64 * 9));
+    group.sample_size(10);
+    // Compiles and caches the plan; the samples replay it.
+    x.conv2d(&w, None, &opts).unwrap().realize().unwrap();
+    group.bench_function("tessel", |bench| {
+        bench.iter(|| x.conv2d(&w, None, &opts).unwrap().realize().unwrap());
+    });
+    group.finish();
+}
+
+fn max_pool2d(c: &mut Criterion) {
+    let x = Tensor::randn([1, 64, 112, 112], DType::F32).unwrap();
+    x.realize().unwrap();
+    let opts = PoolOptions {
+        stride: Some([2, 2]),
+        padding: [1, 1],
+        ..PoolOptions::new([3, 3])
+    };
+    let mut group = c.benchmark_group("max_pool2d f32 [1,64,112,112] 3x3 s2 p1");
+    group.throughput(Throughput::Bytes(4 * (64 * 112 * 112 + 64 * 56 * 56)));
+    group.sample_size(10);
+    x.max_pool2d(&opts).unwrap().realize().unwrap();
+    group.bench_function("tessel", |bench| {
+        bench.iter(|| x.max_pool2d(&opts).unwrap().realize().unwrap());
+    });
+    group.finish();
+}
+
+fn sort(c: &mut Criterion) {
+    // One row of 2^16: the bitonic network (136 stages, about one kernel each). A row of
+    // 2^20 takes seconds a run on 2 cores; the GPU bench sorts 16M.
+    let n = 1 << 16;
+    let x = Tensor::randn([n], DType::F32).unwrap();
+    x.realize().unwrap();
+    let mut group = c.benchmark_group("sort f32 [65536] (values + i64 indices)");
+    group.throughput(Throughput::Elements(n as u64));
+    group.sample_size(10);
+    let run = || {
+        let (v, i) = x.sort(0, false).unwrap();
+        Tensor::realize_all(&[&v, &i]).unwrap()
+    };
+    run();
+    group.bench_function("tessel", |bench| bench.iter(run));
+    group.bench_function("host sort_by (to_vec, sort, indices)", |bench| {
+        bench.iter(|| {
+            let data = x.to_vec::<f32>().unwrap();
+            let mut idx: Vec<usize> = (0..data.len()).collect();
+            idx.sort_by(|&a, &b| data[a].total_cmp(&data[b]));
+            black_box(idx)
+        });
+    });
+    group.finish();
+}
+
 criterion_group!(benches, recording, cached_plan, fusion, matmul);
-criterion_main!(benches);
+criterion_group!(ops, conv2d, max_pool2d, sort);
+criterion_main!(benches, ops);

@@ -9,16 +9,26 @@
 //! hundreds of thousands. Selections sum the *bit patterns* (one non-zero term), so values
 //! arrive exactly, `-0.0` and NaN payloads included.
 //!
-//! Out-of-range indices: `PyTorch` raises. Checking would need the index values, which are
-//! lazy (possibly on a GPU), so nothing is checked: an index outside `0..n` (negative ones
-//! included) matches no position and reads `0` (`false` for `bool`), and scatters from it
-//! are dropped. [`Tensor::masked_select`] and [`Tensor::nonzero`], whose result sizes
-//! depend on the data, realize their input and synchronize.
+//! **Out-of-range indices.** `PyTorch` raises. Checking needs the index values, which are
+//! lazy (possibly on a GPU), so by default nothing is checked and the behaviour is defined
+//! instead: an index outside `0..n` for an axis of `n` (negative ones included: they are
+//! **not** wrapped Python-style) matches no position, so a read from it gives `0` (`false`
+//! for `bool`) and a write from it is dropped; each op's docs say what that means for it.
+//! **Checked mode** turns that into an error: with [`Tensor::set_checked_indexing`] on, or
+//! the environment variable `TESSEL_CHECK_INDICES=1` set, every index op first realizes
+//! its index tensor, reads it to the host (**synchronizing** with the device) and returns
+//! `Err(Error::InvalidArgument)` naming the op, the first bad index, its position and the
+//! valid range ([`Tensor::check_index_range`] runs that check on its own).
+//!
+//! [`Tensor::masked_select`] and [`Tensor::nonzero`], whose result sizes depend on the
+//! data, realize their input and synchronize.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tessel_graph::{Op, ReduceOp};
-use tessel_shape::{BinaryOp, DType, Dim, Shape, ShapeError, bf16, f16, rules};
+use tessel_shape::{BinaryOp, DType, Dim, Shape, ShapeError, rules};
 
-use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::ops::ScalarOperand;
 use crate::tensor::Tensor;
@@ -29,7 +39,9 @@ impl Tensor {
     /// Values along `dim` at the positions `index` holds (`torch.gather`):
     /// `out[i][j][k] = self[i][index[i][j][k]][k]` for `dim = 1`. `index` (i32 or i64) has
     /// `self`'s rank and is no larger than `self` in every other dim; the result has its
-    /// shape and `self`'s dtype.
+    /// shape and `self`'s dtype. An index outside `0..self.size(dim)` (a negative one
+    /// included) reads `0` (`false` for `bool`), or is an error in checked mode (see
+    /// [`Tensor::set_checked_indexing`]).
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -61,6 +73,7 @@ impl Tensor {
             ));
         }
         let axis = rules::normalize_axis(OP, dim, self.shape())?;
+        check_range(OP, index, self.shape()[axis])?;
         let (sd, id) = (concrete(OP, self)?, concrete(OP, index)?);
         let mut src = self.clone();
         for d in (0..sd.len()).filter(|&d| d != axis) {
@@ -81,6 +94,7 @@ impl Tensor {
 
     /// [`Tensor::gather`] with broadcasting (`torch.take_along_dim`): `self` and `indices`
     /// broadcast in every dim but `dim`. With `dim = None` both are flattened first.
+    /// Out-of-range indices as in [`Tensor::gather`].
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -95,6 +109,7 @@ impl Tensor {
         const OP: &str = "take_along_dim";
         check_index(OP, self, indices)?;
         let Some(dim) = dim else {
+            check_range(OP, indices, self.shape().numel())?;
             let flat = |t: &Tensor| t.reshape_to(Shape::new(vec![t.shape().numel()]));
             return flat(self).gather(0, &flat(indices));
         };
@@ -109,6 +124,7 @@ impl Tensor {
             ));
         }
         let axis = rules::normalize_axis(OP, dim, self.shape())?;
+        check_range(OP, indices, self.shape()[axis])?;
         let (sd, id) = (concrete(OP, self)?, concrete(OP, indices)?);
         let mut src_dims = Vec::with_capacity(sd.len());
         let mut idx_dims = Vec::with_capacity(sd.len());
@@ -135,7 +151,9 @@ impl Tensor {
     }
 
     /// The slices of `dim` at the positions in the 1-d (or 0-d) `index`
-    /// (`torch.index_select`); the result's `dim` has `index`'s length.
+    /// (`torch.index_select`); the result's `dim` has `index`'s length. A position outside
+    /// `0..self.size(dim)` (a negative one included) gives a slice of `0` (`false` for
+    /// `bool`), or is an error in checked mode (see [`Tensor::set_checked_indexing`]).
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -147,31 +165,13 @@ impl Tensor {
     /// # }
     /// ```
     pub fn index_select(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
-        const OP: &str = "index_select";
-        check_index(OP, self, index)?;
-        if index.ndim() > 1 || self.ndim() == 0 {
-            return Err(invalid(
-                OP,
-                format!(
-                    "needs an input with at least one dim and a 1-d index, got input {} and index {}; flatten the index and reshape the result",
-                    self.shape(),
-                    index.shape()
-                ),
-            ));
-        }
-        let axis = rules::normalize_axis(OP, dim, self.shape())?;
-        let mut out = self.shape().clone().into_dims();
-        out[axis] = index.shape().numel();
-        let mut along = vec![Dim::constant(1); self.ndim()];
-        along[axis] = out[axis];
-        let index = index
-            .reshape_to(Shape::new(along))
-            .broadcast_to_shape(&Shape::new(out));
-        pick(self, &index, axis)
+        index_select_impl("index_select", self, dim, index)
     }
 
     /// Rows of `weight` (`[num_embeddings, embedding_dim]`) at `indices`, as
     /// `F.embedding(indices, weight)`: the result has shape `indices.shape + [embedding_dim]`.
+    /// An index outside `0..num_embeddings` (a negative one included) gives a row of
+    /// zeros, or is an error in checked mode (see [`Tensor::set_checked_indexing`]).
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -197,7 +197,7 @@ impl Tensor {
             ));
         }
         let flat = indices.reshape_to(Shape::new(vec![indices.shape().numel()]));
-        let rows = weight.index_select(0, &flat)?;
+        let rows = index_select_impl(OP, weight, 0, &flat)?;
         let mut dims = indices.shape().clone().into_dims();
         dims.push(weight.shape()[1]);
         Ok(rows.reshape_to(Shape::new(dims)))
@@ -205,7 +205,8 @@ impl Tensor {
 
     /// `F.one_hot(self, num_classes)`: a trailing dim of `num_classes` with a 1 at each
     /// index, as `i64`. `self` holds i32 or i64 class indices; one outside
-    /// `0..num_classes` gives a row of zeros (`PyTorch` raises).
+    /// `0..num_classes` (a negative one included) gives a row of zeros (`PyTorch` raises),
+    /// or is an error in checked mode (see [`Tensor::set_checked_indexing`]).
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -218,6 +219,7 @@ impl Tensor {
     pub fn one_hot(&self, num_classes: usize) -> Result<Tensor> {
         const OP: &str = "one_hot";
         check_index(OP, self, self)?;
+        check_range(OP, self, Dim::from(num_classes))?;
         let mut dims = self.shape().clone().into_dims();
         dims.push(Dim::constant(1));
         let idx = self.reshape_to(Shape::new(dims.clone()));
@@ -272,6 +274,146 @@ impl Tensor {
     /// `col - row >= k` kept, the rest zero.
     pub fn triu(&self, k: i64) -> Result<Tensor> {
         triangle(self, "triu", k, BinaryOp::Ge)
+    }
+}
+
+/// [`Tensor::index_select`], reporting as `op`.
+fn index_select_impl(op: &'static str, x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
+    check_index(op, x, index)?;
+    if index.ndim() > 1 || x.ndim() == 0 {
+        return Err(invalid(
+            op,
+            format!(
+                "needs an input with at least one dim and a 1-d index, got input {} and index {}; flatten the index and reshape the result",
+                x.shape(),
+                index.shape()
+            ),
+        ));
+    }
+    let axis = rules::normalize_axis(op, dim, x.shape())?;
+    check_range(op, index, x.shape()[axis])?;
+    let mut out = x.shape().clone().into_dims();
+    out[axis] = index.shape().numel();
+    let mut along = vec![Dim::constant(1); x.ndim()];
+    along[axis] = out[axis];
+    let index = index
+        .reshape_to(Shape::new(along))
+        .broadcast_to_shape(&Shape::new(out));
+    pick(x, &index, axis)
+}
+
+// === Checked mode ===
+
+/// Whether [`Tensor::set_checked_indexing`] turned checking on.
+static CHECKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether `TESSEL_CHECK_INDICES` asks for checking (`1`, `true`, `yes` or `on`), read once.
+fn checked_by_env() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    *ENV.get_or_init(|| {
+        std::env::var("TESSEL_CHECK_INDICES").is_ok_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
+    })
+}
+
+impl Tensor {
+    /// Turns checked indexing on or off for the whole process (it starts off unless the
+    /// environment variable `TESSEL_CHECK_INDICES=1` is set, which keeps it on). When on,
+    /// `gather`, `take_along_dim`, `index_select`, `embedding`, `one_hot`, `scatter`,
+    /// `scatter_add` and `scatter_reduce` check their indices with
+    /// [`Tensor::check_index_range`] before recording anything, which realizes the index
+    /// tensor and synchronizes with its device; an out-of-range index is then an `Err`
+    /// instead of the documented unchecked behaviour (see the [module docs](self)).
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0], [2])?;
+    /// let i = Tensor::from_vec(vec![5i64], [1])?;
+    /// // Unchecked (the default): an index that names no position reads 0.
+    /// # if !Tensor::checked_indexing() {
+    /// assert_eq!(t.index_select(0, &i)?.to_vec::<f32>()?, vec![0.0]);
+    /// # }
+    /// // The check on its own, whatever the mode.
+    /// assert!(i.check_index_range(2, "index_select").is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_checked_indexing(on: bool) {
+        CHECKED.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether index ops check their indices: [`Tensor::set_checked_indexing`] turned it
+    /// on, or `TESSEL_CHECK_INDICES=1` is set.
+    #[must_use]
+    pub fn checked_indexing() -> bool {
+        CHECKED.load(Ordering::SeqCst) || checked_by_env()
+    }
+
+    /// Checks that every element of this index tensor (`i32` or `i64`) lies in
+    /// `0..dim_size`, reporting for `op`. Realizes the tensor and reads it to the host,
+    /// **synchronizing** with its device. The error names `op`, the first bad index in
+    /// row-major order, its coordinates and the valid range; negative indices are errors
+    /// too, as index ops do not wrap them.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let i = Tensor::from_vec(vec![0i32, 3, -1, 2], [2, 2])?;
+    /// assert!(i.check_index_range(4, "gather").is_err());
+    /// let e = i.check_index_range(4, "gather").unwrap_err().to_string();
+    /// assert!(e.contains("-1") && e.contains("[1, 0]") && e.contains("0..4"), "{e}");
+    /// assert!(i.abs()?.check_index_range(4, "gather").is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn check_index_range(&self, dim_size: usize, op: &'static str) -> Result<()> {
+        if !matches!(self.dtype(), DType::I32 | DType::I64) {
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: self.dtype(),
+                hint: INDEX_HINT,
+            });
+        }
+        let dims = concrete(op, self)?;
+        if dims.contains(&0) {
+            return Ok(());
+        }
+        let values = self.cast_to(DType::I64).to_vec::<i64>()?;
+        let bound = i64_of(dim_size);
+        let Some((flat, &bad)) = values
+            .iter()
+            .enumerate()
+            .find(|&(_, &v)| !(0..bound).contains(&v))
+        else {
+            return Ok(());
+        };
+        let mut coords = vec![0usize; dims.len()];
+        let mut rest = flat;
+        for (c, &d) in coords.iter_mut().zip(&dims).rev() {
+            *c = rest % d;
+            rest /= d;
+        }
+        Err(invalid(
+            op,
+            format!(
+                "index {bad} at position {coords:?} of the index tensor {} is out of range for a dim of size {dim_size}; valid indices are 0..{dim_size} (negative indices are not wrapped)",
+                self.shape()
+            ),
+        ))
+    }
+}
+
+/// In checked mode, [`Tensor::check_index_range`] of `index` against an axis of size `n`
+/// (a symbolic size is left to the unchecked behaviour).
+fn check_range(op: &'static str, index: &Tensor, n: Dim) -> Result<()> {
+    match n.as_const() {
+        Some(n) if Tensor::checked_indexing() => index.check_index_range(usize_of(n), op),
+        _ => Ok(()),
     }
 }
 
@@ -461,7 +603,9 @@ fn triangle(x: &Tensor, op: &'static str, k: i64, keep: BinaryOp) -> Result<Tens
 impl Tensor {
     /// `self` with `src[.., j, ..]` written at `index[.., j, ..]` along `dim`
     /// (`Tensor.scatter`). Where several `j` name one position, the last one wins (`PyTorch`
-    /// leaves that order undefined). Shapes follow [`Tensor::scatter_add`].
+    /// leaves that order undefined). Shapes follow [`Tensor::scatter_add`]. A write to an
+    /// index outside `0..self.size(dim)` (a negative one included) is dropped, or is an
+    /// error in checked mode (see [`Tensor::set_checked_indexing`]).
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -497,7 +641,9 @@ impl Tensor {
     /// `self` plus every `src[.., j, ..]` added at `index[.., j, ..]` along `dim`
     /// (`Tensor.scatter_add`); repeated indices add up. `index` has the rank of `self`
     /// and `src`, is no larger than `src` in any dim, and no larger than `self` in the
-    /// others; `src` has `self`'s dtype. Integers wrap; `f16`/`bf16` add in `f32`.
+    /// others; `src` has `self`'s dtype. Integers wrap; `f16`/`bf16` add in `f32`. A value
+    /// sent to an index outside `0..self.size(dim)` (a negative one included) is dropped,
+    /// or is an error in checked mode (see [`Tensor::set_checked_indexing`]).
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -517,7 +663,8 @@ impl Tensor {
     /// `index[.., j, ..]` along `dim` by `reduce`, one of `"sum"`, `"prod"`, `"mean"`,
     /// `"amax"`, `"amin"`; with `include_self` the value of `self` there takes part, else
     /// only the scattered values do (positions no index names keep `self`'s value).
-    /// `"mean"` needs a float dtype. Shapes as in [`Tensor::scatter_add`].
+    /// `"mean"` needs a float dtype. Shapes and out-of-range indices as in
+    /// [`Tensor::scatter_add`].
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -584,23 +731,23 @@ impl Tensor {
         let flags = flat(mask).to_vec::<bool>()?;
         // The values are read too and filtered on the host: O(n), where a one-hot
         // selection on the device would be O(n * count).
-        let values = flat(self);
-        let kept = match self.dtype() {
-            DType::Bool => kept_where::<bool>(&values, &flags),
-            DType::U8 => kept_where::<u8>(&values, &flags),
-            DType::U16 => kept_where::<u16>(&values, &flags),
-            DType::U32 => kept_where::<u32>(&values, &flags),
-            DType::U64 => kept_where::<u64>(&values, &flags),
-            DType::I8 => kept_where::<i8>(&values, &flags),
-            DType::I16 => kept_where::<i16>(&values, &flags),
-            DType::I32 => kept_where::<i32>(&values, &flags),
-            DType::I64 => kept_where::<i64>(&values, &flags),
-            DType::F16 => kept_where::<f16>(&values, &flags),
-            DType::BF16 => kept_where::<bf16>(&values, &flags),
-            DType::F32 => kept_where::<f32>(&values, &flags),
-            DType::F64 => kept_where::<f64>(&values, &flags),
-        }?;
-        kept.to(&self.device())
+        // Element bytes are kept as they are, so every dtype (storage-only ones included)
+        // goes through one path.
+        let size = self.dtype().size_bytes();
+        let kept: Vec<u8> = flat(self)
+            .to_scalars()?
+            .into_iter()
+            .zip(&flags)
+            .filter(|&(_, &f)| f)
+            .flat_map(|(v, _)| v.to_bits().to_le_bytes().into_iter().take(size))
+            .collect();
+        let len = Shape::new(vec![Dim::from(kept.len() / size.max(1))]);
+        Ok(Tensor::from_bytes_on(
+            kept,
+            self.dtype(),
+            len,
+            self.device(),
+        ))
     }
 
     /// The coordinates of the non-zero elements, one row each in row-major order, as an
@@ -646,18 +793,6 @@ impl Tensor {
         };
         found.to(&self.device())
     }
-}
-
-/// The elements of the 1-d `values` whose flag is set, as a new host-built tensor.
-fn kept_where<T: Element>(values: &Tensor, flags: &[bool]) -> Result<Tensor> {
-    let kept: Vec<T> = values
-        .to_vec::<T>()?
-        .into_iter()
-        .zip(flags)
-        .filter_map(|(v, &f)| f.then_some(v))
-        .collect();
-    let n = kept.len();
-    Tensor::from_vec(kept, [n])
 }
 
 /// The checked operands of a scatter: the axis, `src` cut to `index`'s shape, and the
@@ -713,6 +848,7 @@ impl ScatterPlan {
             cut = cut.narrow(i64_of(d), 0, i64_of(id[d]))?;
             pads.push((0, if d == axis { 0 } else { i64_of(xd[d] - id[d]) }));
         }
+        check_range(op, index, x.shape()[axis])?;
         Ok(ScatterPlan {
             axis,
             src: cut,

@@ -115,11 +115,7 @@ fn gather_views_sizes_and_out_of_range() -> Result<()> {
     let s = Tensor::from_vec(vec![2.5f32], Vec::<usize>::new())?;
     let z = Tensor::from_vec(vec![0i64], Vec::<usize>::new())?;
     assert_eq!(s.gather(0, &z)?.to_vec::<f32>()?, vec![2.5]);
-    // Out of range (documented): no position matches, the value is 0.
-    let bad = Tensor::from_vec(vec![-1i64, 6, 0, 100], [4, 1])?;
-    let got = t.gather(1, &bad)?.to_vec::<f32>()?;
-    assert_eq!(got[..2], [0.0, 0.0]);
-    assert_eq!(got[3], 0.0);
+    // Out of range: see `out_of_range_indices_unchecked_and_checked`.
     Ok(())
 }
 
@@ -257,9 +253,7 @@ fn one_hot_classes() -> Result<()> {
         });
         exact("one_hot", &got, &want);
     }
-    // Out of range gives a zero row (documented); size-0 inputs work.
-    let c = Tensor::from_vec(vec![-1i64, 3], [2])?;
-    assert_eq!(c.one_hot(3)?.to_vec::<i64>()?, vec![0; 6]);
+    // Size-0 inputs work (out of range: see `out_of_range_indices_unchecked_and_checked`).
     assert_eq!(
         Tensor::zeros([0], DType::I64).one_hot(4)?.dims(),
         vec![0, 4]
@@ -629,5 +623,142 @@ fn masked_select_and_nonzero_synchronize() -> Result<()> {
         invalid("masked_select"),
         &["masked_select", "bool"],
     );
+    Ok(())
+}
+
+/// Serializes the tests that depend on the process-wide checked-indexing switch.
+static CHECK_MODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Turns checked indexing off again when dropped, even if the test panics.
+struct CheckedOff;
+
+impl Drop for CheckedOff {
+    fn drop(&mut self) {
+        Tensor::set_checked_indexing(false);
+    }
+}
+
+/// The range check on its own: every index dtype, the first bad index (in row-major
+/// order) with its coordinates, negative indices, views, size 0, and wrong dtypes.
+#[test]
+fn check_index_range_names_op_index_position_and_range() -> Result<()> {
+    for dtype in on_device(INDEX) {
+        let i = tensor(dtype, &[0.0, 3.0, 2.0, 1.0, 4.0, -1.0], &[2, 3]);
+        i.narrow(1, 0, 2)?.check_index_range(5, "gather")?;
+        assert_err(
+            &format!("range {dtype}"),
+            i.check_index_range(4, "gather").map(|()| i.clone()),
+            invalid("gather"),
+            &["gather", "index 4", "[1, 1]", "[2, 3]", "0..4"],
+        );
+        // A transposed view: positions are those of the view, and -1 is met first.
+        let t = i.permute(&[1, 0])?;
+        assert_err(
+            &format!("range of a view {dtype}"),
+            t.check_index_range(5, "scatter").map(|()| t.clone()),
+            invalid("scatter"),
+            &["scatter", "index -1", "[2, 1]", "0..5", "not wrapped"],
+        );
+    }
+    Tensor::zeros([0, 3], DType::I64).check_index_range(0, "gather")?;
+    let f = Tensor::zeros([2], DType::F32);
+    assert_err(
+        "float index",
+        f.check_index_range(2, "gather").map(|()| f.clone()),
+        unsupported_any("gather"),
+        &["gather"],
+    );
+    Ok(())
+}
+
+/// Out-of-range indices: unchecked they read 0 or are dropped (the documented
+/// behaviour), checked every index op returns the range error. Toggles the process-wide
+/// switch, under a lock; skips the unchecked half when `TESSEL_CHECK_INDICES` is set.
+#[test]
+fn out_of_range_indices_unchecked_and_checked() -> Result<()> {
+    let _mode = CHECK_MODE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let x = random(3, DType::F32, &[4, 6]);
+    let t = x.tensor(DType::F32);
+    let bad = Tensor::from_vec(vec![-1i64, 6, 0, 100], [4, 1])?;
+    let rows = Tensor::from_vec(vec![1i32, 4, -2], [3])?;
+    let classes = Tensor::from_vec(vec![-1i64, 3], [2])?;
+    let base = Tensor::from_vec(vec![1.0f32; 3], [3])?;
+    let to = Tensor::from_vec(vec![0i64, 3, -1], [3])?;
+    let src = Tensor::from_vec(vec![1.0f32, 2.0, 4.0], [3])?;
+    if Tensor::checked_indexing() {
+        eprintln!("tessel-skip: unchecked out-of-range indices: TESSEL_CHECK_INDICES is set");
+    } else {
+        // No position matches: reads give 0, writes are dropped.
+        let got = t.gather(1, &bad)?.to_vec::<f32>()?;
+        assert_eq!([got[0], got[1], got[3]], [0.0, 0.0, 0.0]);
+        assert_eq!(f64::from(got[2]), x.at(&[2, 0]));
+        let sel = t.index_select(0, &rows)?.to_vec::<f32>()?;
+        assert!(sel[6..].iter().all(|&v| v == 0.0), "index_select {sel:?}");
+        assert_eq!(
+            sel[..6].iter().map(|v| f64::from(*v)).collect::<Vec<_>>(),
+            (0..6).map(|c| x.at(&[1, c])).collect::<Vec<_>>()
+        );
+        let e = Tensor::embedding(&t, &rows.reshape(&[1, 3])?)?.to_vec::<f32>()?;
+        assert!(e[6..].iter().all(|&v| v == 0.0), "embedding {e:?}");
+        assert_eq!(classes.one_hot(3)?.to_vec::<i64>()?, vec![0; 6]);
+        let added = base.scatter_add(0, &to, &src)?.to_vec::<f32>()?;
+        assert_eq!(added, vec![2.0, 1.0, 1.0]);
+        let set = base.scatter(0, &to, &src)?.to_vec::<f32>()?;
+        assert_eq!(set, vec![1.0, 1.0, 1.0]);
+    }
+
+    Tensor::set_checked_indexing(true);
+    let _off = CheckedOff;
+    assert!(Tensor::checked_indexing());
+    let cases: [(&'static str, Result<Tensor>, &[&str]); 8] = [
+        ("gather", t.gather(1, &bad), &["index -1", "[0, 0]", "0..6"]),
+        (
+            "take_along_dim",
+            t.take_along_dim(&bad, Some(1)),
+            &["index -1", "0..6"],
+        ),
+        (
+            "index_select",
+            t.index_select(0, &rows),
+            &["index 4", "[1]", "0..4"],
+        ),
+        (
+            "embedding",
+            Tensor::embedding(&t, &rows.reshape(&[1, 3])?),
+            &["index 4", "[1]", "0..4"],
+        ),
+        ("one_hot", classes.one_hot(3), &["index -1", "[0]", "0..3"]),
+        (
+            "scatter",
+            base.scatter(0, &to, &src),
+            &["index 3", "[1]", "0..3"],
+        ),
+        (
+            "scatter_add",
+            base.scatter_add(0, &to, &src),
+            &["index 3", "[1]", "0..3"],
+        ),
+        (
+            "scatter_reduce",
+            base.scatter_reduce(0, &to, &src, "amax", true),
+            &["index 3", "0..3"],
+        ),
+    ];
+    for (op, res, mentions) in cases {
+        let mut all = vec![op];
+        all.extend_from_slice(mentions);
+        assert_err(&format!("checked {op}"), res, invalid(op), &all);
+    }
+    // In-range indices pass the check and give the same values as unchecked.
+    let ok = Tensor::from_vec(vec![5i64, 0, 2, 3], [4, 1])?;
+    exact(
+        "checked gather in range",
+        &t.gather(1, &ok)?,
+        &gather_ref(&x, 1, &Nd::new(&[4, 1], vec![5.0, 0.0, 2.0, 3.0])),
+    );
+    let i = Tensor::from_vec(vec![2i64, 0], [1, 2])?;
+    assert_eq!(i.one_hot(3)?.to_vec::<i64>()?, vec![0, 0, 1, 1, 0, 0]);
     Ok(())
 }

@@ -335,3 +335,113 @@ fn scan_errors_name_the_op_and_shape() {
         &["cumsum"],
     );
 }
+
+/// `f(acc, x)` run along the row: the running reference of a scan.
+fn running(row: &[f64], f: impl Fn(f64, f64) -> f64) -> Vec<f64> {
+    let mut out: Vec<f64> = Vec::with_capacity(row.len());
+    for &x in row {
+        out.push(out.last().map_or(x, |&acc| f(acc, x)));
+    }
+    out
+}
+
+/// `log(exp(a) + exp(b))` in `f64`, as `torch.logaddexp` (NaN in, NaN out).
+fn log_add_exp(a: f64, b: f64) -> f64 {
+    let m = a.max(b);
+    if a.is_nan() || b.is_nan() {
+        return f64::NAN;
+    }
+    if m.is_infinite() {
+        return m;
+    }
+    m + ((a - m).exp() + (b - m).exp()).ln()
+}
+
+/// Axes past the two-level limit are scanned in log steps: 5000-long rows of `f32` (ties,
+/// and NaN, ±inf and -0.0 in one row for `cummax`/`cummin`) and `i32`, and a 17000-long
+/// `logcumsumexp` (its own, higher limit), against running references.
+#[test]
+fn long_axes_scan_in_log_steps() -> Result<()> {
+    let n = 5000;
+    let what = format!("f32 [2, {n}]");
+    let x = data(
+        600,
+        DType::F32,
+        &[2, n],
+        Domain::new((-1.0, 1.0), (0, 0)),
+        false,
+    );
+    let s = x.tensor(DType::F32).cumsum(1)?;
+    let report = s.realize()?;
+    assert!(
+        report.kernels <= 4,
+        "cumsum {what}: {} kernels",
+        report.kernels
+    );
+    assert_nd(
+        &format!("cumsum {what}"),
+        &Nd::of(&s),
+        &along(&x, 1, n, |r| running(r, |a, b| a + b)),
+        reduce_tol(DType::F32, n),
+    );
+    let x = data(
+        601,
+        DType::F32,
+        &[2, n],
+        Domain::new((0.99, 1.01), (0, 0)),
+        false,
+    );
+    assert_nd(
+        &format!("cumprod {what}"),
+        &Nd::of(&x.tensor(DType::F32).cumprod(-1)?),
+        &along(&x, 1, n, |r| running(r, |a, b| a * b)),
+        reduce_tol(DType::F32, n),
+    );
+    let domain = Domain::new((-2.0, 2.0), (-3, 3)).quantized(0.5);
+    for dtype in [DType::F32, DType::I32] {
+        let mut x = data(602, dtype, &[2, n], domain, dtype.is_float());
+        // NaN sticks, so only the first row has any: the second tracks values to the end.
+        for v in &mut x.data[n..] {
+            if v.is_nan() {
+                *v = 0.5;
+            }
+        }
+        let t = x.tensor(dtype);
+        for max in [true, false] {
+            let (v, i) = if max { t.cummax(1)? } else { t.cummin(1)? };
+            let name = format!("{} {dtype} [2, {n}]", if max { "cummax" } else { "cummin" });
+            let want_v = along(&x, 1, n, |r| cum_extreme(r, max).0);
+            let want_i = along(&x, 1, n, |r| cum_extreme(r, max).1);
+            assert_nd(&format!("{name} values"), &Nd::of(&v), &want_v, 0.0);
+            assert_nd(&format!("{name} indices"), &Nd::of(&i), &want_i, 0.0);
+        }
+    }
+    let x = data(
+        603,
+        DType::I32,
+        &[2, n],
+        Domain::new((0.0, 0.0), (-9, 9)),
+        false,
+    );
+    assert_nd(
+        &format!("cumsum i32 [2, {n}]"),
+        &Nd::of(&x.tensor(DType::I32).cumsum(1)?),
+        &along(&x, 1, n, |r| running(r, |a, b| a + b)),
+        0.0,
+    );
+    let m = 17_000;
+    let x = data(
+        604,
+        DType::F32,
+        &[1, m],
+        Domain::new((-5.0, 5.0), (0, 0)),
+        false,
+    );
+    assert_nd(
+        &format!("logcumsumexp f32 [1, {m}]"),
+        &Nd::of(&x.tensor(DType::F32).logcumsumexp(1)?),
+        &along(&x, 1, m, |r| running(r, log_add_exp)),
+        common::tolerance(DType::F32, true) * 10.0,
+    );
+    Ok(())
+}

@@ -403,3 +403,95 @@ fn sorting_errors_name_the_op_and_shape() {
         &["searchsorted", "0-d"],
     );
 }
+
+/// Rows past the rank sort's limit go through the bitonic network: `f32` rows of 3000
+/// (padded to 4096) with many ties, NaN, ±inf and ±0 (the second row without NaN, so its
+/// median is a number), both directions, and the selections built on the sort; an `i32`
+/// row checks the integer sentinel. One shape per dtype: every stage is a kernel.
+#[test]
+fn long_rows_sort_through_the_network() -> Result<()> {
+    let n = 3000;
+    let mut x = data(500, DType::F32, &[2, n]);
+    for v in &mut x.data[n..] {
+        if v.is_nan() {
+            *v = 1.5;
+        }
+    }
+    let t = x.tensor(DType::F32);
+    for descending in [false, true] {
+        let what = format!("f32 [2, {n}] descending {descending}");
+        let (v, i) = t.sort(-1, descending)?;
+        let want_i = along(&x, 1, n, |r| sorted(r, descending).1);
+        assert_exact(
+            &format!("sort {what}"),
+            &Nd::of(&v),
+            &along(&x, 1, n, |r| sorted(r, descending).0),
+        );
+        assert_exact(&format!("sort idx {what}"), &Nd::of(&i), &want_i);
+        let a = t.argsort(1, descending)?;
+        assert_exact(&format!("argsort {what}"), &Nd::of(&a), &want_i);
+    }
+    for (k, largest) in [(5, true), (7, false)] {
+        let (v, i) = t.topk(k, 1, largest, true)?;
+        let what = format!("topk {k} largest {largest}");
+        assert_exact(
+            &what,
+            &Nd::of(&v),
+            &along(&x, 1, k, |r| sorted(r, largest).0[..k].to_vec()),
+        );
+        assert_exact(
+            &format!("{what} idx"),
+            &Nd::of(&i),
+            &along(&x, 1, k, |r| sorted(r, largest).1[..k].to_vec()),
+        );
+    }
+    let (v, i) = t.kthvalue(1234, 1, false)?;
+    let kth = |r: &[f64]| {
+        let (v, i) = sorted(r, false);
+        (v[1233], i[1233])
+    };
+    assert_exact(
+        "kthvalue",
+        &Nd::of(&v),
+        &Nd::new(&[2], x.data.chunks(n).map(|r| kth(r).0).collect()),
+    );
+    assert_exact(
+        "kthvalue idx",
+        &Nd::of(&i),
+        &Nd::new(&[2], x.data.chunks(n).map(|r| kth(r).1).collect()),
+    );
+    // The lower median; the first row holds NaN, so it gives its first NaN.
+    let median = |r: &[f64]| -> (f64, f64) {
+        if let Some(p) = r.iter().position(|v| v.is_nan()) {
+            return (f64::NAN, p as f64);
+        }
+        let (v, i) = sorted(r, false);
+        (v[(r.len() - 1) / 2], i[(r.len() - 1) / 2])
+    };
+    assert!(x.data[..n].iter().any(|v| v.is_nan()));
+    let (v, i) = t.median(1, false)?;
+    assert_exact(
+        "median",
+        &Nd::of(&v),
+        &Nd::new(&[2], x.data.chunks(n).map(|r| median(r).0).collect()),
+    );
+    assert_exact(
+        "median idx",
+        &Nd::of(&i),
+        &Nd::new(&[2], x.data.chunks(n).map(|r| median(r).1).collect()),
+    );
+
+    let x = data(501, DType::I32, &[1, 1500]);
+    let (v, i) = x.tensor(DType::I32).sort(-1, false)?;
+    assert_exact(
+        "sort i32",
+        &Nd::of(&v),
+        &along(&x, 1, 1500, |r| sorted(r, false).0),
+    );
+    assert_exact(
+        "sort idx i32",
+        &Nd::of(&i),
+        &along(&x, 1, 1500, |r| sorted(r, false).1),
+    );
+    Ok(())
+}
