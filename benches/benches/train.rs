@@ -1,5 +1,5 @@
 //! One training step of the digits MLP (issue 10's benchmark): `[64, 64]` inputs through
-//! Linear(64, 128) → ReLU → Linear(128, 10), cross-entropy, gradients and an AdamW update,
+//! `Linear(64, 128)` → `ReLU` → `Linear(128, 10)`, cross-entropy, gradients and an `AdamW` update,
 //! realized as one cached plan, on the CPU. The data are random: the step's cost does not
 //! depend on them.
 //!

@@ -182,7 +182,7 @@ fn kernelize_impl(
     // kernels in a cycle that no graph dependency shows (each writes a value the other
     // reads); then the schedule is rebuilt with one kernel per materialized value, whose
     // dependencies are the graph's own and so acyclic.
-    let (kernels, empty, sorted) = match build(
+    let mut built = build(
         graph,
         &order,
         &materialized,
@@ -190,27 +190,28 @@ fn kernelize_impl(
         &leaf_slot,
         true,
         cooperative,
-    )? {
-        (kernels, empty, Some(sorted)) => (kernels, empty, sorted),
-        (_, _, None) => {
-            tracing::debug!(target: "tessel::kernels", "multi-output kernels formed a cycle; one kernel per value instead");
-            match build(
-                graph,
-                &order,
-                &materialized,
-                separate,
-                &leaf_slot,
-                false,
-                cooperative,
-            )? {
-                (kernels, empty, Some(sorted)) => (kernels, empty, sorted),
-                (_, _, None) => {
-                    return Err(KernelizeError(
-                        "kernels depend on each other in a cycle".into(),
-                    ));
-                }
-            }
-        }
+    )?;
+    if built.order.is_none() {
+        tracing::debug!(target: "tessel::kernels", "multi-output kernels formed a cycle; one kernel per value instead");
+        built = build(
+            graph,
+            &order,
+            &materialized,
+            separate,
+            &leaf_slot,
+            false,
+            cooperative,
+        )?;
+    }
+    let Built {
+        kernels,
+        empty,
+        order: Some(sorted),
+    } = built
+    else {
+        return Err(KernelizeError(
+            "kernels depend on each other in a cycle".into(),
+        ));
     };
     let mut kernels: Vec<Option<ScheduledKernel>> = kernels.into_iter().map(Some).collect();
     let kernels: Vec<ScheduledKernel> = sorted
@@ -240,7 +241,7 @@ fn build(
     leaf_slot: &FxHashMap<LeafId, usize>,
     absorb: bool,
     cooperative: bool,
-) -> Result<(Vec<ScheduledKernel>, Vec<NodeId>, Option<Vec<usize>>), KernelizeError> {
+) -> Result<Built, KernelizeError> {
     // Lower consumers before producers so a consumer can absorb a producer it evaluates at
     // its own coordinates; `absorbed` records who wrote what.
     let mut written_by: FxHashMap<NodeId, usize> = FxHashMap::default();
@@ -327,10 +328,27 @@ fn build(
             }
         }
         if sorted.len() == before {
-            return Ok((kernels, empty, None));
+            return Ok(Built {
+                kernels,
+                empty,
+                order: None,
+            });
         }
     }
-    Ok((kernels, empty, Some(sorted)))
+    Ok(Built {
+        kernels,
+        empty,
+        order: Some(sorted),
+    })
+}
+
+/// What [`build`] made.
+struct Built {
+    kernels: Vec<ScheduledKernel>,
+    /// Zero-element values: a buffer, no kernel.
+    empty: Vec<NodeId>,
+    /// The kernels in dependency order, `None` if they wait on each other in a cycle.
+    order: Option<Vec<usize>>,
 }
 
 /// Whether materialized node `from` needs `target`'s value (through unmaterialized nodes,

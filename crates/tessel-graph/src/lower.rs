@@ -562,27 +562,21 @@ impl Lowerer<'_> {
         self.memo.push(FxHashMap::default());
         self.depth += 1;
         // Invocation `lane` of a workgroup takes elements lane, lane + l, lane + 2l, ...
-        let guard = match lanes {
-            Some((l, lane)) => {
-                let l_v = self.kb.constant_as(l, self.idx);
-                let element = self
-                    .kb
-                    .ternary(tessel_shape::TernaryOp::MulAdd, r, l_v, lane);
-                let guard = if rsize.as_const().is_some_and(|n| n % l == 0) {
-                    None
-                } else {
-                    let n = self.ix(rsize);
-                    let inside = self.kb.lt(element, n);
-                    Some(self.kb.begin_if(inside))
-                };
-                self.kb.bind(loop_var, element, self.idx);
-                guard
+        let mut guard = None;
+        if let Some((l, lane)) = lanes {
+            let l_v = self.kb.constant_as(l, self.idx);
+            let element = self
+                .kb
+                .ternary(tessel_shape::TernaryOp::MulAdd, r, l_v, lane);
+            if rsize.as_const().is_none_or(|n| n % l != 0) {
+                let n = self.ix(rsize);
+                let inside = self.kb.lt(element, n);
+                guard = Some(self.kb.begin_if(inside));
             }
-            None => {
-                self.kb.bind(loop_var, r, self.idx);
-                None
-            }
-        };
+            self.kb.bind(loop_var, element, self.idx);
+        } else {
+            self.kb.bind(loop_var, r, self.idx);
+        }
         let v = self.eval_node(child, &mapped, false)?;
         let v = if acc_dtype == dtype {
             v

@@ -1,9 +1,9 @@
 //! Trains an MLP and a small CNN on the UCI handwritten digits (1797 8×8 images, the data of
-//! scikit-learn's `load_digits`) with AdamW, and reports test accuracy:
+//! scikit-learn's `load_digits`) with `AdamW`, and reports test accuracy:
 //! `cargo run --release --example train_digits`.
 //!
 //! Each training step records the forward pass, `Optimizer::step` adds the gradients and
-//! the AdamW update, and one cached plan computes all of it: kernels compile during the
+//! the `AdamW` update, and one cached plan computes all of it: kernels compile during the
 //! first steps only. The data set and its license: `examples/data/README.md`.
 
 use std::time::Instant;
@@ -43,7 +43,7 @@ impl Digits {
     }
 }
 
-fn load() -> Result<(Digits, Digits)> {
+fn load() -> (Digits, Digits) {
     let mut all = Digits {
         pixels: Vec::new(),
         labels: Vec::new(),
@@ -69,7 +69,7 @@ fn load() -> Result<(Digits, Digits)> {
         labels: idx.iter().map(|&i| all.labels[i]).collect(),
     };
     let (train, test) = order.split_at(all.len() - TEST_SIZE);
-    Ok((split(train), split(test)))
+    (split(train), split(test))
 }
 
 /// `SplitMix64`, for the data shuffle.
@@ -178,7 +178,7 @@ fn train(
 
 fn main() -> Result<()> {
     Tensor::manual_seed(0);
-    let data = load()?;
+    let data = load();
     println!(
         "digits: {} training and {} test samples on {}",
         data.0.len(),

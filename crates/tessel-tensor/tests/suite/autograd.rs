@@ -8,6 +8,9 @@ use crate::common::{Rng, assert_close, invalid, on_device, read, skipped, tensor
 
 type Case = dyn Fn(&[Tensor]) -> Result<Tensor>;
 
+/// A named case, its input shapes, the domain its inputs are drawn from, and the function.
+type Shaped<'a> = (&'a str, &'a [&'a [usize]], (f64, f64), &'a Case);
+
 /// Checks the gradient of `Σ w ⊙ f(inputs)` (random weights `w`) with respect to every
 /// input against central differences, in f64. Inputs are drawn from `[lo, hi)`.
 #[track_caller]
@@ -103,7 +106,7 @@ fn unary_ops_match_finite_differences() {
 
 #[test]
 fn binary_ops_with_broadcasting_match_finite_differences() {
-    let cases: [(&str, &[&[usize]], (f64, f64), &Case); 9] = [
+    let cases: [Shaped; 9] = [
         ("add", &[&[2, 3], &[3]], WIDE, &|x| &x[0] + &x[1]),
         ("sub", &[&[2, 1], &[1, 3]], WIDE, &|x| &x[0] - &x[1]),
         ("mul", &[&[2, 3], &[2, 1]], WIDE, &|x| &x[0] * &x[1]),
