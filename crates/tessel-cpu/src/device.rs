@@ -17,7 +17,10 @@ pub(crate) fn host(threads: usize) -> DeviceInfo {
     let cores = std::thread::available_parallelism().map_or(threads, NonZeroUsize::get);
     DeviceInfo {
         name: cpu_name(&cpuinfo).unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH)),
-        driver: format!("tessel-cpu {}, {threads} threads", env!("CARGO_PKG_VERSION")),
+        driver: format!(
+            "tessel-cpu {}, {threads} threads",
+            env!("CARGO_PKG_VERSION")
+        ),
         memory_bytes: mem_total(&meminfo).unwrap_or(0),
         compute_units: u32::try_from(cores).unwrap_or(u32::MAX),
         // Invocations are loop iterations, so any size works; this bound keeps the

@@ -381,7 +381,11 @@ fn cooperative_reductions_match_the_serial_ones() {
         let targets = [sum, max, softmax, all];
         let (serial, _) = env.realize(&targets);
         let schedule = kernelize_cooperative(&env.g, &targets).unwrap();
-        let names: Vec<&str> = schedule.kernels.iter().map(|k| k.kernel.name.as_str()).collect();
+        let names: Vec<&str> = schedule
+            .kernels
+            .iter()
+            .map(|k| k.kernel.name.as_str())
+            .collect();
         assert!(
             names.iter().filter(|n| n.ends_with("_g")).count() >= 3,
             "{cols} columns: kernels {names:?}"

@@ -803,7 +803,12 @@ fn long_rows_reduce_alike_on_every_device() -> Result<()> {
         assert_nd("sum", &Nd::of(&sum_t), &per_row(&sum), tol);
         assert_nd("max", &Nd::of(&t.max(&[1], false)?), &per_row(&max), 0.0);
         assert_nd("mean", &Nd::of(&t.mean(&[1], false)?), &per_row(&mean), tol);
-        assert_nd("var", &Nd::of(&t.var(&[1], false)?), &per_row(&|r| var(r, 1)), tol);
+        assert_nd(
+            "var",
+            &Nd::of(&t.var(&[1], false)?),
+            &per_row(&|r| var(r, 1)),
+            tol,
+        );
         assert_nd(
             "logsumexp",
             &Nd::of(&t.logsumexp(&[1], false)?),
