@@ -122,13 +122,16 @@ impl Tensor {
 
 /// Checks that `t` has a float dtype, for `op`'s `what` argument.
 pub(super) fn check_float(t: &Tensor, op: &'static str) -> Result<()> {
-    if t.dtype().is_float() {
+    if t.dtype().is_float() && !t.dtype().is_float8() {
         Ok(())
     } else {
         Err(Error::UnsupportedDType {
             op,
             dtype: t.dtype(),
-            hint: "convolution and pooling need a float dtype; cast with .cast(DType::F32)",
+            hint: super::float8_hint(
+                t.dtype(),
+                "convolution and pooling need a float dtype; cast with .cast(DType::F32)",
+            ),
         })
     }
 }
@@ -325,25 +328,40 @@ fn conv_nd<const N: usize>(
     }
     let ipads: Vec<(i64, i64)> = pads.iter().map(|&(l, r)| (to_i64(l), to_i64(r))).collect();
     let win = windows(&xb.pad(&ipads, 0.0)?, kernel, &opts.stride, &opts.dilation)?;
-    // [N, G, 1, C/G, *o, *k] × [1, G, O/G, C/G, 1.., *k], summed over C/G and the kernel.
-    let mut wdims = vec![nb, g, 1, cg];
+    // A matrix product per group: [N, G, P, K] × [G, K, O/G] with P the output positions
+    // and K = C/G × kernel taps, so the window view fuses into one kernel and a library
+    // matmul may compute it instead (reading a materialized im2col), whichever measures
+    // faster.
+    let positions: usize = outs.iter().product();
+    let taps = cg * kernel.iter().product::<usize>();
+    let mut wdims = vec![nb, g, cg];
     wdims.extend(&outs);
     wdims.extend(kernel);
     let win = win.reshape(&to_i64s(&wdims))?;
-    let mut kdims = vec![1, g, cout / g, cg];
-    kdims.extend([1; N]);
-    kdims.extend(kernel);
-    let w = weight.reshape(&to_i64s(&kdims))?;
-    let axes: Vec<i64> = std::iter::once(3)
-        .chain((0..N).map(|a| 4 + N + a))
-        .map(to_i64)
+    // [N, G, C/G, *o, *k] → [N, G, *o, C/G, *k].
+    let perm: Vec<usize> = [0, 1]
+        .into_iter()
+        .chain(3..3 + N)
+        .chain([2])
+        .chain(3 + N..3 + 2 * N)
         .collect();
+    let cols = win.permute(&to_i64s(&perm))?;
+    let w = weight
+        .reshape(&to_i64s(&[g, cout / g, taps]))?
+        .transpose(1, 2)?;
+    let prod = if g == 1 {
+        // One group: [N, P, K] × [K, O], so the weight is one matrix for every batch.
+        let cols = cols.reshape(&to_i64s(&[nb, positions, taps]))?;
+        cols.matmul(&w.squeeze(Some(&[0]))?)?
+    } else {
+        let cols = cols.reshape(&to_i64s(&[nb, g, positions, taps]))?;
+        cols.matmul(&w)?
+    };
+    // [N, (G,) P, O/G] → [N, (G,) O/G, P] → [N, O, *o].
+    let prod = prod.transpose(-1, -2)?;
     let mut out_dims = vec![nb, cout];
     out_dims.extend(&outs);
-    let mut out = win
-        .mul(&w)?
-        .sum(&axes, false)?
-        .reshape(&to_i64s(&out_dims))?;
+    let mut out = prod.reshape(&to_i64s(&out_dims))?;
     if let Some(b) = bias {
         x.same_device(b, op)?;
         if b.dtype() != x.dtype() || b.dims() != [cout] {
