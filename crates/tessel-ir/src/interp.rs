@@ -12,7 +12,7 @@
 //!   lane by lane for vectors.
 //! - **Memory.** Buffers hold raw little-endian elements of their dtype (`bool` is one byte;
 //!   any non-zero byte loads as `true`, and stores write 0 or 1; `f16`/`bf16` are two
-//!   bytes). A load or store of width `w` at index `i` moves elements `i..i + w`. An access
+//!   bytes, the float8 dtypes one). A load or store of width `w` at index `i` moves elements `i..i + w`. An access
 //!   outside `0..len` of its memory (the buffer's *declared* length, not the length of the
 //!   slice passed) is an [`InterpError::OutOfBounds`], never undefined behaviour.
 //! - **Initial contents.** Local memory (`DefineLocal`) is zeroed at the start of each
@@ -41,7 +41,7 @@
 //! end bound is a value defined before the loop, which the body cannot redefine.
 
 use half::{bf16, f16};
-use tessel_shape::{Bindings, DType, EvalError, Expr, Scalar, ScalarError};
+use tessel_shape::{Bindings, DType, EvalError, Expr, F8E4M3, F8E5M2, Scalar, ScalarError};
 
 use crate::kernel::{Inst, Kernel, Mem, Param, Special, Value};
 use crate::verify::{Def, VerifyError, verify};
@@ -769,6 +769,8 @@ fn read_elem(bytes: &[u8], index: usize, dtype: DType) -> Scalar {
         DType::I16 => Scalar::I16(bits as i16),
         DType::I32 => Scalar::I32(bits as i32),
         DType::I64 => Scalar::I64(bits as i64),
+        DType::F8E4M3 => Scalar::F8E4M3(F8E4M3::from_bits(bits as u8)),
+        DType::F8E5M2 => Scalar::F8E5M2(F8E5M2::from_bits(bits as u8)),
         DType::F16 => Scalar::F16(f16::from_bits(bits as u16)),
         DType::BF16 => Scalar::BF16(bf16::from_bits(bits as u16)),
         DType::F32 => Scalar::F32(f32::from_bits(bits as u32)),

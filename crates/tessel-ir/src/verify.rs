@@ -411,6 +411,9 @@ impl<'k> Checker<'k> {
                                 "mad needs three operands of one type, found ({ta}, {tb}, {tc})"
                             ));
                         }
+                        if !op.supports(ta.dtype) {
+                            return ty_err(format!("mad is not defined for {}", ta.dtype));
+                        }
                     }
                 }
                 Def::Data(tb)

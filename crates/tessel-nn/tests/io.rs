@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use tessel_nn::{Module, Visitor, load, save};
 use tessel_tensor::{
-    DType, Device, Element, Tensor, bf16, f16, load_safetensors, save_safetensors,
+    DType, Device, Element, F8E4M3, F8E5M2, Tensor, bf16, f16, load_safetensors, save_safetensors,
 };
 
 /// A file in the temp dir, removed when dropped.
@@ -75,6 +75,8 @@ fn random_tensor(dtype: DType, dims: &[usize], rng: &mut Lcg) -> (Tensor, Vec<u6
         DType::BF16 => make(&bits, |b| bf16::from_bits(b as u16), dims),
         DType::F32 => make(&bits, |b| f32::from_bits(b as u32), dims),
         DType::F64 => make(&bits, f64::from_bits, dims),
+        DType::F8E4M3 => make(&bits, |b| F8E4M3::from_bits(b as u8), dims),
+        DType::F8E5M2 => make(&bits, |b| F8E5M2::from_bits(b as u8), dims),
     };
     (t, bits)
 }
@@ -98,6 +100,8 @@ fn bits_of(t: &Tensor) -> Vec<u64> {
         DType::BF16 => conv(t, |v: bf16| u64::from(v.to_bits())),
         DType::F32 => conv(t, |v: f32| u64::from(v.to_bits())),
         DType::F64 => conv(t, f64::to_bits),
+        DType::F8E4M3 => conv(t, |v: F8E4M3| u64::from(v.to_bits())),
+        DType::F8E5M2 => conv(t, |v: F8E5M2| u64::from(v.to_bits())),
     }
 }
 
@@ -106,7 +110,7 @@ fn every_dtype_round_trips_bit_exactly() {
     let mut rng = Lcg(42);
     let shapes: [&[usize]; 4] = [&[2, 3, 4], &[7], &[], &[0, 3]];
     let mut saved = Vec::new();
-    for (i, &dtype) in DType::ALL.iter().enumerate() {
+    for (i, dtype) in DType::ALL.into_iter().chain(DType::FLOAT8).enumerate() {
         let (t, bits) = random_tensor(dtype, shapes[i % shapes.len()], &mut rng);
         saved.push((format!("t{i:02}.{}", dtype.name()), t, bits));
     }
@@ -184,8 +188,8 @@ fn file_errors_name_the_problem() {
         .to_string();
     assert!(e.contains("not a valid safetensors file"), "{e}");
 
-    // An 8-bit float: a dtype Tessel does not have.
-    let header = r#"{"q":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}}"#;
+    // An 8-bit float Tessel does not have (it has PyTorch's F8_E4M3 and F8_E5M2).
+    let header = r#"{"q":{"dtype":"F8_E4M3FNUZ","shape":[4],"data_offsets":[0,4]}}"#;
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(header.as_bytes());
     bytes.extend_from_slice(&[1, 2, 3, 4]);
@@ -194,7 +198,7 @@ fn file_errors_name_the_problem() {
     let e = load_safetensors(&f8.0, &Device::cpu())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("`q`") && e.contains("F8_E4M3"), "{e}");
+    assert!(e.contains("`q`") && e.contains("F8_E4M3FNUZ"), "{e}");
 
     let t = Tensor::from_vec(vec![1.0f32], [1]).unwrap();
     let e = save_safetensors(&file.0, &[("x".into(), t.clone()), ("x".into(), t.clone())])

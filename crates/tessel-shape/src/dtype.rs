@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use half::{bf16, f16};
 
-use crate::Scalar;
+use crate::{F8E4M3, F8E5M2, Scalar};
 
 /// The element type of a tensor or a [`Scalar`].
 ///
@@ -32,6 +32,10 @@ pub enum DType {
     I32,
     /// 64-bit signed integer.
     I64,
+    /// PyTorch's `float8_e4m3fn` ([`F8E4M3`]): a storage and cast dtype with no arithmetic.
+    F8E4M3,
+    /// PyTorch's `float8_e5m2` ([`F8E5M2`]): a storage and cast dtype with no arithmetic.
+    F8E5M2,
     /// IEEE 754 binary16 (`half::f16`).
     F16,
     /// bfloat16 (`half::bf16`): `f32`'s exponent range with an 8-bit significand.
@@ -70,10 +74,21 @@ pub enum DTypeError {
         /// The right operand's dtype.
         rhs: DType,
     },
+    /// A float8 dtype with any other dtype: like PyTorch, Tessel does not promote them.
+    #[error(
+        "promotion for float8 dtypes is not supported ({lhs} and {rhs}); float8 is a storage \
+         dtype: cast it to f16, bf16 or f32 first"
+    )]
+    Float8 {
+        /// The left operand's dtype.
+        lhs: DType,
+        /// The right operand's dtype.
+        rhs: DType,
+    },
     /// The name is not one [`DType::name`] gives.
     #[error(
         "unknown dtype {name:?}; expected one of bool, u8, u16, u32, u64, i8, i16, i32, i64, \
-         f16, bf16, f32, f64"
+         f8e4m3, f8e5m2, f16, bf16, f32, f64"
     )]
     Unknown {
         /// The name that was parsed.
@@ -82,7 +97,8 @@ pub enum DTypeError {
 }
 
 impl DType {
-    /// Every dtype, in declaration order.
+    /// Every dtype with arithmetic, in declaration order: all but the float8 storage dtypes
+    /// ([`DType::FLOAT8`]), which only cast, move and select (see [`DType::is_float8`]).
     pub const ALL: [DType; 13] = [
         Self::Bool,
         Self::U8,
@@ -99,10 +115,13 @@ impl DType {
         Self::F64,
     ];
 
+    /// The float8 storage dtypes, which [`DType::ALL`] leaves out.
+    pub const FLOAT8: [DType; 2] = [Self::F8E4M3, Self::F8E5M2];
+
     /// Bytes one element occupies in memory (`bool` takes a whole byte).
     pub const fn size_bytes(self) -> usize {
         match self {
-            Self::Bool | Self::U8 | Self::I8 => 1,
+            Self::Bool | Self::U8 | Self::I8 | Self::F8E4M3 | Self::F8E5M2 => 1,
             Self::U16 | Self::I16 | Self::F16 | Self::BF16 => 2,
             Self::U32 | Self::I32 | Self::F32 => 4,
             Self::U64 | Self::I64 | Self::F64 => 8,
@@ -118,9 +137,23 @@ impl DType {
         (self.size_bytes() * 8) as u32
     }
 
-    /// Whether this is a floating-point dtype (`f16`, `bf16`, `f32`, `f64`).
+    /// Whether this is a floating-point dtype (`f8e4m3`, `f8e5m2`, `f16`, `bf16`, `f32`,
+    /// `f64`).
     pub const fn is_float(self) -> bool {
-        matches!(self, Self::F16 | Self::BF16 | Self::F32 | Self::F64)
+        matches!(
+            self,
+            Self::F8E4M3 | Self::F8E5M2 | Self::F16 | Self::BF16 | Self::F32 | Self::F64
+        )
+    }
+
+    /// Whether this is a float8 storage dtype (`f8e4m3`, `f8e5m2`).
+    ///
+    /// Like PyTorch's, they are for storage and conversion: casts to and from every dtype,
+    /// movement (reshape, permute, pad, cat, ...), `where` and loads and stores work; other
+    /// ops are not defined for them (their [`supports`](crate::UnaryOp::supports) is false)
+    /// and promotion with any other dtype is an error. Cast to a wider float to compute.
+    pub const fn is_float8(self) -> bool {
+        matches!(self, Self::F8E4M3 | Self::F8E5M2)
     }
 
     /// Whether this is an integer dtype, signed or unsigned (`bool` is not).
@@ -146,6 +179,8 @@ impl DType {
                 | Self::I16
                 | Self::I32
                 | Self::I64
+                | Self::F8E4M3
+                | Self::F8E5M2
                 | Self::F16
                 | Self::BF16
                 | Self::F32
@@ -169,7 +204,7 @@ impl DType {
         }
     }
 
-    /// The short name: `bool`, `u8` … `i64`, `f16`, `bf16`, `f32`, `f64`.
+    /// The short name: `bool`, `u8` … `i64`, `f8e4m3`, `f8e5m2`, `f16`, `bf16`, `f32`, `f64`.
     ///
     /// [`Display`](fmt::Display) prints it and [`FromStr`] parses it back.
     pub const fn name(self) -> &'static str {
@@ -183,6 +218,8 @@ impl DType {
             Self::I16 => "i16",
             Self::I32 => "i32",
             Self::I64 => "i64",
+            Self::F8E4M3 => "f8e4m3",
+            Self::F8E5M2 => "f8e5m2",
             Self::F16 => "f16",
             Self::BF16 => "bf16",
             Self::F32 => "f32",
@@ -203,6 +240,8 @@ impl DType {
             Self::I16 => Scalar::I16(i16::MIN),
             Self::I32 => Scalar::I32(i32::MIN),
             Self::I64 => Scalar::I64(i64::MIN),
+            Self::F8E4M3 => Scalar::F8E4M3(F8E4M3::MIN),
+            Self::F8E5M2 => Scalar::F8E5M2(F8E5M2::MIN),
             Self::F16 => Scalar::F16(f16::MIN),
             Self::BF16 => Scalar::BF16(bf16::MIN),
             Self::F32 => Scalar::F32(f32::MIN),
@@ -223,6 +262,8 @@ impl DType {
             Self::I16 => Scalar::I16(i16::MAX),
             Self::I32 => Scalar::I32(i32::MAX),
             Self::I64 => Scalar::I64(i64::MAX),
+            Self::F8E4M3 => Scalar::F8E4M3(F8E4M3::MAX),
+            Self::F8E5M2 => Scalar::F8E5M2(F8E5M2::MAX),
             Self::F16 => Scalar::F16(f16::MAX),
             Self::BF16 => Scalar::BF16(bf16::MAX),
             Self::F32 => Scalar::F32(f32::MAX),
@@ -247,6 +288,9 @@ impl DType {
     ///   at least `M` (`u16 + i8 = i32`, `u32 + i64 = i64`);
     /// - `u64` with a signed integer has no such dtype and is an error.
     ///
+    /// The float8 dtypes promote with nothing but themselves, as in torch ("Promotion for
+    /// Float8 Types is not supported"): [`DTypeError::Float8`].
+    ///
     /// The result is symmetric: `a.promote(b) == b.promote(a)`.
     ///
     /// ```
@@ -259,6 +303,12 @@ impl DType {
     pub fn promote(self, other: DType) -> Result<DType, DTypeError> {
         if self == other {
             return Ok(self);
+        }
+        if self.is_float8() || other.is_float8() {
+            return Err(DTypeError::Float8 {
+                lhs: self,
+                rhs: other,
+            });
         }
         match (self.kind(), other.kind()) {
             (ScalarKind::Bool, _) => Ok(other),
@@ -338,6 +388,7 @@ impl FromStr for DType {
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         Self::ALL
             .into_iter()
+            .chain(Self::FLOAT8)
             .find(|dtype| dtype.name() == name)
             .ok_or_else(|| DTypeError::Unknown {
                 name: name.to_owned(),

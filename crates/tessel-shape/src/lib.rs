@@ -23,6 +23,7 @@
 mod dtype;
 mod error;
 mod expr;
+mod float8;
 pub mod ops;
 pub mod rules;
 mod scalar;
@@ -31,6 +32,7 @@ mod shape;
 pub use dtype::{DType, DTypeError, ScalarKind};
 pub use error::ShapeError;
 pub use expr::{Bindings, Bounds, Dim, EvalError, Expr, ExprView, Var};
+pub use float8::{F8E4M3, F8E5M2};
 pub use ops::{BinaryOp, TernaryOp, UnaryOp};
 pub use scalar::{Scalar, ScalarError};
 pub use shape::Shape;

@@ -6,7 +6,8 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 
 use tessel_shape::{
-    BinaryOp, DType, DTypeError, Scalar, ScalarError, ScalarKind, TernaryOp, UnaryOp, bf16, f16,
+    BinaryOp, DType, DTypeError, F8E4M3, F8E5M2, Scalar, ScalarError, ScalarKind, TernaryOp,
+    UnaryOp, bf16, f16,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -93,6 +94,76 @@ fn nearest_bf16(x: f64) -> bf16 {
         return bf16::from_f32(x as f32);
     }
     bf16::from_bits(nearest_16(x, |b| bf16::from_bits(b).to_f64(), 0x7F7F))
+}
+
+/// The value of a float8 bit pattern from its definition: `exponent_bits` exponent bits
+/// (bias `2^(e-1) - 1`), the rest significand; `e4m3` (PyTorch's e4m3fn) has no infinity and
+/// only `S.1111.111` as NaN, `e5m2` is IEEE-like.
+fn f8_value(bits: u8, exponent_bits: u32) -> f64 {
+    let m_bits = 7 - exponent_bits;
+    let bias = (1 << (exponent_bits - 1)) - 1;
+    let sign = if bits & 0x80 == 0 { 1.0 } else { -1.0 };
+    let e = i32::from(bits >> m_bits) & ((1 << exponent_bits) - 1);
+    let m = f64::from(bits & ((1 << m_bits) - 1));
+    let scale = f64::from(1u32 << m_bits);
+    if exponent_bits == 4 && bits & 0x7f == 0x7f {
+        return f64::NAN;
+    }
+    if exponent_bits == 5 && e == 31 {
+        return if m == 0.0 {
+            sign * f64::INFINITY
+        } else {
+            f64::NAN
+        };
+    }
+    if e == 0 {
+        sign * m / scale * 2f64.powi(1 - bias)
+    } else {
+        sign * (1.0 + m / scale) * 2f64.powi(e - bias)
+    }
+}
+
+/// `x` rounded to nearest even in a float8 format, by search over the finite patterns
+/// `0..=max_finite`; past the top of the grid (as if it continued), `overflow` (NaN for
+/// e4m3fn, infinity for e5m2), and NaN for NaN, with the sign of `x` throughout.
+fn nearest_8(x: f64, exponent_bits: u32, max_finite: u8, overflow: u8) -> u8 {
+    let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+    if x.is_nan() {
+        return 0x7f | sign;
+    }
+    let value = |b: u8| f8_value(b, exponent_bits);
+    let ax = x.abs();
+    let (max, step) = (value(max_finite), value(max_finite) - value(max_finite - 1));
+    let tie = max + step / 2.0;
+    // The grid's next point would have an odd pattern for e4m3 (0x7f) and even for e5m2
+    // (0x7c), so the tie stays at max for e4m3 and overflows for e5m2.
+    if ax > tie || (ax == tie && overflow == 0x7c) {
+        return overflow | sign;
+    }
+    let mut best = 0u8;
+    for b in 0..=max_finite {
+        if value(b) <= ax {
+            best = b;
+        }
+    }
+    if best == max_finite || value(best) == ax {
+        return best | sign;
+    }
+    let (down, up) = (ax - value(best), value(best + 1) - ax);
+    let m = if down < up || (down == up && best.is_multiple_of(2)) {
+        best
+    } else {
+        best + 1
+    };
+    m | sign
+}
+
+fn nearest_e4m3(x: f64) -> F8E4M3 {
+    F8E4M3::from_bits(nearest_8(x, 4, 0x7e, 0x7f))
+}
+
+fn nearest_e5m2(x: f64) -> F8E5M2 {
+    F8E5M2::from_bits(nearest_8(x, 5, 0x7b, 0x7c))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -547,6 +618,8 @@ fn sources(dtype: DType) -> Vec<Scalar> {
                 [0x0001, 0x8001, 0x03FF, 0x7BFF, 0x7E00].map(|b| Scalar::F16(f16::from_bits(b))),
             );
         }
+        DType::F8E4M3 => out.extend((0..=255).map(|b| Scalar::F8E4M3(F8E4M3::from_bits(b)))),
+        DType::F8E5M2 => out.extend((0..=255).map(|b| Scalar::F8E5M2(F8E5M2::from_bits(b)))),
         DType::BF16 => {
             out.extend(
                 floats
@@ -567,7 +640,7 @@ fn reference_cast(value: Scalar, to: DType) -> Scalar {
         return value;
     }
     macro_rules! convert {
-        ($v:expr, f16: $h:expr, bf16: $b:expr) => {{
+        ($v:expr, f16: $h:expr, bf16: $b:expr, f8: $f8:expr) => {{
             let v = $v;
             match to {
                 DType::Bool => Scalar::Bool(v as f64 != 0.0),
@@ -579,6 +652,8 @@ fn reference_cast(value: Scalar, to: DType) -> Scalar {
                 DType::I16 => Scalar::I16(v as i16),
                 DType::I32 => Scalar::I32(v as i32),
                 DType::I64 => Scalar::I64(v as i64),
+                DType::F8E4M3 => Scalar::F8E4M3(nearest_e4m3($f8)),
+                DType::F8E5M2 => Scalar::F8E5M2(nearest_e5m2($f8)),
                 DType::F16 => Scalar::F16($h),
                 DType::BF16 => Scalar::BF16($b),
                 DType::F32 => Scalar::F32(v as f32),
@@ -590,13 +665,14 @@ fn reference_cast(value: Scalar, to: DType) -> Scalar {
     macro_rules! int {
         ($v:expr) => {{
             let v = $v;
-            convert!(v, f16: f16::from_f32(v as f32), bf16: bf16::from_f32(v as f32))
+            convert!(v, f16: f16::from_f32(v as f32), bf16: bf16::from_f32(v as f32),
+                f8: f64::from(v as f32))
         }};
     }
     macro_rules! float32 {
         ($v:expr) => {{
             let v: f32 = $v;
-            convert!(v, f16: f16::from_f32(v), bf16: bf16::from_f32(v))
+            convert!(v, f16: f16::from_f32(v), bf16: bf16::from_f32(v), f8: f64::from(v))
         }};
     }
     match value {
@@ -612,21 +688,29 @@ fn reference_cast(value: Scalar, to: DType) -> Scalar {
         // The half types widen to f32 exactly, then convert from there.
         Scalar::F16(v) => float32!(v.to_f32()),
         Scalar::BF16(v) => float32!(v.to_f32()),
+        // The float8 types widen to f32 exactly (checked against `f8_value` separately).
+        Scalar::F8E4M3(v) => float32!(v.to_f32()),
+        Scalar::F8E5M2(v) => float32!(v.to_f32()),
         Scalar::F32(v) => float32!(v),
-        Scalar::F64(v) => convert!(v, f16: nearest_f16(v), bf16: nearest_bf16(v)),
+        Scalar::F64(v) => convert!(v, f16: nearest_f16(v), bf16: nearest_bf16(v), f8: v),
     }
 }
 
 #[test]
 fn cast_table_matches_rust_as_and_half() {
     let mut checked = 0;
-    for from in DType::ALL {
+    for from in DType::ALL.into_iter().chain(DType::FLOAT8) {
         for value in sources(from) {
-            for to in DType::ALL {
+            for to in DType::ALL.into_iter().chain(DType::FLOAT8) {
                 let got = value.cast(to);
                 assert_eq!(got.dtype(), to);
                 let expected = reference_cast(value, to);
-                // Casts are deterministic, so even NaN payloads must match here.
+                // Casts are deterministic, so even NaN payloads must match here (except
+                // from float8 NaNs, whose payload the widening to f32 does not keep).
+                if value.is_nan() && value.dtype().is_float8() && got.is_nan() {
+                    assert!(expected.is_nan(), "{value:?} as {to}");
+                    continue;
+                }
                 assert_eq!(got, expected, "{value:?} as {to}");
                 checked += 1;
             }
@@ -918,6 +1002,8 @@ fn samples(dtype: DType, rng: &mut Rng, random: usize) -> Vec<Scalar> {
         DType::BF16 => floats!(BF16, bf16_of, bf16_bits),
         DType::F32 => floats!(F32, f32_of, f32_bits),
         DType::F64 => floats!(F64, f64::from, f64::from_bits),
+        DType::F8E4M3 => out.extend((0..=255).map(|b| Scalar::F8E4M3(F8E4M3::from_bits(b)))),
+        DType::F8E5M2 => out.extend((0..=255).map(|b| Scalar::F8E5M2(F8E5M2::from_bits(b)))),
     }
     out
 }
@@ -1047,6 +1133,8 @@ fn reference_unary(op: UnaryOp, x: Scalar) -> Expected {
             .map_or(Unsupported, |r| Value(Scalar::BF16(bf16::from_f32(r)))),
         Scalar::F32(v) => float_unary!(op, v).map_or(Unsupported, |r| Value(Scalar::F32(r))),
         Scalar::F64(v) => float_unary!(op, v).map_or(Unsupported, |r| Value(Scalar::F64(r))),
+        // Storage only: no op computes on float8.
+        Scalar::F8E4M3(_) | Scalar::F8E5M2(_) => Unsupported,
     }
 }
 
@@ -1908,4 +1996,130 @@ fn error_messages_do_not_end_with_a_period() {
         assert!(!message.ends_with('.'), "{message}");
         assert!(!message.is_empty());
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Float8
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn float8_every_pattern_widens_exactly() {
+    for bits in 0..=255u8 {
+        let (a, b) = (F8E4M3::from_bits(bits), F8E5M2::from_bits(bits));
+        for (got, expected) in [
+            (a.to_f64(), f8_value(bits, 4)),
+            (b.to_f64(), f8_value(bits, 5)),
+        ] {
+            assert!(
+                got.to_bits() == expected.to_bits() || (got.is_nan() && expected.is_nan()),
+                "{bits:#04x}: {got} vs {expected}"
+            );
+        }
+        assert_eq!(a.is_nan(), f8_value(bits, 4).is_nan());
+        assert_eq!(b.is_nan(), f8_value(bits, 5).is_nan());
+    }
+}
+
+#[test]
+fn float8_rounding_matches_the_search_oracle() {
+    let mut rng = Rng(8);
+    let mut values: Vec<f64> = vec![
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -f64::NAN,
+        448.0,
+        464.0,
+        464.0001,
+        479.9,
+        480.0,
+        57344.0,
+        61439.99,
+        61440.0,
+        65536.0,
+        1e30,
+        1e-30,
+    ];
+    // Every midpoint and neighbour of every pattern: ties, and one step either side.
+    for bits in 0..=0x7eu8 {
+        for exponent_bits in [4, 5] {
+            let (lo, hi) = (
+                f8_value(bits, exponent_bits),
+                f8_value(bits + 1, exponent_bits),
+            );
+            if lo.is_finite() && hi.is_finite() {
+                let mid = f64::midpoint(lo, hi);
+                values.extend([mid, mid.next_up(), mid.next_down(), -mid]);
+                values.extend([f64::from((mid as f32).next_up()), lo, -hi]);
+            }
+        }
+    }
+    for _ in 0..20_000 {
+        let scale = 2f64.powi((rng.next_u64() % 40) as i32 - 24);
+        values.push(rng.uniform(scale));
+    }
+    for v in values {
+        for x in [Scalar::F64(v), Scalar::F32(v as f32)] {
+            let exact = x.to_f64();
+            let e4m3 = x.cast(DType::F8E4M3);
+            let e5m2 = x.cast(DType::F8E5M2);
+            let want4 = Scalar::F8E4M3(nearest_e4m3(exact));
+            let want5 = Scalar::F8E5M2(nearest_e5m2(exact));
+            assert_eq!(e4m3, want4, "{x:?} to f8e4m3");
+            assert_eq!(e5m2, want5, "{x:?} to f8e5m2");
+        }
+    }
+}
+
+#[test]
+fn float8_is_storage_only() {
+    for dtype in DType::FLOAT8 {
+        assert_eq!(dtype.size_bytes(), 1);
+        assert!(dtype.is_float() && dtype.is_float8() && dtype.is_signed());
+        assert_eq!(dtype.name().parse::<DType>(), Ok(dtype));
+        for other in DType::ALL.into_iter().chain(DType::FLOAT8) {
+            let promoted = dtype.promote(other);
+            if other == dtype {
+                assert_eq!(promoted, Ok(dtype));
+            } else {
+                assert!(
+                    matches!(promoted, Err(DTypeError::Float8 { .. })),
+                    "{dtype} {other}"
+                );
+                assert_eq!(
+                    other.promote(dtype),
+                    promoted.map_err(|_| {
+                        DTypeError::Float8 {
+                            lhs: other,
+                            rhs: dtype,
+                        }
+                    })
+                );
+            }
+        }
+        let x = Scalar::one(dtype);
+        assert_eq!(x.to_f64(), 1.0);
+        for op in UnaryOp::ALL {
+            assert!(!op.supports(dtype));
+            assert!(x.unary(op).is_err());
+        }
+        for op in BinaryOp::ALL {
+            let err = x.binary(op, x).unwrap_err();
+            assert!(
+                err.to_string().contains("cast to f16, bf16 or f32 first"),
+                "{err}"
+            );
+        }
+        assert!(Scalar::ternary(TernaryOp::MulAdd, x, x, x).is_err());
+        let zero = Scalar::zero(dtype);
+        assert_eq!(
+            Scalar::ternary(TernaryOp::Where, Scalar::Bool(false), x, zero),
+            Ok(zero)
+        );
+        assert_eq!(x.bitcast(DType::U8).unwrap().bitcast(dtype), Ok(x));
+    }
+    assert_eq!(DType::F8E4M3.max_value().to_f64(), 448.0);
+    assert_eq!(DType::F8E5M2.min_value().to_f64(), -57344.0);
 }

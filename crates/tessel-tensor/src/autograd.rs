@@ -38,9 +38,10 @@ use crate::tensor::Tensor;
 /// let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [3])?;
 /// let loss = (&x * &x)?.sum_all()?; // Σ x²
 /// let [dx] = <[Tensor; 1]>::try_from(tessel_tensor::grad(&loss, &[&x])?).unwrap();
-/// assert_eq!(dx.to_vec::<f64>()?, vec![2.0, 4.0, 6.0]);
-/// // A gradient is a tensor like any other: differentiate it again.
+/// // A gradient is a tensor like any other: differentiate it again (before reading it:
+/// // reading realizes it, and a realized tensor is a constant to `grad`).
 /// let second = tessel_tensor::grad(&dx.sum_all()?, &[&x])?;
+/// assert_eq!(dx.to_vec::<f64>()?, vec![2.0, 4.0, 6.0]);
 /// assert_eq!(second[0].to_vec::<f64>()?, vec![2.0, 2.0, 2.0]);
 /// # Ok(())
 /// # }

@@ -1,10 +1,10 @@
 //! Rust element types and their dtypes.
 
 use half::{bf16, f16};
-use tessel_shape::{DType, Scalar};
+use tessel_shape::{DType, F8E4M3, F8E5M2, Scalar};
 
-/// A Rust type that can be a tensor element: `bool`, the integer types, `f16`, `bf16`,
-/// `f32` and `f64`.
+/// A Rust type that can be a tensor element: `bool`, the integer types, the float8 types
+/// ([`F8E4M3`], [`F8E5M2`]), `f16`, `bf16`, `f32` and `f64`.
 pub trait Element: Copy + Send + Sync + 'static + Into<Scalar> {
     /// The matching dtype.
     const DTYPE: DType;
@@ -35,6 +35,22 @@ numeric_element!(
     i8 => I8, i16 => I16, i32 => I32, i64 => I64,
     f16 => F16, bf16 => BF16, f32 => F32, f64 => F64,
 );
+
+macro_rules! float8_element {
+    ($($t:ty => $d:ident),* $(,)?) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.push(self.to_bits());
+            }
+            fn read_le(bytes: &[u8]) -> Self {
+                <$t>::from_bits(bytes[0])
+            }
+        }
+    )*};
+}
+
+float8_element!(F8E4M3 => F8E4M3, F8E5M2 => F8E5M2);
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;

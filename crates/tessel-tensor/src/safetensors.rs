@@ -26,6 +26,9 @@ fn to_file_dtype(dtype: DType) -> Dtype {
         DType::I16 => Dtype::I16,
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
+        // PyTorch's safetensors writer names `float8_e4m3fn` `F8_E4M3`.
+        DType::F8E4M3 => Dtype::F8_E4M3,
+        DType::F8E5M2 => Dtype::F8_E5M2,
         DType::F16 => Dtype::F16,
         DType::BF16 => Dtype::BF16,
         DType::F32 => Dtype::F32,
@@ -33,8 +36,8 @@ fn to_file_dtype(dtype: DType) -> Dtype {
     }
 }
 
-/// The Tessel dtype of a safetensors dtype, if Tessel has it (not the 4-, 6- and 8-bit
-/// floats nor complex numbers).
+/// The Tessel dtype of a safetensors dtype, if Tessel has it (not the 4- and 6-bit floats,
+/// the `FNUZ` float8 variants, nor complex numbers).
 fn from_file_dtype(dtype: Dtype) -> Option<DType> {
     Some(match dtype {
         Dtype::BOOL => DType::Bool,
@@ -46,6 +49,8 @@ fn from_file_dtype(dtype: Dtype) -> Option<DType> {
         Dtype::I16 => DType::I16,
         Dtype::I32 => DType::I32,
         Dtype::I64 => DType::I64,
+        Dtype::F8_E4M3 => DType::F8E4M3,
+        Dtype::F8_E5M2 => DType::F8E5M2,
         Dtype::F16 => DType::F16,
         Dtype::BF16 => DType::BF16,
         Dtype::F32 => DType::F32,

@@ -330,6 +330,8 @@ pub(crate) fn scalar_from_le(dtype: DType, b: &[u8]) -> Scalar {
         DType::I16 => Scalar::I16(bits as i16),
         DType::I32 => Scalar::I32(bits as i32),
         DType::I64 => Scalar::I64(bits as i64),
+        DType::F8E4M3 => Scalar::F8E4M3(tessel_shape::F8E4M3::from_bits(bits as u8)),
+        DType::F8E5M2 => Scalar::F8E5M2(tessel_shape::F8E5M2::from_bits(bits as u8)),
         DType::F16 => Scalar::F16(half::f16::from_bits(bits as u16)),
         DType::BF16 => Scalar::BF16(half::bf16::from_bits(bits as u16)),
         DType::F32 => Scalar::F32(f32::from_bits(bits as u32)),

@@ -1,7 +1,7 @@
 //! Test data: a seeded generator, element bytes of every dtype, and the few results the
 //! checks compute directly in Rust.
 
-use tessel_shape::{DType, bf16, f16};
+use tessel_shape::{DType, F8E4M3, F8E5M2, bf16, f16};
 
 /// splitmix64: a tiny, fixed-seed generator, so every run (and every backend) sees the
 /// same data.
@@ -60,6 +60,8 @@ pub fn random_elements(rng: &mut Rng, dtype: DType, n: usize) -> Vec<u8> {
             DType::BF16 => out.extend(bf16::from_f64(x).to_le_bytes()),
             DType::F32 => out.extend((x as f32).to_le_bytes()),
             DType::F64 => out.extend(x.to_le_bytes()),
+            DType::F8E4M3 => out.push(F8E4M3::from_f64(x).to_bits()),
+            DType::F8E5M2 => out.push(F8E5M2::from_f64(x).to_bits()),
             _ => out.extend(&bits.to_le_bytes()[..dtype.size_bytes()]),
         }
     }
@@ -95,6 +97,23 @@ pub fn add_in_rust(dtype: DType, a: &[u8], b: &[u8]) -> Vec<u8> {
         DType::BF16 => elementwise!(bf16, |x, y| x + y),
         DType::F32 => elementwise!(f32, |x, y| x + y),
         DType::F64 => elementwise!(f64, |x, y| x + y),
+        // No arithmetic on float8: cast to a wider float and back, as a user would.
+        DType::F8E4M3 => a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| {
+                let sum = F8E4M3::from_bits(x).to_f32() + F8E4M3::from_bits(y).to_f32();
+                F8E4M3::from_f32(sum).to_bits()
+            })
+            .collect(),
+        DType::F8E5M2 => a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| {
+                let sum = F8E5M2::from_bits(x).to_f32() + F8E5M2::from_bits(y).to_f32();
+                F8E5M2::from_f32(sum).to_bits()
+            })
+            .collect(),
     }
 }
 
@@ -138,6 +157,13 @@ pub(crate) fn specials(dtype: DType) -> Vec<Vec<u8>> {
             .chain([f32::from_bits(1).to_le_bytes().to_vec()])
             .collect(),
         DType::F64 => f64s.iter().map(|&x| x.to_le_bytes().to_vec()).collect(),
+        // Zeros, the largest finite values, NaNs, infinity (e5m2), the smallest subnormal.
+        DType::F8E4M3 | DType::F8E5M2 => {
+            [0x00, 0x80, 0x7e, 0xfe, 0x7b, 0x7c, 0xfc, 0x7f, 0xff, 0x01]
+                .iter()
+                .map(|&b| vec![b])
+                .collect()
+        }
         _ => {
             let size = dtype.size_bytes();
             let bits = dtype.bits() as u64;
@@ -180,6 +206,8 @@ pub(crate) fn is_nan(dtype: DType, bytes: &[u8]) -> bool {
         DType::BF16 => bf16::from_le_bytes([bytes[0], bytes[1]]).is_nan(),
         DType::F32 => f32::from_le_bytes(bytes.try_into().unwrap()).is_nan(),
         DType::F64 => f64::from_le_bytes(bytes.try_into().unwrap()).is_nan(),
+        DType::F8E4M3 => F8E4M3::from_bits(bytes[0]).is_nan(),
+        DType::F8E5M2 => F8E5M2::from_bits(bytes[0]).is_nan(),
         _ => false,
     }
 }
@@ -188,6 +216,7 @@ pub(crate) fn is_nan(dtype: DType, bytes: &[u8]) -> bool {
 /// that the difference of two is their distance in ulps.
 fn ordered(dtype: DType, bytes: &[u8]) -> i128 {
     let (bits, sign) = match dtype {
+        DType::F8E4M3 | DType::F8E5M2 => (u64::from(bytes[0]), 7),
         DType::F16 | DType::BF16 => (u64::from(u16::from_le_bytes([bytes[0], bytes[1]])), 15),
         DType::F32 => (u64::from(u32::from_le_bytes(bytes.try_into().unwrap())), 31),
         _ => (u64::from_le_bytes(bytes.try_into().unwrap()), 63),

@@ -124,16 +124,18 @@ impl Conformance<'_> {
         }
     }
 
-    /// Every cast between dtypes, and every bitcast between dtypes of one size.
+    /// Every cast between dtypes, and every bitcast between dtypes of one size, the float8
+    /// storage dtypes included (on all 256 of their bit patterns, which the random inputs
+    /// cover).
     pub fn casts_and_bitcasts_match_the_interpreter(&self) {
-        for (seed, from) in DType::ALL.into_iter().enumerate() {
+        let every = || DType::ALL.into_iter().chain(DType::FLOAT8);
+        for (seed, from) in every().enumerate() {
             // Casts to f64 are a kernel apart, so that devices without doubles test the rest.
-            let mut ops: Vec<(Op, DType)> = DType::ALL
-                .iter()
-                .filter(|&&to| to != DType::F64 || from == DType::F64)
-                .map(|&to| (Op::Cast(to), to))
+            let mut ops: Vec<(Op, DType)> = every()
+                .filter(|&to| to != DType::F64 || from == DType::F64)
+                .map(|to| (Op::Cast(to), to))
                 .collect();
-            for to in DType::ALL {
+            for to in every() {
                 // The verifier rejects bitcasts to and from bool (and the reference would
                 // fail on bytes other than 0 and 1).
                 if to != from

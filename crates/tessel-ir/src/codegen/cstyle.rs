@@ -130,11 +130,11 @@ fn serial_local_id(axis: u8) -> String {
     format!("lid{axis}")
 }
 
-/// C's `<stdint.h>` names; `f16`/`bf16` hold their bits.
+/// C's `<stdint.h>` names; `f16`/`bf16` and the float8 dtypes hold their bits.
 pub fn c_type_name(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::Bool => "bool",
-        DType::U8 => "uint8_t",
+        DType::U8 | DType::F8E4M3 | DType::F8E5M2 => "uint8_t",
         DType::U16 | DType::F16 | DType::BF16 => "uint16_t",
         DType::U32 => "uint32_t",
         DType::U64 => "uint64_t",
@@ -227,11 +227,11 @@ fn opencl_local_id(axis: u8) -> String {
     format!("get_local_id({axis})")
 }
 
-/// OpenCL C's scalar type names; `f16`/`bf16` hold their bits.
+/// OpenCL C's scalar type names; `f16`/`bf16` and the float8 dtypes hold their bits.
 pub fn opencl_type_name(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::Bool => "bool",
-        DType::U8 => "uchar",
+        DType::U8 | DType::F8E4M3 | DType::F8E5M2 => "uchar",
         DType::U16 | DType::F16 | DType::BF16 => "ushort",
         DType::U32 => "uint",
         DType::U64 => "ulong",

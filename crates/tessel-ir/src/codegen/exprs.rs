@@ -13,6 +13,8 @@
 //!   by the bit width (`b mod bits`, negative amounts included).
 //! - `f16`/`bf16` values are their bit patterns; every op converts to `float`, computes
 //!   there and rounds back once, as [`Scalar`] does. `mad` on them rounds once.
+//! - `f8e4m3`/`f8e5m2` values are their bytes; they only cast (through `float`, like the
+//!   half types), move and select.
 //! - Float `max`/`min` are helpers (NaN wins, `-0 < +0`), `round` is `rint` (ties to even
 //!   in the default rounding mode), `erf` is fdlibm's, computed in `double`.
 //! - Float-to-integer casts saturate (NaN gives 0) through helpers, since C leaves
@@ -82,22 +84,22 @@ impl<'d> Exprs<'d> {
         }
     }
 
-    /// The half type's value converted to `float`.
+    /// The half (or float8) type's value converted to `float`.
     fn half_to_f32(&mut self, dtype: DType, a: &str) -> String {
-        let helper = if dtype == DType::F16 {
-            Helper::F16ToF32
-        } else {
-            Helper::Bf16ToF32
+        let helper = match dtype {
+            DType::F16 => Helper::F16ToF32,
+            DType::F8E4M3 | DType::F8E5M2 => Helper::F8ToF32(dtype),
+            _ => Helper::Bf16ToF32,
         };
         format!("{}({a})", self.helpers.call(helper))
     }
 
-    /// A `float` rounded to the half type.
+    /// A `float` rounded to the half (or float8) type.
     fn f32_to_half(&mut self, dtype: DType, a: &str) -> String {
-        let helper = if dtype == DType::F16 {
-            Helper::F32ToF16
-        } else {
-            Helper::F32ToBf16
+        let helper = match dtype {
+            DType::F16 => Helper::F32ToF16,
+            DType::F8E4M3 | DType::F8E5M2 => Helper::F32ToF8(dtype),
+            _ => Helper::F32ToBf16,
         };
         format!("{}({a})", self.helpers.call(helper))
     }
@@ -108,6 +110,9 @@ impl<'d> Exprs<'d> {
         Ok(match value {
             Scalar::Bool(b) => b.to_string(),
             Scalar::F16(_) | Scalar::BF16(_) => format!("(({t})0x{:04x}u)", value.to_bits()),
+            Scalar::F8E4M3(_) | Scalar::F8E5M2(_) => {
+                format!("(({t})0x{:02x}u)", value.to_bits())
+            }
             Scalar::F32(x) => {
                 if x.is_nan() {
                     // The exact payload: `NAN` would be whichever NaN the platform picks.
@@ -365,6 +370,9 @@ impl<'d> Exprs<'d> {
         c: &str,
     ) -> Result<String, CodegenError> {
         let name = op.name();
+        if !op.supports(dtype) {
+            return Err(self.unsupported(name, dtype));
+        }
         let t = self.ty_for(name, dtype)?;
         Ok(match op {
             TernaryOp::Where => format!("({a} ? {b} : {c})"),
@@ -397,7 +405,9 @@ impl<'d> Exprs<'d> {
         if from == to {
             return Ok(a.to_owned());
         }
-        let is_half = |d: DType| matches!(d, DType::F16 | DType::BF16);
+        // The float8 types convert exactly like the half types: through `float`.
+        let is_half =
+            |d: DType| matches!(d, DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2);
         Ok(if to == DType::Bool {
             if is_half(from) {
                 format!("({} != 0.0f)", self.half_to_f32(from, a))

@@ -32,6 +32,12 @@ pub(super) enum Helper {
     Bf16ToF32,
     /// `float` to `bf16` bits, rounding to nearest even.
     F32ToBf16,
+    /// A float8 dtype's bits (`F8E4M3` or `F8E5M2`) to `float`, exactly (NaN as a quiet NaN
+    /// of the same sign).
+    F8ToF32(DType),
+    /// `float` to a float8 dtype's bits, rounding to nearest even, out of range to NaN
+    /// (`F8E4M3`) or infinity (`F8E5M2`), as PyTorch does.
+    F32ToF8(DType),
     /// `double` to `float` rounding to odd, so that a second rounding to a half type is exact.
     F64ToF32Odd,
     /// `a * b + c` on half-type values given as `double`, rounded once (to odd, to `float`).
@@ -69,7 +75,7 @@ impl Helper {
             Helper::F16ToF32 | Helper::F32ToF16 | Helper::Bf16ToF32 | Helper::F32ToBf16 => {
                 f32_bits.to_vec()
             }
-            Helper::F64ToF32Odd => f32_bits.to_vec(),
+            Helper::F64ToF32Odd | Helper::F8ToF32(_) | Helper::F32ToF8(_) => f32_bits.to_vec(),
             Helper::HalfFma => {
                 let mut deps = f64_bits.to_vec();
                 deps.push(Helper::F64ToF32Odd);
@@ -89,6 +95,8 @@ impl Helper {
             Helper::F32ToF16 => "tsl_f32_to_f16".into(),
             Helper::Bf16ToF32 => "tsl_bf16_to_f32".into(),
             Helper::F32ToBf16 => "tsl_f32_to_bf16".into(),
+            Helper::F8ToF32(d) => format!("tsl_{d}_to_f32"),
+            Helper::F32ToF8(d) => format!("tsl_f32_to_{d}"),
             Helper::F64ToF32Odd => "tsl_f64_to_f32_odd".into(),
             Helper::HalfFma => "tsl_half_fma".into(),
             Helper::Erf => "tsl_erf".into(),
@@ -257,6 +265,14 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
 }}
 "
         ),
+        Helper::F8ToF32(d) => {
+            let u8_t = ty(DType::U8)?;
+            f8_to_f32_definition(p, &name, d, u8_t, u32_t)
+        }
+        Helper::F32ToF8(d) => {
+            let u8_t = ty(DType::U8)?;
+            f32_to_f8_definition(p, &name, d, u8_t, u32_t)
+        }
         Helper::F64ToF32Odd => format!(
             "{p}float {name}(double x) {{
     const float nearest = (float)x;
@@ -379,6 +395,87 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
             )
         }
     })
+}
+
+/// `float tsl_<f8>_to_f32(uchar h)`: exact. Normal values rebias the exponent; subnormals
+/// are `significand * 2^-9` (e4m3) or `* 2^-16` (e5m2), products exact in `float`.
+fn f8_to_f32_definition(p: &str, name: &str, dtype: DType, u8_t: &str, u32_t: &str) -> String {
+    let special = if dtype == DType::F8E4M3 {
+        // e4m3fn: no infinities; S.1111.111 is the only NaN.
+        "if ((h & 0x7fu) == 0x7fu) return tsl_bitcast_u32_f32(sign | 0x7fc00000u);"
+    } else {
+        "if (exp == 0x1fu) return tsl_bitcast_u32_f32(sign | (man == 0u ? 0x7f800000u : 0x7fc00000u));"
+    };
+    let (m, exp_mask, rebias, tiny) = if dtype == DType::F8E4M3 {
+        (3, "0xfu", 120, "0.001953125f")
+    } else {
+        (2, "0x1fu", 112, "0.0000152587890625f")
+    };
+    format!(
+        "{p}float {name}({u8_t} h) {{
+    const {u32_t} sign = ({u32_t})(h & 0x80u) << 24;
+    const {u32_t} exp = ({u32_t})(h >> {m}) & {exp_mask};
+    const {u32_t} man = ({u32_t})h & {man_mask}u;
+    {special}
+    if (exp == 0u) return tsl_bitcast_u32_f32(sign | tsl_bitcast_f32_u32((float)man * {tiny}));
+    return tsl_bitcast_u32_f32(sign | ((exp + {rebias}u) << 23) | (man << {shift}));
+}}
+",
+        man_mask = (1 << m) - 1,
+        shift = 23 - m,
+    )
+}
+
+/// `uchar tsl_f32_to_<f8>(float value)`: rounds to nearest even with integer operations
+/// only (so flush-to-zero devices agree); the same algorithm as `tessel_shape`'s
+/// `F8E4M3::from_f32` and `F8E5M2::from_f32`.
+fn f32_to_f8_definition(p: &str, name: &str, dtype: DType, u8_t: &str, u32_t: &str) -> String {
+    // Significand bits, exponent bias, the first magnitude past the grid and its result.
+    let (m, bias, over, over_value) = if dtype == DType::F8E4M3 {
+        (3u32, 7u32, "0x43f00000u", "0x7fu")
+    } else {
+        (2, 15, "0x47800000u", "0x7cu")
+    };
+    format!(
+        "{p}{u8_t} {name}(float value) {{
+    const {u32_t} x = tsl_bitcast_f32_u32(value);
+    const {u32_t} sign = (x >> 24) & 0x80u;
+    const {u32_t} a = x & 0x7fffffffu;
+    {u32_t} r;
+    if (a > 0x7f800000u) {{
+        r = 0x7fu;
+    }} else if (a >= {over}) {{
+        /* Past the top of the grid (infinity included). */
+        r = {over_value};
+    }} else if ((a >> 23) < {min_normal}u) {{
+        /* Subnormal or zero: |x| / 2^{ulp} rounded to nearest even. */
+        const {u32_t} e = a >> 23;
+        const {u32_t} shift = {k}u - e;
+        if (e == 0u || shift > 25u) {{
+            r = 0u;
+        }} else {{
+            const {u32_t} sig = (a & 0x7fffffu) | 0x800000u;
+            const {u32_t} halfway = 1u << (shift - 1u);
+            const {u32_t} rest = sig & ((halfway << 1) - 1u);
+            r = sig >> shift;
+            if (rest > halfway || (rest == halfway && (r & 1u) != 0u)) r += 1u;
+        }}
+    }} else {{
+        /* Normal: rebias, then round the significand to nearest even (a carry bumps the
+           exponent, up to the NaN or infinity pattern). */
+        const {u32_t} t = a - ({rebias}u << 23);
+        r = (t + {half_m1}u + ((t >> {drop}) & 1u)) >> {drop};
+    }}
+    return ({u8_t})(sign | r);
+}}
+",
+        min_normal = 128 - bias,
+        ulp = format_args!("({})", 1 - i64::from(bias) - i64::from(m)),
+        k = 151 - bias - m,
+        rebias = 127 - bias,
+        half_m1 = (1u32 << (22 - m)) - 1,
+        drop = 23 - m,
+    )
 }
 
 /// The unsigned type at least as wide as `int` that holds `dtype`'s bits: arithmetic in it

@@ -78,6 +78,9 @@
 //!   as in C. `f16` converts through `vload_half`/`vstore_half_rte` (the dialect's
 //!   [`HalfBuiltins`]; no `cl_khr_fp16` needed, and PoCL and NVIDIA lack it); `bf16` through
 //!   the portable helpers.
+//! - The float8 dtypes (`f8e4m3`, `f8e5m2`) are `uchar` bits in every C dialect; they only
+//!   cast (through `float`, with integer-only helpers that match PyTorch's conversions),
+//!   move and select.
 //! - `#pragma OPENCL FP_CONTRACT OFF`: OpenCL C allows contracting `a * b + c` by default.
 //! - Without `double` ([`OPENCL_NO_FP64`]), a kernel needing it fails with
 //!   [`CodegenError::UnsupportedOp`] naming the op and dtype: any `f64` value, and `erf` on

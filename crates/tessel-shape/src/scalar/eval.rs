@@ -25,8 +25,12 @@ impl UnaryOp {
     /// - `not`: integers and `bool`;
     /// - `recip`, `sqrt`, `rsqrt`, `exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tan`,
     ///   `tanh`, `erf`: floats only;
-    /// - `isnan`, `isinf`: every dtype (always `false` on integers and `bool`).
+    /// - `isnan`, `isinf`: every dtype (always `false` on integers and `bool`);
+    /// - nothing on the float8 storage dtypes (cast them first).
     pub const fn supports(self, dtype: DType) -> bool {
+        if dtype.is_float8() {
+            return false;
+        }
         match self {
             Self::Neg
             | Self::Abs
@@ -72,8 +76,12 @@ impl BinaryOp {
     /// - `sub`, `div`, `rem`, `pow`: every dtype but `bool`;
     /// - `and`, `or`, `xor`: integers and `bool`;
     /// - `shl`, `shr`: integers;
-    /// - comparisons: every dtype (`false < true`).
+    /// - comparisons: every dtype (`false < true`);
+    /// - nothing on the float8 storage dtypes (cast them first).
     pub const fn supports(self, dtype: DType) -> bool {
+        if dtype.is_float8() {
+            return false;
+        }
         match self {
             Self::Add | Self::Mul | Self::Max | Self::Min => true,
             Self::Sub | Self::Div | Self::Rem | Self::Pow => !dtype.is_bool(),
@@ -100,16 +108,14 @@ impl TernaryOp {
     /// Whether the op is defined when its value operands have `dtype` (`b` and `c` for
     /// `where`, whose condition is always `bool`; all three for `mad`).
     ///
-    /// Both ops support every dtype. `mad` on `bool` is `(a and b) or c`, following
+    /// `where` supports every dtype, and `mad` every dtype but the float8 storage dtypes
+    /// (which have no arithmetic). `mad` on `bool` is `(a and b) or c`, following
     /// [`BinaryOp::Mul`] and [`BinaryOp::Add`] on `bool`, so fusing a `mul` and an `add`
     /// into a `mad` is valid for every dtype they support.
     pub const fn supports(self, dtype: DType) -> bool {
         match self {
-            Self::Where | Self::MulAdd => {
-                // Every dtype; `dtype` is named so the signature matches the other ops'.
-                let _ = dtype;
-                true
-            }
+            Self::Where => true,
+            Self::MulAdd => !dtype.is_float8(),
         }
     }
 
@@ -124,9 +130,13 @@ impl TernaryOp {
     }
 }
 
-/// The fix [`ScalarError::Unsupported`] suggests for the op named `op`: a cast to a dtype
-/// category the op supports.
-pub(super) fn unsupported_hint(op: &str) -> &'static str {
+/// The fix [`ScalarError::Unsupported`] suggests for the op named `op` on `dtype`: a cast
+/// to a dtype category the op supports.
+pub(super) fn unsupported_hint(op: &str, dtype: DType) -> &'static str {
+    if dtype.is_float8() {
+        return "float8 dtypes are for storage and casts only (like PyTorch's): cast to f16, \
+                bf16 or f32 first";
+    }
     let supports = |dtype: DType| {
         if let Some(unary) = UnaryOp::ALL.into_iter().find(|u| u.name() == op) {
             unary.supports(dtype)
@@ -449,7 +459,8 @@ impl Scalar {
             (UnaryOp::IsNan, _) => Some(Self::Bool(self.is_nan())),
             (UnaryOp::IsInf, _) => Some(Self::Bool(self.is_infinite())),
             (UnaryOp::Not, Self::Bool(x)) => Some(Self::Bool(!x)),
-            (_, Self::Bool(_)) => None,
+            // No arithmetic on these (`supports` is false, so this is not reached).
+            (_, Self::Bool(_) | Self::F8E4M3(_) | Self::F8E5M2(_)) => None,
             (_, Self::U8(x)) => x.eval_unary(op).map(Self::U8),
             (_, Self::U16(x)) => x.eval_unary(op).map(Self::U16),
             (_, Self::U32(x)) => x.eval_unary(op).map(Self::U32),

@@ -16,7 +16,7 @@ use std::hash::{Hash, Hasher};
 
 use half::{bf16, f16};
 
-use crate::DType;
+use crate::{DType, F8E4M3, F8E5M2};
 
 /// One value of one [`DType`].
 ///
@@ -46,6 +46,10 @@ pub enum Scalar {
     I32(i32),
     /// An `i64`.
     I64(i64),
+    /// A float8 e4m3fn (storage only: casts, `where`, no arithmetic).
+    F8E4M3(F8E4M3),
+    /// A float8 e5m2 (storage only: casts, `where`, no arithmetic).
+    F8E5M2(F8E5M2),
     /// An IEEE binary16.
     F16(f16),
     /// A bfloat16.
@@ -60,7 +64,7 @@ pub enum Scalar {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScalarError {
     /// The op is not defined for the dtype (`sqrt` on `i32`, `shl` on `f32`).
-    #[error("{op} is not defined for {dtype}; {}", eval::unsupported_hint(.op))]
+    #[error("{op} is not defined for {dtype}; {}", eval::unsupported_hint(.op, *.dtype))]
     Unsupported {
         /// The op's name, as [`UnaryOp::name`](crate::UnaryOp::name) and friends give it.
         op: String,
@@ -127,6 +131,8 @@ impl Scalar {
             Self::I16(_) => DType::I16,
             Self::I32(_) => DType::I32,
             Self::I64(_) => DType::I64,
+            Self::F8E4M3(_) => DType::F8E4M3,
+            Self::F8E5M2(_) => DType::F8E5M2,
             Self::F16(_) => DType::F16,
             Self::BF16(_) => DType::BF16,
             Self::F32(_) => DType::F32,
@@ -166,6 +172,8 @@ impl Scalar {
     /// Whether the value is a float NaN (never true for integers and `bool`).
     pub fn is_nan(self) -> bool {
         match self {
+            Self::F8E4M3(x) => x.is_nan(),
+            Self::F8E5M2(x) => x.is_nan(),
             Self::F16(x) => x.is_nan(),
             Self::BF16(x) => x.is_nan(),
             Self::F32(x) => x.is_nan(),
@@ -177,6 +185,7 @@ impl Scalar {
     /// Whether the value is a float infinity of either sign.
     fn is_infinite(self) -> bool {
         match self {
+            Self::F8E5M2(x) => x.is_infinite(),
             Self::F16(x) => x.is_infinite(),
             Self::BF16(x) => x.is_infinite(),
             Self::F32(x) => x.is_infinite(),
@@ -200,6 +209,8 @@ impl Scalar {
             Self::I16(x) => u64::from(x as u16),
             Self::I32(x) => u64::from(x as u32),
             Self::I64(x) => x as u64,
+            Self::F8E4M3(x) => u64::from(x.to_bits()),
+            Self::F8E5M2(x) => u64::from(x.to_bits()),
             Self::F16(x) => u64::from(x.to_bits()),
             Self::BF16(x) => u64::from(x.to_bits()),
             Self::F32(x) => u64::from(x.to_bits()),
@@ -219,7 +230,12 @@ impl Scalar {
     /// - an integer to `f16`/`bf16` goes through `f32` (`x as f32`, then round), which may
     ///   round twice for wide integers: this is what generated C and CUDA code does, since
     ///   neither has a direct integer-to-half conversion for every width;
-    /// - `f16`/`bf16` to anything goes through `f32` (exact), then as above.
+    /// - `f16`/`bf16` to anything goes through `f32` (exact), then as above;
+    /// - the float8 dtypes convert like the half types: from `f32` with one rounding to
+    ///   nearest even (out of range: NaN for `f8e4m3`, which has no infinity, and infinity
+    ///   for `f8e5m2`, both as PyTorch does), from `f64` rounded once through `f32` to odd,
+    ///   from integers through `f32`, and to anything through `f32` (exact). See
+    ///   [`F8E4M3`] and [`F8E5M2`].
     ///
     /// `half`'s `from_f64` is not correctly rounded (it drops the low 32 bits of the
     /// significand before rounding, and on x86 with F16C it rounds through `f32`, so its
@@ -245,7 +261,8 @@ impl Scalar {
         // Converts the primitive `$v` with `as`; `$nonzero`, `$f16` and `$bf16` give the
         // conversions `as` has no spelling for.
         macro_rules! cast_primitive {
-            ($v:expr, nonzero: $nonzero:expr, f16: $f16:expr, bf16: $bf16:expr) => {
+            ($v:expr, nonzero: $nonzero:expr, f16: $f16:expr, bf16: $bf16:expr,
+             f8: $f8:expr) => {
                 match to {
                     DType::Bool => Self::Bool($nonzero),
                     DType::U8 => Self::U8($v as u8),
@@ -256,6 +273,8 @@ impl Scalar {
                     DType::I16 => Self::I16($v as i16),
                     DType::I32 => Self::I32($v as i32),
                     DType::I64 => Self::I64($v as i64),
+                    DType::F8E4M3 => Self::F8E4M3(F8E4M3::from_f32($f8)),
+                    DType::F8E5M2 => Self::F8E5M2(F8E5M2::from_f32($f8)),
                     DType::F16 => Self::F16($f16),
                     DType::BF16 => Self::BF16($bf16),
                     DType::F32 => Self::F32($v as f32),
@@ -266,7 +285,8 @@ impl Scalar {
         macro_rules! cast_int {
             ($v:expr) => {
                 cast_primitive!($v, nonzero: $v != 0,
-                    f16: f16::from_f32($v as f32), bf16: bf16::from_f32($v as f32))
+                    f16: f16::from_f32($v as f32), bf16: bf16::from_f32($v as f32),
+                    f8: $v as f32)
             };
         }
         match self {
@@ -280,13 +300,16 @@ impl Scalar {
             Self::I16(v) => cast_int!(v),
             Self::I32(v) => cast_int!(v),
             Self::I64(v) => cast_int!(v),
+            Self::F8E4M3(v) => Self::F32(v.to_f32()).cast(to),
+            Self::F8E5M2(v) => Self::F32(v.to_f32()).cast(to),
             Self::F16(v) => Self::F32(v.to_f32()).cast(to),
             Self::BF16(v) => Self::F32(v.to_f32()).cast(to),
             Self::F32(v) => cast_primitive!(v, nonzero: v != 0.0,
-                f16: f16::from_f32(v), bf16: bf16::from_f32(v)),
+                f16: f16::from_f32(v), bf16: bf16::from_f32(v), f8: v),
             Self::F64(v) => cast_primitive!(v, nonzero: v != 0.0,
                 f16: f16::from_f32(f64_to_f32_round_to_odd(v)),
-                bf16: bf16::from_f32(f64_to_f32_round_to_odd(v))),
+                bf16: bf16::from_f32(f64_to_f32_round_to_odd(v)),
+                f8: f64_to_f32_round_to_odd(v)),
         }
     }
 
@@ -329,6 +352,8 @@ impl Scalar {
             DType::I16 => Self::I16(bits as i16),
             DType::I32 => Self::I32(bits as i32),
             DType::I64 => Self::I64(bits as i64),
+            DType::F8E4M3 => Self::F8E4M3(F8E4M3::from_bits(bits as u8)),
+            DType::F8E5M2 => Self::F8E5M2(F8E5M2::from_bits(bits as u8)),
             DType::F16 => Self::F16(f16::from_bits(bits as u16)),
             DType::BF16 => Self::BF16(bf16::from_bits(bits as u16)),
             DType::F32 => Self::F32(f32::from_bits(bits as u32)),
@@ -342,7 +367,7 @@ impl Scalar {
 /// the range). Rounding the result to nearest in a format at least two bits narrower (`f16`
 /// has 11 bits, `bf16` 8, `f32` 24) then equals rounding `x` directly (Boldo and Melquiond,
 /// "When double rounding is odd", 2005).
-fn f64_to_f32_round_to_odd(x: f64) -> f32 {
+pub(crate) fn f64_to_f32_round_to_odd(x: f64) -> f32 {
     let nearest = x as f32;
     if nearest.is_nan() || f64::from(nearest) == x {
         return nearest;
@@ -399,6 +424,8 @@ impl fmt::Display for Scalar {
             Self::I16(x) => fmt::Display::fmt(&x, f),
             Self::I32(x) => fmt::Display::fmt(&x, f),
             Self::I64(x) => fmt::Display::fmt(&x, f),
+            Self::F8E4M3(x) => fmt::Debug::fmt(&x.to_f32(), f),
+            Self::F8E5M2(x) => fmt::Debug::fmt(&x.to_f32(), f),
             Self::F16(x) => fmt::Debug::fmt(&x.to_f32(), f),
             Self::BF16(x) => fmt::Debug::fmt(&x.to_f32(), f),
             Self::F32(x) => fmt::Debug::fmt(&x, f),
@@ -427,6 +454,8 @@ impl_from! {
     i16 => I16,
     i32 => I32,
     i64 => I64,
+    F8E4M3 => F8E4M3,
+    F8E5M2 => F8E5M2,
     f16 => F16,
     bf16 => BF16,
     f32 => F32,

@@ -696,6 +696,10 @@ impl Tensor {
         if self.dtype() == DType::Bool {
             return self.clone();
         }
+        if self.dtype().is_float8() {
+            // Exact through f32 (float8 has no arithmetic of its own), and back.
+            return self.cast_to(DType::F32).sign().cast_to(self.dtype());
+        }
         self.raw_unary(UnaryOp::Sign)
     }
 
@@ -749,12 +753,22 @@ impl Tensor {
     /// # }
     /// ```
     pub fn isnan(&self) -> Tensor {
-        self.raw_unary(UnaryOp::IsNan)
+        self.widen_float8().raw_unary(UnaryOp::IsNan)
     }
 
     /// Whether each value is an infinity of either sign (`torch.isinf`), as `bool`.
     pub fn isinf(&self) -> Tensor {
-        self.raw_unary(UnaryOp::IsInf)
+        self.widen_float8().raw_unary(UnaryOp::IsInf)
+    }
+
+    /// Float8 (which has no ops of its own) widened to f32, exactly, NaNs and infinities
+    /// included; other dtypes as they are.
+    fn widen_float8(&self) -> Tensor {
+        if self.dtype().is_float8() {
+            self.cast_to(DType::F32)
+        } else {
+            self.clone()
+        }
     }
 
     /// `max(self, 0)` (`torch.relu`); NaN stays NaN; the identity on `bool` and unsigned
@@ -771,6 +785,10 @@ impl Tensor {
     pub fn relu(&self) -> Tensor {
         if !self.dtype().is_signed() {
             return self.clone();
+        }
+        if self.dtype().is_float8() {
+            // Exact through f32 (float8 has no arithmetic of its own), and back.
+            return self.cast_to(DType::F32).relu().cast_to(self.dtype());
         }
         self.raw_binary(BinaryOp::Max, &self.constant(0.0))
     }

@@ -761,6 +761,19 @@ impl Tensor {
     /// ```
     pub fn nan_to_num(&self, nan: f64, posinf: Option<f64>, neginf: Option<f64>) -> Tensor {
         let max = match self.dtype() {
+            // Computed in f32 with float8's own largest values, then rounded back (exact
+            // unless `nan` itself is not a float8 value).
+            d @ (DType::F8E4M3 | DType::F8E5M2) => {
+                let max = d.max_value().to_f64();
+                return self
+                    .cast_to(DType::F32)
+                    .nan_to_num(
+                        nan,
+                        Some(posinf.unwrap_or(max)),
+                        Some(neginf.unwrap_or(-max)),
+                    )
+                    .cast_to(d);
+            }
             DType::F16 => 65504.0,
             DType::BF16 => 3.389_531_389_251_535_5e38,
             DType::F32 => f64::from(f32::MAX),
@@ -802,8 +815,9 @@ impl Tensor {
             });
         }
         let (a, b) = self.align(other, OP)?;
-        // Integers compare their difference in f64 (exact for |values| < 2^53).
-        let (a, b) = if a.dtype().is_float() {
+        // Integers compare their difference in f64 (exact for |values| < 2^53), and so
+        // does float8 (exact, and it has no arithmetic of its own).
+        let (a, b) = if a.dtype().is_float() && !a.dtype().is_float8() {
             (a, b)
         } else {
             (a.cast_to(DType::F64), b.cast_to(DType::F64))

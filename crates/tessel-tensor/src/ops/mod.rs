@@ -103,14 +103,15 @@ impl Tensor {
             .ok_or(Error::UnsupportedDType {
                 op: name,
                 dtype: self.dtype(),
-                hint,
+                hint: float8_hint(self.dtype(), hint),
             })?;
         Ok(self.record(Op::Unary(op, self.node()), dtype, self.shape().clone()))
     }
 
-    /// `self` if it is a float tensor, else cast to f32.
+    /// `self` if it is a float tensor, else cast to f32. The float8 storage dtypes have no
+    /// arithmetic, so float functions compute them in f32 too (and return f32).
     pub(crate) fn to_float(&self) -> Tensor {
-        if self.dtype().is_float() {
+        if self.dtype().is_float() && !self.dtype().is_float8() {
             self.clone()
         } else {
             self.cast_to(DType::F32)
@@ -145,7 +146,7 @@ impl Tensor {
             .ok_or(Error::UnsupportedDType {
                 op: name,
                 dtype: self.dtype(),
-                hint,
+                hint: float8_hint(self.dtype(), hint),
             })?;
         Ok(self.record(
             Op::Binary(op, self.node(), rhs.node()),
@@ -169,5 +170,15 @@ impl Tensor {
             return self.clone();
         }
         self.record(Op::Reshape(self.node()), self.dtype(), shape)
+    }
+}
+
+/// What to do about an op on a float8 tensor, which has no arithmetic; `hint` otherwise.
+pub(crate) fn float8_hint(dtype: DType, hint: &'static str) -> &'static str {
+    if dtype.is_float8() {
+        "float8 tensors are for storage and casts only, like PyTorch's; cast to f16, bf16 or \
+         f32 first with .cast(DType::F32)"
+    } else {
+        hint
     }
 }

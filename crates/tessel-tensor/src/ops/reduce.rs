@@ -314,6 +314,14 @@ impl Tensor {
 
 /// Checks a reduction of `x` over `axes` (every axis for `None`).
 fn plan(x: &Tensor, name: &'static str, axes: Option<&[i64]>, keepdim: bool) -> Result<Plan> {
+    if x.dtype().is_float8() {
+        // Storage only, as in PyTorch: no reduction computes on float8.
+        return Err(Error::UnsupportedDType {
+            op: name,
+            dtype: x.dtype(),
+            hint: super::float8_hint(x.dtype(), ""),
+        });
+    }
     let out = rules::reduce(name, x.shape(), axes, keepdim)?;
     let kept = rules::reduce(name, x.shape(), axes, true)?;
     let mut axes = match axes {

@@ -127,6 +127,8 @@ pub(crate) fn round_to(dtype: DType, x: f64) -> f64 {
         DType::I16 => f64::from(wrap(x) as i16),
         DType::I32 => f64::from(wrap(x) as i32),
         DType::I64 => wrap(x) as i64 as f64,
+        DType::F8E4M3 => tessel_tensor::F8E4M3::from_f64(x).to_f64(),
+        DType::F8E5M2 => tessel_tensor::F8E5M2::from_f64(x).to_f64(),
     }
 }
 
@@ -171,6 +173,8 @@ pub(crate) fn tensor(dtype: DType, values: &[f64], dims: &[usize]) -> Tensor {
         DType::BF16 => build(values, dims, bf16::from_f64),
         DType::F32 => build(values, dims, |v| v as f32),
         DType::F64 => build(values, dims, |v| v),
+        DType::F8E4M3 => build(values, dims, tessel_tensor::F8E4M3::from_f64),
+        DType::F8E5M2 => build(values, dims, tessel_tensor::F8E5M2::from_f64),
     }
 }
 

@@ -16,6 +16,7 @@ mod creation;
 mod devices;
 mod einsum;
 mod elementwise;
+mod float8;
 mod fusion;
 mod fusion_elementwise;
 mod indexing;

@@ -33,6 +33,12 @@ pub(super) enum Helper {
     Bf16ToF32,
     /// `f32` to `bf16` bits, rounding to nearest even.
     F32ToBf16,
+    /// A float8 dtype's bits (`F8E4M3` or `F8E5M2`) to `f32`, exactly (NaN as a quiet NaN of
+    /// the same sign), on the bits.
+    F8ToF32(DType),
+    /// `f32` to a float8 dtype's bits, rounding to nearest even, out of range to NaN
+    /// (`F8E4M3`) or infinity (`F8E5M2`), as PyTorch does; on the bits.
+    F32ToF8(DType),
     /// `f32` to `f64` on the bits: exact for subnormals too, which devices may flush in a
     /// float conversion.
     F32ToF64,
@@ -125,6 +131,8 @@ impl Helper {
             Helper::F32ToF16 => "tsl_f32_to_f16".into(),
             Helper::Bf16ToF32 => "tsl_bf16_to_f32".into(),
             Helper::F32ToBf16 => "tsl_f32_to_bf16".into(),
+            Helper::F8ToF32(d) => format!("tsl_{d}_to_f32"),
+            Helper::F32ToF8(d) => format!("tsl_f32_to_{d}"),
             Helper::F32ToF64 => "tsl_f32_to_f64".into(),
             Helper::F64ToF32 => "tsl_f64_to_f32".into(),
             Helper::F64ToF32Odd => "tsl_f64_to_f32_odd".into(),
@@ -224,6 +232,102 @@ pub(super) fn int_lit(dtype: DType, value: i128) -> String {
     }
 }
 
+/// `fn tsl_<f8>_to_f32(h: u32) -> f32`: exact, on the bits (a subnormal's leading 1 is
+/// shifted into the implicit bit), like the C dialects' helper.
+fn f8_to_f32_definition(name: &str, dtype: DType) -> String {
+    // Significand bits, the exponent field's mask, the rebias, and the special patterns.
+    let (m, exp_mask, rebias, special) = if dtype == DType::F8E4M3 {
+        (
+            3u32,
+            "0xfu",
+            120u32,
+            // e4m3fn: no infinities; S.1111.111 is the only NaN.
+            "if (h & 0x7fu) == 0x7fu {\n        return bitcast<f32>(sign | 0x7fc00000u);\n    }",
+        )
+    } else {
+        (
+            2,
+            "0x1fu",
+            112,
+            "if e == 0x1fu {\n        return bitcast<f32>(sign | select(0x7fc00000u, 0x7f800000u, man == 0u));\n    }",
+        )
+    };
+    format!(
+        "fn {name}(h: u32) -> f32 {{
+    let sign = (h & 0x80u) << 24u;
+    let e = (h >> {m}u) & {exp_mask};
+    let man = h & {man_mask}u;
+    {special}
+    if e == 0u {{
+        if man == 0u {{
+            return bitcast<f32>(sign);
+        }}
+        // A subnormal: shift its leading 1 into the implicit bit.
+        let s = countLeadingZeros(man) - {clz}u;
+        return bitcast<f32>(sign | (({sub_bias}u - s) << 23u) | (((man << s) & {man_mask}u) << {shift}u));
+    }}
+    return bitcast<f32>(sign | ((e + {rebias}u) << 23u) | (man << {shift}u));
+}}
+",
+        man_mask = (1u32 << m) - 1,
+        clz = 32 - 1 - m,
+        sub_bias = rebias + 1,
+        shift = 23 - m,
+    )
+}
+
+/// `fn tsl_f32_to_<f8>(value: f32) -> u32`: rounds to nearest even with integer operations
+/// only, the algorithm of `tessel_shape`'s `F8E4M3::from_f32` and `F8E5M2::from_f32`.
+fn f32_to_f8_definition(name: &str, dtype: DType) -> String {
+    // Significand bits, exponent bias, the first magnitude past the grid and its result.
+    let (m, bias, over, over_value) = if dtype == DType::F8E4M3 {
+        (3u32, 7u32, "0x43f00000u", "0x7fu")
+    } else {
+        (2, 15, "0x47800000u", "0x7cu")
+    };
+    format!(
+        "fn {name}(value: f32) -> u32 {{
+    let x = bitcast<u32>(value);
+    let sign = (x >> 24u) & 0x80u;
+    let a = x & 0x7fffffffu;
+    if a > 0x7f800000u {{
+        return sign | 0x7fu;
+    }}
+    if a >= {over} {{
+        // Past the top of the grid (infinity included).
+        return sign | {over_value};
+    }}
+    let e = a >> 23u;
+    if e < {min_normal}u {{
+        // Subnormal or zero: the magnitude in units of the smallest subnormal, rounded to
+        // nearest even.
+        let shift = {k}u - e;
+        if e == 0u || shift > 25u {{
+            return sign;
+        }}
+        let sig = (a & 0x7fffffu) | 0x800000u;
+        let halfway = 1u << (shift - 1u);
+        let rest = sig & ((halfway << 1u) - 1u);
+        var r = sig >> shift;
+        if rest > halfway || (rest == halfway && (r & 1u) != 0u) {{
+            r += 1u;
+        }}
+        return sign | r;
+    }}
+    // Normal: rebias, then round the significand to nearest even (a carry bumps the
+    // exponent, up to the NaN or infinity pattern).
+    let t = a - ({rebias}u << 23u);
+    return sign | ((t + {half_m1}u + ((t >> {drop}u) & 1u)) >> {drop}u);
+}}
+",
+        min_normal = 128 - bias,
+        k = 151 - bias - m,
+        rebias = 127 - bias,
+        half_m1 = (1u32 << (22 - m)) - 1,
+        drop = 23 - m,
+    )
+}
+
 /// The text of one helper.
 fn definition(helper: Helper) -> String {
     let name = helper.name();
@@ -310,6 +414,8 @@ fn definition(helper: Helper) -> String {
 }}
 "
         ),
+        Helper::F8ToF32(d) => f8_to_f32_definition(&name, d),
+        Helper::F32ToF8(d) => f32_to_f8_definition(&name, d),
         Helper::Bf16ToF32 => format!(
             "fn {name}(h: u32) -> f32 {{
     // NaNs are made quiet, as `half` does.

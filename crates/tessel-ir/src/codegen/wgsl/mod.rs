@@ -41,6 +41,8 @@
 //!   exact integer code, computes there and rounds back to nearest even with integer code,
 //!   as [`Scalar`](tessel_shape::Scalar) does. WGSL's `f16` type and `pack2x16float` are
 //!   not used: the first needs a device feature, the second's rounding is unspecified.
+//!   The float8 dtypes are their bits in a `u32` too (packed four to a word in buffers,
+//!   like `u8`); they only cast, through `f32` with integer code, move and select.
 //! - `i64`/`u64` need [`WgslTarget::int64`] (naga's `i64`/`u64`,
 //!   `Capabilities::SHADER_INT64`); `f64` needs both [`WgslTarget::f64`] and
 //!   [`WgslTarget::int64`] (naga's `f64`, `Capabilities::FLOAT64`), since NaN tests,

@@ -21,8 +21,12 @@ pub(super) fn repr_dtype(dtype: DType) -> DType {
     }
 }
 
+/// Whether `dtype` is held as bits and converted through `f32` (the half and float8 types).
 fn is_half(dtype: DType) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16)
+    matches!(
+        dtype,
+        DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2
+    )
 }
 
 /// `e` (of `dtype`'s WGSL type) brought back into `dtype`'s range, as wrapping arithmetic
@@ -66,7 +70,13 @@ impl<'k> Ops<'k> {
     pub(super) fn ty(&self, op: &str, dtype: DType) -> Result<&'static str, CodegenError> {
         Ok(match dtype {
             DType::Bool => "bool",
-            DType::U8 | DType::U16 | DType::U32 | DType::F16 | DType::BF16 => "u32",
+            DType::U8
+            | DType::U16
+            | DType::U32
+            | DType::F8E4M3
+            | DType::F8E5M2
+            | DType::F16
+            | DType::BF16 => "u32",
             DType::I8 | DType::I16 | DType::I32 => "i32",
             DType::F32 => "f32",
             DType::I64 | DType::U64 if !self.target.int64 => {
@@ -102,6 +112,7 @@ impl<'k> Ops<'k> {
         Ok(match value {
             Scalar::Bool(b) => b.to_string(),
             Scalar::F16(_) | Scalar::BF16(_) => format!("0x{:04x}u", value.to_bits()),
+            Scalar::F8E4M3(_) | Scalar::F8E5M2(_) => format!("0x{:02x}u", value.to_bits()),
             Scalar::F32(x) => {
                 // The shortest decimal that reads back as `x`, when it reads back as `x`
                 // through f64 as well (so however naga parses it); else the exact bits.
@@ -129,19 +140,19 @@ impl<'k> Ops<'k> {
     }
 
     fn half_to_f32(&mut self, dtype: DType, a: &str) -> String {
-        let helper = if dtype == DType::F16 {
-            Helper::F16ToF32
-        } else {
-            Helper::Bf16ToF32
+        let helper = match dtype {
+            DType::F16 => Helper::F16ToF32,
+            DType::F8E4M3 | DType::F8E5M2 => Helper::F8ToF32(dtype),
+            _ => Helper::Bf16ToF32,
         };
         self.call(helper, &[a])
     }
 
     fn f32_to_half(&mut self, dtype: DType, a: &str) -> String {
-        let helper = if dtype == DType::F16 {
-            Helper::F32ToF16
-        } else {
-            Helper::F32ToBf16
+        let helper = match dtype {
+            DType::F16 => Helper::F32ToF16,
+            DType::F8E4M3 | DType::F8E5M2 => Helper::F32ToF8(dtype),
+            _ => Helper::F32ToBf16,
         };
         self.call(helper, &[a])
     }
@@ -413,6 +424,9 @@ impl<'k> Ops<'k> {
         c: &str,
     ) -> Result<String, CodegenError> {
         let name = op.name();
+        if !op.supports(dtype) {
+            return Err(self.unsupported(name, dtype));
+        }
         self.ty(name, dtype)?;
         Ok(match op {
             TernaryOp::Where => format!("select({c}, {b}, {a})"),
@@ -453,6 +467,7 @@ impl<'k> Ops<'k> {
             // On the bits: NaN is nonzero, -0 is zero, and a flushed subnormal stays nonzero.
             return Ok(match from {
                 DType::F16 | DType::BF16 => format!("(({a} & 0x7fffu) != 0u)"),
+                DType::F8E4M3 | DType::F8E5M2 => format!("(({a} & 0x7fu) != 0u)"),
                 DType::F32 => format!("((bitcast<u32>({a}) & 0x7fffffffu) != 0u)"),
                 DType::F64 => format!("((bitcast<u64>({a}) & 0x7ffffffffffffffflu) != 0lu)"),
                 _ => format!("({a} != {})", int_lit(repr_dtype(from), 0)),
@@ -462,6 +477,8 @@ impl<'k> Ops<'k> {
             let (zero, one) = match to {
                 DType::F16 => ("0u".to_owned(), "0x3c00u".to_owned()),
                 DType::BF16 => ("0u".to_owned(), "0x3f80u".to_owned()),
+                DType::F8E4M3 => ("0u".to_owned(), "0x38u".to_owned()),
+                DType::F8E5M2 => ("0u".to_owned(), "0x3cu".to_owned()),
                 DType::F32 => ("0.0f".to_owned(), "1.0f".to_owned()),
                 DType::F64 => ("0.0lf".to_owned(), "1.0lf".to_owned()),
                 _ => (int_lit(repr_dtype(to), 0), int_lit(repr_dtype(to), 1)),
