@@ -327,7 +327,7 @@ impl Tensor {
     /// `scatter_add` and `scatter_reduce` check their indices with
     /// [`Tensor::check_index_range`] before recording anything, which realizes the index
     /// tensor and synchronizes with its device; an out-of-range index is then an `Err`
-    /// instead of the documented unchecked behaviour (see the [module docs](self)).
+    /// instead of the unchecked behaviour each op documents.
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
