@@ -101,7 +101,7 @@ pub(crate) fn main(root: &Path, args: &[String]) -> Result<(), String> {
         &binaries,
         options.backends.as_deref(),
         options.jobs,
-        &root.join("target/test-gpu"),
+        &target_dir(root).join("test-gpu"),
     )
 }
 
@@ -217,6 +217,11 @@ fn test_artifact(line: &str) -> Option<Binary> {
     })
 }
 
+/// Cargo's target directory: `$CARGO_TARGET_DIR`, else `target/` under the workspace.
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
+}
+
 /// Copies the binaries, a release xtask and the `run` script into `dir`.
 fn bundle(root: &Path, dir: &Path, binaries: &[Binary]) -> Result<(), String> {
     let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
@@ -240,7 +245,7 @@ fn bundle(root: &Path, dir: &Path, binaries: &[Binary]) -> Result<(), String> {
     if !status.success() {
         return Err(format!("building xtask failed ({status})"));
     }
-    fs::copy(root.join("target/release/xtask"), dir.join("xtask"))
+    fs::copy(target_dir(root).join("release/xtask"), dir.join("xtask"))
         .map_err(|e| io("copying xtask", e))?;
     let script = dir.join("run");
     fs::write(&script, RUN_SCRIPT).map_err(|e| io("writing run", e))?;

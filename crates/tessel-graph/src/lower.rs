@@ -613,6 +613,37 @@ impl Lowerer<'_> {
         l: i64,
         lane: Value,
     ) -> Value {
+        // Lanes store to neighbouring slots at once, so the slots are 32-bit words at
+        // least: WGSL packs narrower types into shared words. Widening is exact (wrapping
+        // sums and products agree modulo the narrow width, order is kept); `bool`'s
+        // or/and become max/min of 0/1.
+        let (wide, op) = match dtype {
+            DType::Bool => (
+                DType::U32,
+                match op {
+                    ReduceOp::Sum | ReduceOp::Max => ReduceOp::Max,
+                    ReduceOp::Prod | ReduceOp::Min => ReduceOp::Min,
+                },
+            ),
+            DType::U8 | DType::U16 => (DType::U32, op),
+            DType::I8 | DType::I16 => (DType::I32, op),
+            _ => (dtype, op),
+        };
+        let partial = if wide == dtype {
+            partial
+        } else {
+            self.kb.cast(partial, wide)
+        };
+        let total = self.tree(op, wide, partial, l, lane);
+        if wide == dtype {
+            total
+        } else {
+            self.kb.cast(total, dtype)
+        }
+    }
+
+    /// [`Lowerer::combine_lanes`] in `dtype`.
+    fn tree(&mut self, op: ReduceOp, dtype: DType, partial: Value, l: i64, lane: Value) -> Value {
         let shared = self.kb.local(dtype, l as usize);
         self.kb.store(shared, lane, partial);
         self.kb.barrier();

@@ -47,7 +47,9 @@ fn gradcheck(name: &str, dims: &[&[usize]], (lo, hi): (f64, f64), f: &Case) {
     };
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let grads = grad(&loss_of(&inputs), &refs).unwrap_or_else(|e| panic!("{name}: {e}"));
-    if grads.iter().any(|g| skipped(g, name)) {
+    // The forward pass alone, as a fresh graph (realizing this one would make it a
+    // constant): some devices cannot compute every op in f64.
+    if grads.iter().any(|g| skipped(g, name)) || skipped(&loss_of(&inputs), name) {
         return;
     }
     for (i, g) in grads.iter().enumerate() {
