@@ -9,7 +9,10 @@ use tessel_nn::{
     MultiheadAttention, ParamKind, ParamOptions, RMSNorm, ReLU, Sequential, SiLU, Sigmoid, Tanh,
     scaled_dot_product_attention,
 };
-use tessel_tensor::{ConvOptions, DType, Error, Padding, PoolOptions, Result, Tensor};
+use tessel_tensor::{ConvOptions, DType, Padding, PoolOptions, Tensor};
+
+mod common;
+use common::{Rng, assert_close, assert_invalid, read, t64};
 
 // =====================================================================================
 // Helpers
@@ -25,60 +28,6 @@ fn seeded(seed: u64) -> MutexGuard<'static, ()> {
     guard
 }
 
-/// `SplitMix64` for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        lo + (hi - lo) * u
-    }
-
-    fn vec(&mut self, n: usize) -> Vec<f64> {
-        (0..n).map(|_| self.uniform(-2.0, 2.0)).collect()
-    }
-}
-
-fn f64_tensor(data: &[f64], shape: &[usize]) -> Tensor {
-    Tensor::from_slice(data, shape).unwrap()
-}
-
-fn read(t: &Tensor) -> Vec<f64> {
-    t.cast(DType::F64).to_vec::<f64>().unwrap()
-}
-
-/// Every element within `tol * (1 + |want|)`.
-fn assert_close(got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "element {i}: got {g}, want {w} (tol {tol})"
-        );
-    }
-}
-
-/// Asserts an `InvalidArgument` error whose message names `op` and contains `text`.
-fn assert_invalid<T>(r: Result<T>, op: &str, text: &str) {
-    match r {
-        Err(e @ Error::InvalidArgument { .. }) => {
-            let msg = e.to_string();
-            assert!(msg.starts_with(op), "error `{msg}` does not name {op}");
-            assert!(msg.contains(text), "error `{msg}` lacks `{text}`");
-        }
-        Err(e) => panic!("expected InvalidArgument from {op}, got {e}"),
-        Ok(_) => panic!("expected an error from {op}"),
-    }
-}
-
 fn f64_params() -> ParamOptions {
     ParamOptions::dtype(DType::F64)
 }
@@ -86,8 +35,7 @@ fn f64_params() -> ParamOptions {
 /// Gives `t` fresh random values (same shape), returning them.
 fn randomize(t: &Tensor, rng: &mut Rng) -> Vec<f64> {
     let v = rng.vec(t.numel());
-    t.assign(&f64_tensor(&v, &t.dims()).cast(t.dtype()))
-        .unwrap();
+    t.assign(&t64(&v, &t.dims()).cast(t.dtype())).unwrap();
     v
 }
 
@@ -121,7 +69,7 @@ fn linear_matches_reference_in_f64_and_f32() {
     let layer = Linear::with_options(5, 3, true, &f64_params()).unwrap();
     let (w, b) = (read(layer.weight()), read(layer.bias().unwrap()));
     let x = rng.vec(2 * 4 * 5);
-    let y = layer.forward(&f64_tensor(&x, &[2, 4, 5])).unwrap();
+    let y = layer.forward(&t64(&x, &[2, 4, 5])).unwrap();
     assert_eq!(y.dims(), vec![2, 4, 3]);
     assert_close(&read(&y), &linear_ref(&x, 8, &w, Some(&b), 3), 1e-12);
 
@@ -293,7 +241,7 @@ fn conv2d_matches_reference_with_stride_padding_dilation_groups() {
         let bound = 1.0 / ((c.w[1] * c.w[2] * c.w[3]) as f64).sqrt();
         assert!(w.iter().all(|v| v.abs() <= bound));
         let x = rng.vec(c.x.iter().product());
-        let y = layer.forward(&f64_tensor(&x, &c.x)).unwrap();
+        let y = layer.forward(&t64(&x, &c.x)).unwrap();
         let (want, shape) = conv2d_ref(c, &x, &w, b.as_deref());
         assert_eq!(y.dims(), shape.to_vec(), "case {i}");
         assert_close(&read(&y), &want, 1e-12);
@@ -323,7 +271,7 @@ fn conv1d_matches_reference_and_same_padding_keeps_length() {
     let w = read(layer.weight());
     let b = read(layer.bias().unwrap());
     let x = rng.vec(2 * 4 * 11);
-    let y = layer.forward(&f64_tensor(&x, &[2, 4, 11])).unwrap();
+    let y = layer.forward(&t64(&x, &[2, 4, 11])).unwrap();
     let (want, shape) = conv2d_ref(&c, &x, &w, Some(&b));
     assert_eq!(y.dims(), vec![shape[0], shape[1], shape[3]]);
     assert_close(&read(&y), &want, 1e-12);
@@ -336,7 +284,7 @@ fn conv1d_matches_reference_and_same_padding_keeps_length() {
     let layer = Conv1d::with_options(4, 3, [3], same, false, &f64_params()).unwrap();
     let w = read(layer.weight());
     let x = rng.vec(4 * 9);
-    let y = layer.forward(&f64_tensor(&x, &[4, 9])).unwrap();
+    let y = layer.forward(&t64(&x, &[4, 9])).unwrap();
     assert_eq!(y.dims(), vec![3, 9]);
     let c = ConvCase {
         x: [1, 4, 1, 9],
@@ -389,7 +337,7 @@ fn pools_match_reference() {
     let mut rng = Rng(50);
     let (n, c, h, w) = (2, 3, 7, 6);
     let x = rng.vec(n * c * h * w);
-    let xt = f64_tensor(&x, &[n, c, h, w]);
+    let xt = t64(&x, &[n, c, h, w]);
     // Max pool: kernel 3x2, stride 2x2, padding 1x1 (padding is -inf).
     let opts = PoolOptions {
         stride: Some([2, 2]),
@@ -487,7 +435,7 @@ fn layer_norm_matches_reference() {
     let w = randomize(ln.weight().unwrap(), &mut rng);
     let b = randomize(ln.bias().unwrap(), &mut rng);
     let x = rng.vec(2 * 3 * 12);
-    let y = ln.forward(&f64_tensor(&x, &[2, 3, 3, 4])).unwrap();
+    let y = ln.forward(&t64(&x, &[2, 3, 3, 4])).unwrap();
     let mut want = Vec::new();
     for row in x.chunks(12) {
         let mean = row.iter().sum::<f64>() / 12.0;
@@ -529,7 +477,7 @@ fn rms_norm_matches_reference() {
     let norm = RMSNorm::with_options(&[5], None, true, &f64_params()).unwrap();
     let w = randomize(norm.weight().unwrap(), &mut rng);
     let x = rng.vec(4 * 5);
-    let y = norm.forward(&f64_tensor(&x, &[4, 5])).unwrap();
+    let y = norm.forward(&t64(&x, &[4, 5])).unwrap();
     let mut want = Vec::new();
     for row in x.chunks(5) {
         let ms = row.iter().map(|v| v * v).sum::<f64>() / 5.0;
@@ -543,7 +491,7 @@ fn rms_norm_matches_reference() {
     assert_eq!(names(&norm), ["weight"]);
 
     let eps = RMSNorm::with_options(&[5], Some(0.5), false, &f64_params()).unwrap();
-    let y = eps.forward(&f64_tensor(&x, &[4, 5])).unwrap();
+    let y = eps.forward(&t64(&x, &[4, 5])).unwrap();
     let mut want = Vec::new();
     for row in x.chunks(5) {
         let ms = row.iter().map(|v| v * v).sum::<f64>() / 5.0;
@@ -597,7 +545,7 @@ fn batch_norm_2d_train_updates_running_stats_and_eval_uses_them() {
     let (mut rm, mut rv) = (vec![0.0; c], vec![1.0; c]);
     for step in 0..2 {
         let x = rng.vec(n * c * s);
-        let y = bn.forward(&f64_tensor(&x, &[n, c, h, w])).unwrap();
+        let y = bn.forward(&t64(&x, &[n, c, h, w])).unwrap();
         let stats = channel_stats(&x, n, c, s);
         let mut want = vec![0.0; x.len()];
         for (i, v) in x.iter().enumerate() {
@@ -622,7 +570,7 @@ fn batch_norm_2d_train_updates_running_stats_and_eval_uses_them() {
     bn.eval();
     assert!(!bn.is_training());
     let x = rng.vec(n * c * s);
-    let y = bn.forward(&f64_tensor(&x, &[n, c, h, w])).unwrap();
+    let y = bn.forward(&t64(&x, &[n, c, h, w])).unwrap();
     let want: Vec<f64> = x
         .iter()
         .enumerate()
@@ -650,7 +598,7 @@ fn batch_norm_1d_ranks_cumulative_momentum_and_untracked() {
     let mut means = vec![0.0; 3];
     for step in 1..=3 {
         let x = rng.vec(4 * 3);
-        let y = bn.forward(&f64_tensor(&x, &[4, 3])).unwrap();
+        let y = bn.forward(&t64(&x, &[4, 3])).unwrap();
         let stats = channel_stats(&x, 4, 3, 1);
         let want: Vec<f64> = x
             .iter()
@@ -674,7 +622,7 @@ fn batch_norm_1d_ranks_cumulative_momentum_and_untracked() {
     assert!(names(&bn).is_empty());
     bn.eval();
     let x = rng.vec(3 * 2 * 5);
-    let y = bn.forward(&f64_tensor(&x, &[3, 2, 5])).unwrap();
+    let y = bn.forward(&t64(&x, &[3, 2, 5])).unwrap();
     let stats = channel_stats(&x, 3, 2, 5);
     let want: Vec<f64> = x
         .iter()
@@ -722,7 +670,7 @@ fn dropout_statistics_seeding_and_eval_identity() {
     let n = 20_000;
     let mut rng = Rng(110);
     let x = rng.vec(n);
-    let xt = f64_tensor(&x, &[100, 200]);
+    let xt = t64(&x, &[100, 200]);
     let run = |seed, p| {
         let _g = seeded(seed);
         read(&Dropout::new(p).unwrap().forward(&xt).unwrap())
@@ -762,7 +710,7 @@ type ActivationCase = (Box<dyn Forward>, Box<dyn Fn(f64) -> f64>);
 fn activation_modules_match_reference() {
     let mut rng = Rng(120);
     let x = rng.vec(64);
-    let xt = f64_tensor(&x, &[8, 8]);
+    let xt = t64(&x, &[8, 8]);
     let erf_gelu = |v: f64| {
         // erf by its Taylor series, converging fast for |v / sqrt 2| < 2.
         let z = v / std::f64::consts::SQRT_2;
@@ -846,9 +794,9 @@ fn sdpa_matches_reference_with_masks_and_causal() {
     let (b, l, s, e, ev) = (3, 4, 5, 6, 3);
     let (q, k, v) = (rng.vec(b * l * e), rng.vec(b * s * e), rng.vec(b * s * ev));
     let (qt, kt, vt) = (
-        f64_tensor(&q, &[b, l, e]),
-        f64_tensor(&k, &[b, s, e]),
-        f64_tensor(&v, &[b, s, ev]),
+        t64(&q, &[b, l, e]),
+        t64(&k, &[b, s, e]),
+        t64(&v, &[b, s, ev]),
     );
     let keep: Vec<bool> = (0..l * s).map(|i| i % 3 != 1 || i % s == 0).collect();
     let add = rng.vec(l * s);
@@ -861,7 +809,7 @@ fn sdpa_matches_reference_with_masks_and_causal() {
             false,
             Some(0.3),
         ),
-        (Some(f64_tensor(&add, &[l, s])), false, None),
+        (Some(t64(&add, &[l, s])), false, None),
     ];
     for (ci, (mask, causal, sc)) in cases.iter().enumerate() {
         let got = read(
@@ -884,8 +832,7 @@ fn sdpa_matches_reference_with_masks_and_causal() {
         }
         assert_close(&got, &want, 1e-12);
     }
-    let r =
-        scaled_dot_product_attention(&qt, &kt, &vt, Some(&f64_tensor(&add, &[l, s])), true, None);
+    let r = scaled_dot_product_attention(&qt, &kt, &vt, Some(&t64(&add, &[l, s])), true, None);
     assert_invalid(r, "scaled_dot_product_attention", "not both");
     let r = scaled_dot_product_attention(&qt, &vt, &vt, None, false, None);
     assert_invalid(r, "scaled_dot_product_attention", "disagree");
@@ -969,9 +916,9 @@ fn multihead_attention_matches_hand_written_reference() {
         (out, weights)
     };
     let (q, k, v) = (
-        f64_tensor(&xq, &[n, l, e]),
-        f64_tensor(&xk, &[n, s, e]),
-        f64_tensor(&xv, &[n, s, e]),
+        t64(&xq, &[n, l, e]),
+        t64(&xk, &[n, s, e]),
+        t64(&xv, &[n, s, e]),
     );
     let kpm = Tensor::from_slice(&padding, [n, s]).unwrap();
     for (causal, with_kpm) in [(false, false), (true, false), (true, true), (false, true)] {
@@ -1105,7 +1052,7 @@ fn sequential_names_forward_and_train_switch() {
         .map(|(_, t)| read(t))
         .collect();
     let x = rng.vec(5 * 4);
-    let y = read(&model.forward(&f64_tensor(&x, &[5, 4])).unwrap());
+    let y = read(&model.forward(&t64(&x, &[5, 4])).unwrap());
     let h1 = linear_ref(&x, 5, &state[0], Some(&state[1]), 6);
     let h2: Vec<f64> = h1
         .iter()
@@ -1114,12 +1061,12 @@ fn sequential_names_forward_and_train_switch() {
         .collect();
     let want = linear_ref(&h2, 5, &state[4], Some(&state[5]), 2);
     assert_close(&y, &want, 1e-12);
-    let y_again = read(&model.forward(&f64_tensor(&x, &[5, 4])).unwrap());
+    let y_again = read(&model.forward(&t64(&x, &[5, 4])).unwrap());
     assert_eq!(y, y_again, "evaluation is deterministic");
 
     // Back in training mode the dropout acts again (some output differs run to run).
     model.train(true);
-    let big = f64_tensor(&rng.vec(64 * 4), &[64, 4]);
+    let big = t64(&rng.vec(64 * 4), &[64, 4]);
     let a = read(&model.forward(&big).unwrap());
     let b = read(&model.forward(&big).unwrap());
     assert_ne!(a, b);
@@ -1175,11 +1122,11 @@ fn check_gradients(what: &str, module: &dyn Module, loss: &dyn Fn() -> Tensor) {
             let at = |delta: f64| {
                 let mut v = base.clone();
                 v[i] += delta;
-                p.assign(&f64_tensor(&v, &dims)).unwrap();
+                p.assign(&t64(&v, &dims)).unwrap();
                 loss().item::<f64>().unwrap()
             };
             let fd = (at(h) - at(-h)) / (2.0 * h);
-            p.assign(&f64_tensor(&base, &dims)).unwrap();
+            p.assign(&t64(&base, &dims)).unwrap();
             assert!(
                 (g[i] - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
                 "{what}: d loss / d {name}[{i}] = {} but finite differences give {fd}",
@@ -1197,13 +1144,10 @@ fn layers_are_differentiable() {
     // loss = sum(forward(x) * r) with a fixed random r.
     let weighted_sum = |y: Tensor, seed: u64| {
         let r = Rng(seed).vec(y.numel());
-        (&y * &f64_tensor(&r, &y.dims()))
-            .unwrap()
-            .sum_all()
-            .unwrap()
+        (&y * &t64(&r, &y.dims())).unwrap().sum_all().unwrap()
     };
 
-    let x = f64_tensor(&rng.vec(3 * 4), &[3, 4]);
+    let x = t64(&rng.vec(3 * 4), &[3, 4]);
     let linear = Linear::with_options(4, 2, true, &p64).unwrap();
     check_gradients("Linear", &linear, &|| {
         weighted_sum(linear.forward(&x).unwrap(), 1)
@@ -1216,14 +1160,14 @@ fn layers_are_differentiable() {
         groups: 2,
     };
     let conv = Conv2d::with_options(4, 2, [2, 2], opts, true, &p64).unwrap();
-    let x = f64_tensor(&rng.vec(2 * 4 * 5 * 5), &[2, 4, 5, 5]);
+    let x = t64(&rng.vec(2 * 4 * 5 * 5), &[2, 4, 5, 5]);
     check_gradients("Conv2d", &conv, &|| {
         weighted_sum(conv.forward(&x).unwrap(), 2)
     });
 
     let ln = LayerNorm::with_options(&[6], 1e-5, true, true, &p64).unwrap();
     randomize(ln.weight().unwrap(), &mut rng);
-    let x = f64_tensor(&rng.vec(4 * 6), &[4, 6]);
+    let x = t64(&rng.vec(4 * 6), &[4, 6]);
     check_gradients("LayerNorm", &ln, &|| {
         weighted_sum(ln.forward(&x).unwrap(), 3)
     });
@@ -1235,7 +1179,7 @@ fn layers_are_differentiable() {
 
     let bn = BatchNorm2d::with_options(3, BatchNormOptions::default(), &p64).unwrap();
     randomize(bn.weight().unwrap(), &mut rng);
-    let xb = f64_tensor(&rng.vec(2 * 3 * 2 * 2), &[2, 3, 2, 2]);
+    let xb = t64(&rng.vec(2 * 3 * 2 * 2), &[2, 3, 2, 2]);
     check_gradients("BatchNorm2d", &bn, &|| {
         weighted_sum(bn.forward(&xb).unwrap(), 5)
     });
@@ -1248,7 +1192,7 @@ fn layers_are_differentiable() {
 
     let mha = MultiheadAttention::with_options(4, 2, true, &p64).unwrap();
     randomize(mha.in_proj_bias().unwrap(), &mut rng);
-    let q = f64_tensor(&rng.vec(2 * 3 * 4), &[2, 3, 4]);
+    let q = t64(&rng.vec(2 * 3 * 4), &[2, 3, 4]);
     let masks = AttentionMasks {
         is_causal: true,
         ..AttentionMasks::default()
@@ -1267,7 +1211,7 @@ fn half_precision_layers_stay_close_to_f64() {
         let opts = ParamOptions::dtype(dtype);
         let linear = Linear::with_options(8, 3, true, &opts).unwrap();
         assert_eq!(linear.weight().dtype(), dtype);
-        let xh = f64_tensor(&x, &[4, 8]).cast(dtype);
+        let xh = t64(&x, &[4, 8]).cast(dtype);
         let xr = read(&xh);
         let y = linear.forward(&xh).unwrap();
         assert_eq!(y.dtype(), dtype);

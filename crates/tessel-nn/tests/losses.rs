@@ -5,69 +5,14 @@ use tessel_nn::loss::{
     CrossEntropyOptions, NllLossOptions, Reduction, binary_cross_entropy,
     binary_cross_entropy_with_logits, cross_entropy, l1_loss, mse_loss, nll_loss,
 };
-use tessel_tensor::{DType, Error, Result, Tensor};
+use tessel_tensor::{DType, Tensor};
+
+mod common;
+use common::{Rng, assert_close, assert_invalid, read, t64};
 
 // =====================================================================================
 // Helpers
 // =====================================================================================
-
-/// `SplitMix64` for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        lo + (hi - lo) * u
-    }
-
-    fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-
-    fn classes(&mut self, n: usize, c: usize) -> Vec<i64> {
-        (0..n)
-            .map(|_| (self.next_u64() % c as u64) as i64)
-            .collect()
-    }
-}
-
-fn t64(data: &[f64], shape: &[usize]) -> Tensor {
-    Tensor::from_slice(data, shape).unwrap()
-}
-
-fn read(t: &Tensor) -> Vec<f64> {
-    t.cast(DType::F64).to_vec::<f64>().unwrap()
-}
-
-fn assert_close(got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "element {i}: got {g}, want {w} (tol {tol})"
-        );
-    }
-}
-
-fn assert_invalid<T>(r: Result<T>, op: &str, text: &str) {
-    match r {
-        Err(e @ Error::InvalidArgument { .. }) => {
-            let msg = e.to_string();
-            assert!(msg.starts_with(op), "error `{msg}` does not name {op}");
-            assert!(msg.contains(text), "error `{msg}` lacks `{text}`");
-        }
-        Err(e) => panic!("expected InvalidArgument from {op}, got {e}"),
-        Ok(_) => panic!("expected an error from {op}"),
-    }
-}
 
 const REDUCTIONS: [Reduction; 3] = [Reduction::None, Reduction::Mean, Reduction::Sum];
 
@@ -146,7 +91,7 @@ fn index_loss_ref(logp: &[f64], target: &[i64], case: &IndexCase<'_>, r: Reducti
 #[test]
 fn mse_and_l1_all_reductions() {
     let mut rng = Rng(1);
-    let (a, b) = (rng.vec(24, -3.0, 3.0), rng.vec(24, -3.0, 3.0));
+    let (a, b) = (rng.vec_in(24, -3.0, 3.0), rng.vec_in(24, -3.0, 3.0));
     let (x, y) = (t64(&a, &[2, 3, 4]), t64(&b, &[2, 3, 4]));
     let sq: Vec<f64> = a.iter().zip(&b).map(|(p, q)| (p - q).powi(2)).collect();
     let ab: Vec<f64> = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).collect();
@@ -198,10 +143,10 @@ fn mse_and_l1_all_reductions() {
 fn cross_entropy_class_indices_weights_ignore_and_smoothing() {
     let mut rng = Rng(2);
     for (n, c, d) in [(6, 4, 1), (3, 5, 4)] {
-        let x = rng.vec(n * c * d, -4.0, 4.0);
+        let x = rng.vec_in(n * c * d, -4.0, 4.0);
         let mut target = rng.classes(n * d, c);
         target[1] = -100; // PyTorch's default ignore_index
-        let weight = rng.vec(c, 0.2, 2.0);
+        let weight = rng.vec_in(c, 0.2, 2.0);
         let logp = log_softmax_ref(&x, n, c, d);
         let input = if d == 1 {
             t64(&x, &[n, c])
@@ -239,7 +184,7 @@ fn cross_entropy_class_indices_weights_ignore_and_smoothing() {
     }
 
     // A custom ignore_index that is a real class, i32 targets, f32 logits.
-    let x = rng.vec(5 * 3, -2.0, 2.0);
+    let x = rng.vec_in(5 * 3, -2.0, 2.0);
     let target = [0i64, 2, 1, 2, 0];
     let case = IndexCase {
         n: 5,
@@ -287,8 +232,8 @@ fn cross_entropy_class_indices_weights_ignore_and_smoothing() {
 fn cross_entropy_probability_targets() {
     let mut rng = Rng(3);
     let (n, c, d) = (3, 4, 2);
-    let x = rng.vec(n * c * d, -3.0, 3.0);
-    let raw = rng.vec(n * c * d, 0.0, 1.0);
+    let x = rng.vec_in(n * c * d, -3.0, 3.0);
+    let raw = rng.vec_in(n * c * d, 0.0, 1.0);
     // Normalize each [b, :, j] column to a distribution.
     let mut p = raw.clone();
     for b in 0..n {
@@ -299,7 +244,7 @@ fn cross_entropy_probability_targets() {
             }
         }
     }
-    let weight = rng.vec(c, 0.5, 1.5);
+    let weight = rng.vec_in(c, 0.5, 1.5);
     let logp = log_softmax_ref(&x, n, c, d);
     for smoothing in [0.0, 0.3] {
         for w in [None, Some(&weight)] {
@@ -332,10 +277,10 @@ fn cross_entropy_probability_targets() {
 fn nll_loss_matches_reference() {
     let mut rng = Rng(4);
     let (n, c, d) = (4, 3, 3);
-    let logp = rng.vec(n * c * d, -5.0, 0.0); // any values: nll_loss does not normalize
+    let logp = rng.vec_in(n * c * d, -5.0, 0.0); // any values: nll_loss does not normalize
     let mut target = rng.classes(n * d, c);
     target[4] = 7; // ignore_index below
-    let weight = rng.vec(c, 0.1, 3.0);
+    let weight = rng.vec_in(c, 0.1, 3.0);
     let tt = Tensor::from_slice(&target, [n, d]).unwrap();
     for w in [None, Some(&weight[..])] {
         for r in REDUCTIONS {
@@ -442,11 +387,11 @@ fn cross_entropy_and_nll_errors() {
 #[test]
 fn binary_cross_entropy_matches_reference_and_clamps_logs() {
     let mut rng = Rng(5);
-    let mut x = rng.vec(12, 0.01, 0.99);
+    let mut x = rng.vec_in(12, 0.01, 0.99);
     x[0] = 0.0; // log(0) clamps to -100, as in PyTorch
     x[1] = 1.0;
-    let t = rng.vec(12, 0.0, 1.0);
-    let w = rng.vec(4, 0.5, 2.0); // broadcasts along the last dim
+    let t = rng.vec_in(12, 0.0, 1.0);
+    let w = rng.vec_in(4, 0.5, 2.0); // broadcasts along the last dim
     let clog = |v: f64| v.ln().max(-100.0);
     for weight in [None, Some(&w)] {
         let per: Vec<f64> = x
@@ -485,14 +430,14 @@ fn binary_cross_entropy_matches_reference_and_clamps_logs() {
 #[test]
 fn bce_with_logits_is_stable_and_matches_reference() {
     let mut rng = Rng(6);
-    let mut x = rng.vec(15, -6.0, 6.0);
+    let mut x = rng.vec_in(15, -6.0, 6.0);
     x[0] = 120.0;
     x[1] = -120.0;
-    let mut t = rng.vec(15, 0.0, 1.0);
+    let mut t = rng.vec_in(15, 0.0, 1.0);
     t[0] = 0.0; // a confident wrong answer: loss ~ 120, finite
     t[1] = 0.0;
-    let w = rng.vec(15, 0.5, 1.5);
-    let pw = rng.vec(5, 0.5, 4.0);
+    let w = rng.vec_in(15, 0.5, 1.5);
+    let pw = rng.vec_in(5, 0.5, 4.0);
     // log(sigmoid(v)) computed stably in f64.
     let log_sig = |v: f64| {
         if v >= 0.0 {
@@ -580,9 +525,9 @@ fn check_input_gradient(what: &str, x: &[f64], shape: &[usize], loss: &dyn Fn(&T
 fn losses_are_differentiable() {
     let mut rng = Rng(7);
     let (n, c) = (3, 4);
-    let x = rng.vec(n * c, -2.0, 2.0);
+    let x = rng.vec_in(n * c, -2.0, 2.0);
     let target = Tensor::from_slice(&[2i64, -100, 0], [n]).unwrap();
-    let weight = t64(&rng.vec(c, 0.5, 1.5), &[c]);
+    let weight = t64(&rng.vec_in(c, 0.5, 1.5), &[c]);
     let opts = CrossEntropyOptions {
         weight: Some(weight.clone()),
         label_smoothing: 0.1,
@@ -591,7 +536,7 @@ fn losses_are_differentiable() {
     check_input_gradient("cross_entropy (indices)", &x, &[n, c], &|x| {
         cross_entropy(x, &target, &opts).unwrap()
     });
-    let probs = t64(&rng.vec(n * c, 0.0, 0.5), &[n, c]);
+    let probs = t64(&rng.vec_in(n * c, 0.0, 0.5), &[n, c]);
     check_input_gradient("cross_entropy (probabilities)", &x, &[n, c], &|x| {
         cross_entropy(x, &probs, &CrossEntropyOptions::default()).unwrap()
     });
@@ -604,12 +549,12 @@ fn losses_are_differentiable() {
         nll_loss(x, &target, &nll_opts).unwrap()
     });
 
-    let t = t64(&rng.vec(n * c, 0.0, 1.0), &[n, c]);
-    let p = rng.vec(n * c, 0.05, 0.95);
+    let t = t64(&rng.vec_in(n * c, 0.0, 1.0), &[n, c]);
+    let p = rng.vec_in(n * c, 0.05, 0.95);
     check_input_gradient("binary_cross_entropy", &p, &[n, c], &|x| {
         binary_cross_entropy(x, &t, Some(&weight), Reduction::Mean).unwrap()
     });
-    let pw = t64(&rng.vec(c, 0.5, 3.0), &[c]);
+    let pw = t64(&rng.vec_in(c, 0.5, 3.0), &[c]);
     check_input_gradient("binary_cross_entropy_with_logits", &x, &[n, c], &|x| {
         binary_cross_entropy_with_logits(x, &t, None, Some(&pw), Reduction::Sum).unwrap()
     });
