@@ -456,8 +456,8 @@ pub(super) fn concrete(op: &'static str, x: &Tensor) -> Result<Vec<usize>> {
     })
 }
 
-/// `mask` (bool) broadcast to `x`'s shape, which must not grow.
-pub(super) fn mask_to(op: &'static str, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+/// Checks that `mask` is a bool tensor on `x`'s device.
+fn check_mask(op: &'static str, x: &Tensor, mask: &Tensor) -> Result<()> {
     x.same_device(mask, op)?;
     if mask.dtype() != DType::Bool {
         return Err(invalid(
@@ -468,6 +468,12 @@ pub(super) fn mask_to(op: &'static str, x: &Tensor, mask: &Tensor) -> Result<Ten
             ),
         ));
     }
+    Ok(())
+}
+
+/// `mask` (bool) broadcast to `x`'s shape, which must not grow.
+pub(super) fn mask_to(op: &'static str, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    check_mask(op, x, mask)?;
     let shape = rules::broadcast(op, x.shape(), mask.shape())?;
     if &shape != x.shape() {
         return Err(invalid(
@@ -713,16 +719,7 @@ impl Tensor {
     /// ```
     pub fn masked_select(&self, mask: &Tensor) -> Result<Tensor> {
         const OP: &str = "masked_select";
-        self.same_device(mask, OP)?;
-        if mask.dtype() != DType::Bool {
-            return Err(invalid(
-                OP,
-                format!(
-                    "the mask must be bool, got {}; compare it first, e.g. mask.ne(0)",
-                    mask.dtype()
-                ),
-            ));
-        }
+        check_mask(OP, self, mask)?;
         let shape = rules::broadcast(OP, self.shape(), mask.shape())?;
         let flat = |t: &Tensor| {
             t.broadcast_to_shape(&shape)
