@@ -133,7 +133,8 @@ impl Tape {
             .iter()
             .map(|&id| {
                 let n = &nodes[&id];
-                (id, Tensor::from_node(id, n.shape.clone(), n.dtype, device))
+                let values = loss.dim_values().clone();
+                (id, Tensor::from_node_with(id, n.shape.clone(), n.dtype, device, values))
             })
             .collect();
         let mut on_path = FxHashSet::default();

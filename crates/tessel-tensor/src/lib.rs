@@ -10,6 +10,7 @@
 
 mod autograd;
 mod device;
+mod dynamic;
 mod element;
 mod error;
 pub mod inspect;
@@ -28,4 +29,4 @@ pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
 pub use safetensors::{load_safetensors, save_safetensors};
 pub use tensor::Tensor;
 pub use tessel_ir::{BackendError, DeviceInfo, Features};
-pub use tessel_shape::{DType, Dim, F8E4M3, F8E5M2, Shape, bf16, f16};
+pub use tessel_shape::{DType, Dim, F8E4M3, F8E5M2, Shape, Var, bf16, f16};

@@ -463,11 +463,11 @@ impl Compiled {
     }
 }
 
-/// Measures every candidate on the realize's leaves (`leaves`, in signature order) and
-/// returns the plan of the cheapest closed set.
-pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId]) -> Result<Plan> {
+/// Measures every candidate on the realize's leaves (`leaves`, in signature order) with
+/// the dynamic dims `dims`, and returns the plan of the cheapest closed set.
+pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId], dims: &Bindings) -> Result<Plan> {
     let inputs: Vec<BufferId> = compiled.inputs.iter().map(|&i| leaves[i]).collect();
-    let mut m = Measurer::new(compiled);
+    let mut m = Measurer::new(compiled, dims);
     let outcome = m.run(compiled, &inputs);
     m.free();
     let times = outcome?;
@@ -533,25 +533,28 @@ struct Measurer {
     real: FxHashMap<usize, BufferId>,
     /// Every buffer allocated, freed at the end.
     owned: Vec<BufferId>,
+    /// The dynamic dims' values for this measurement.
+    dims: Bindings,
 }
 
 /// Timed runs after the first (validating) one; fewer for slow candidates.
 const RUNS: usize = 5;
 
 impl Measurer {
-    fn new(compiled: &Compiled) -> Self {
+    fn new(compiled: &Compiled, dims: &Bindings) -> Self {
         Measurer {
             backend: compiled.backend.clone(),
             device: compiled.device,
             real: FxHashMap::default(),
             owned: Vec::new(),
+            dims: dims.clone(),
         }
     }
 
     fn alloc(&mut self, compiled: &Compiled, p: usize) -> Result<BufferId> {
         let (dtype, numel) = compiled.buffers[&p];
         let numel = numel
-            .eval(&Bindings::new())
+            .eval(&self.dims)
             .map_err(|e| Error::Internal(e.to_string()))?;
         let bytes = (numel.max(0) as usize * dtype.size_bytes()).max(1);
         let b = self.backend.alloc(self.device.ordinal, bytes)?;
@@ -572,7 +575,7 @@ impl Measurer {
         let keys: Vec<u128> = compiled
             .candidates
             .iter()
-            .map(|(c, _)| timing_key(&*compiled.backend, compiled.device, &c.work))
+            .map(|(c, _)| timing_key(&*compiled.backend, compiled.device, &c.work, &self.dims))
             .collect();
         let cached: Vec<Option<f64>> = keys.iter().map(|&k| load_timing(k)).collect();
         if cached.iter().all(Option::is_some) {
@@ -650,8 +653,8 @@ impl Measurer {
                 PlanSlot::Node(p) => self.real[&p],
             });
         }
-        let dims = Bindings::new();
-        let first = self.backend.time(program, &args, &dims)?;
+        let dims = &self.dims;
+        let first = self.backend.time(program, &args, dims)?;
         for (p, reference, scratch) in checks {
             if let Some(why) = self.disagreement(compiled, p, reference, scratch)? {
                 tracing::warn!(target: "tessel::plan", "{}: dropping {}: its output differs from the reference ({why})", self.device, c.work.name());
@@ -668,7 +671,7 @@ impl Measurer {
         };
         let mut samples = Vec::with_capacity(runs);
         for _ in 0..runs {
-            samples.push(self.backend.time(program, &args, &dims)?.as_secs_f64());
+            samples.push(self.backend.time(program, &args, dims)?.as_secs_f64());
         }
         samples.sort_by(f64::total_cmp);
         Ok(Some(samples[samples.len() / 2]))
@@ -686,7 +689,7 @@ impl Measurer {
     ) -> Result<Option<String>> {
         let (dtype, numel) = compiled.buffers[&p];
         let numel = numel
-            .eval(&Bindings::new())
+            .eval(&self.dims)
             .map_err(|e| Error::Internal(e.to_string()))?;
         let len = numel.max(0) as usize * dtype.size_bytes();
         let mut x = vec![0u8; len];
@@ -726,14 +729,21 @@ fn floats(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
     Some(bytes.chunks_exact(width).map(decode).collect())
 }
 
-/// The disk timing cache: one small file per (backend, device, driver, program text).
+/// The disk timing cache: one small file per (backend, device, driver, program text,
+/// dynamic-dim values).
 fn timing_dir() -> PathBuf {
     tessel_ir::cache::default_root().join("timings")
 }
 
-fn timing_key(backend: &dyn Backend, device: Device, work: &Work) -> u128 {
+fn timing_key(backend: &dyn Backend, device: Device, work: &Work, dims: &Bindings) -> u128 {
     let mut h = Fnv128::new();
     h.field(b"tessel-timing-v2");
+    // A program with dynamic dims takes as long as the sizes it runs at.
+    let mut values: Vec<(String, i64)> = dims.iter().map(|(v, n)| (v.to_string(), n)).collect();
+    values.sort_unstable();
+    for (name, value) in values {
+        h.field(format!("{name}={value}").as_bytes());
+    }
     h.field(backend.name().as_bytes());
     if let Some(info) = backend.devices().get(device.ordinal) {
         h.field(info.name.as_bytes());

@@ -18,7 +18,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use rustc_hash::FxHashMap;
 use tessel_graph::{Graph, LeafId, Node, NodeId, Op, Signature, signature};
 use tessel_ir::{Backend, BufferId};
-use tessel_shape::{Bindings, DType};
+use tessel_shape::{Bindings, DType, Shape};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -30,8 +30,12 @@ pub const PLAN_CACHE_LIMIT: usize = 512;
 pub(crate) enum LeafData {
     /// Bytes waiting for their first use on a device.
     Host(Arc<Vec<u8>>),
-    /// A device buffer.
-    Device { device: Device, buffer: BufferId },
+    /// A device buffer of `bytes` bytes.
+    Device {
+        device: Device,
+        buffer: BufferId,
+        bytes: usize,
+    },
 }
 
 pub(crate) struct State {
@@ -166,7 +170,7 @@ impl Runtime {
         &self,
         bytes: Vec<u8>,
         dtype: DType,
-        shape: tessel_shape::Shape,
+        shape: Shape,
     ) -> NodeId {
         let mut st = self.lock();
         let leaf = LeafId(st.next_leaf);
@@ -192,7 +196,7 @@ impl Runtime {
 
     fn free_leaves(&self, st: &mut State, leaves: Vec<LeafId>) {
         for leaf in leaves {
-            if let Some(LeafData::Device { device, buffer }) = st.leaves.remove(&leaf)
+            if let Some(LeafData::Device { device, buffer, .. }) = st.leaves.remove(&leaf)
                 && let Ok(backend) = self.backend(device)
                 && let Err(e) = backend.free(buffer)
             {
@@ -201,8 +205,93 @@ impl Runtime {
         }
     }
 
-    /// Computes `nodes` on `device`, turning each into a leaf.
-    pub(crate) fn realize(&self, nodes: &[NodeId], device: Device) -> Result<RealizeReport> {
+    /// A new leaf holding `node`'s data (realized) with `shape`, which names the same
+    /// number of elements under the caller's dynamic-dim values: host data is shared,
+    /// device data copied. The caller owns one count of the new node.
+    pub(crate) fn relabel_leaf(&self, node: NodeId, shape: Shape) -> Result<NodeId> {
+        let mut st = self.lock();
+        let n = st.graph.node(node).clone();
+        let Op::Leaf(old) = n.op else {
+            return Err(Error::Internal("relabelling an unrealized tensor".into()));
+        };
+        let data = match st.leaves.get(&old) {
+            Some(LeafData::Host(bytes)) => LeafData::Host(bytes.clone()),
+            Some(&LeafData::Device {
+                device,
+                buffer,
+                bytes,
+            }) => {
+                let backend = self.backend(device)?;
+                let copy = backend.alloc(device.ordinal, bytes.max(1))?;
+                if bytes > 0
+                    && let Err(e) = backend.copy(buffer, copy, bytes)
+                {
+                    let _ = backend.free(copy);
+                    return Err(e.into());
+                }
+                LeafData::Device {
+                    device,
+                    buffer: copy,
+                    bytes,
+                }
+            }
+            None => return Err(Error::Internal(format!("leaf {old:?} has no data"))),
+        };
+        let leaf = LeafId(st.next_leaf);
+        st.next_leaf += 1;
+        st.leaves.insert(leaf, data);
+        Ok(st.graph.add(Node {
+            op: Op::Leaf(leaf),
+            dtype: n.dtype,
+            shape,
+        }))
+    }
+
+    /// Fails if some leaf under `targets` holds a different number of bytes than its
+    /// shape names under `dims`: tensors with disagreeing dynamic-dim values were combined
+    /// by an op that could not check them.
+    fn check_leaf_sizes(st: &State, targets: &[NodeId], dims: &Bindings) -> Result<()> {
+        for n in st.graph.toposort(targets) {
+            let node = st.graph.node(n);
+            let Op::Leaf(leaf) = node.op else {
+                continue;
+            };
+            if node.shape.as_usizes().is_some() {
+                continue;
+            }
+            let held = match st.leaves.get(&leaf) {
+                Some(LeafData::Host(bytes)) => bytes.len(),
+                Some(LeafData::Device { bytes, .. }) => *bytes,
+                None => continue,
+            };
+            let numel = node.shape.numel().eval(dims).map_err(|e| Error::InvalidArgument {
+                op: "realize",
+                reason: format!("an input of shape {}: {e}", node.shape),
+            })?;
+            if numel.max(0) as usize * node.dtype.size_bytes() != held {
+                return Err(Error::InvalidArgument {
+                    op: "realize",
+                    reason: format!(
+                        "an input of shape {} holds {} elements, but the dynamic dims of the \
+                         result give it {numel}; tensors with different values of one dynamic \
+                         dim were combined",
+                        node.shape,
+                        held / node.dtype.size_bytes().max(1)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Computes `nodes` on `device`, turning each into a leaf; `dims` holds the values of
+    /// the dynamic dims their shapes and inputs name.
+    pub(crate) fn realize(
+        &self,
+        nodes: &[NodeId],
+        device: Device,
+        dims: &Bindings,
+    ) -> Result<RealizeReport> {
         let backend = self.backend(device)?;
         let mut st = self.lock();
         let targets: Vec<NodeId> = nodes
@@ -212,6 +301,9 @@ impl Runtime {
             .collect();
         if targets.is_empty() {
             return Ok(RealizeReport::default());
+        }
+        if !dims.is_empty() {
+            Self::check_leaf_sizes(&st, &targets, dims)?;
         }
         let (sig, leaves) = signature(&st.graph, &targets);
         let key = (sig, device);
@@ -234,7 +326,7 @@ impl Runtime {
                     inputs.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
                 }
                 drop(st);
-                planner::choose(&compiled, &inputs)?
+                planner::choose(&compiled, &inputs, dims)?
             } else {
                 compiled.default_plan()
             };
@@ -245,7 +337,7 @@ impl Runtime {
             let (sig_now, _) = signature(&st.graph, &targets);
             if sig_now != key.0 {
                 drop(st);
-                return self.realize(nodes, device);
+                return self.realize(nodes, device, dims);
             }
             if st.plans.len() >= PLAN_CACHE_LIMIT
                 && let Some(old) = st.plan_order.pop_front()
@@ -265,18 +357,19 @@ impl Runtime {
         drop(st);
         let inputs: Vec<BufferId> = plan.inputs.iter().map(|&i| bound[i]).collect();
 
-        let mut temps: FxHashMap<usize, BufferId> = FxHashMap::default();
+        // Buffers by position, with their sizes in bytes.
+        let mut temps: FxHashMap<usize, (BufferId, usize)> = FxHashMap::default();
         let mut plan = plan;
-        let mut result = self.run_plan(&plan, &inputs, &mut temps);
+        let mut result = self.run_plan(&plan, &inputs, dims, &mut temps);
         if let Err(e) = &result
             && let Some(fallback) = plan.fallback.clone()
         {
             tracing::warn!(target: "tessel::plan", "{device}: the chosen plan failed ({e}); running the runner-up");
-            for (_, b) in temps.drain() {
+            for (_, (b, _)) in temps.drain() {
                 let _ = backend.free(b);
             }
             let inputs: Vec<BufferId> = fallback.inputs.iter().map(|&i| bound[i]).collect();
-            result = self.run_plan(&fallback, &inputs, &mut temps);
+            result = self.run_plan(&fallback, &inputs, dims, &mut temps);
             if result.is_ok() {
                 let mut st = self.lock();
                 if st.plans.get(&key).is_some_and(|p| Arc::ptr_eq(p, &plan)) {
@@ -289,17 +382,24 @@ impl Runtime {
 
         let mut st = self.lock();
         if let Err(e) = result {
-            for (_, b) in temps {
+            for (_, (b, _)) in temps {
                 let _ = backend.free(b);
             }
             return Err(e);
         }
-        for (&p, &buffer) in &temps {
+        for (&p, &(buffer, bytes)) in &temps {
             if let Some(&(_, k)) = plan.outputs.iter().find(|(q, _)| *q == p) {
                 let node = targets[k];
                 let leaf = LeafId(st.next_leaf);
                 st.next_leaf += 1;
-                st.leaves.insert(leaf, LeafData::Device { device, buffer });
+                st.leaves.insert(
+                    leaf,
+                    LeafData::Device {
+                        device,
+                        buffer,
+                        bytes,
+                    },
+                );
                 let freed = st.graph.make_leaf(node, leaf);
                 self.free_leaves(&mut st, freed);
             } else if let Err(e) = backend.free(buffer) {
@@ -313,16 +413,16 @@ impl Runtime {
         &self,
         plan: &Plan,
         inputs: &[BufferId],
-        temps: &mut FxHashMap<usize, BufferId>,
+        dims: &Bindings,
+        temps: &mut FxHashMap<usize, (BufferId, usize)>,
     ) -> Result<()> {
         let backend = &plan.backend;
-        let no_dims = Bindings::new();
         for &(p, dtype, numel) in &plan.buffers {
             let numel = numel
-                .eval(&no_dims)
+                .eval(dims)
                 .map_err(|e| Error::Internal(e.to_string()))?;
-            let bytes = (numel.max(0) as usize * dtype.size_bytes()).max(1);
-            temps.insert(p, backend.alloc(plan.device.ordinal, bytes)?);
+            let bytes = numel.max(0) as usize * dtype.size_bytes();
+            temps.insert(p, (backend.alloc(plan.device.ordinal, bytes.max(1))?, bytes));
         }
         for k in &plan.kernels {
             let args: Vec<BufferId> = k
@@ -330,10 +430,10 @@ impl Runtime {
                 .iter()
                 .map(|a| match *a {
                     PlanSlot::Input(i) => inputs[i],
-                    PlanSlot::Node(p) => temps[&p],
+                    PlanSlot::Node(p) => temps[&p].0,
                 })
                 .collect();
-            backend.launch(k.program.id, &args, &no_dims)?;
+            backend.launch(k.program.id, &args, dims)?;
             self.launched.fetch_add(1, Ordering::Relaxed);
         }
         backend.synchronize(plan.device.ordinal)?;
@@ -350,7 +450,9 @@ impl Runtime {
         backend: &Arc<dyn Backend>,
     ) -> Result<BufferId> {
         let bytes = match st.leaves.get(&leaf) {
-            Some(LeafData::Device { device: d, buffer }) if *d == device => return Ok(*buffer),
+            Some(LeafData::Device {
+                device: d, buffer, ..
+            }) if *d == device => return Ok(*buffer),
             Some(LeafData::Device { device: d, .. }) => {
                 // Only reachable with two backends compiled in; the transfer path arrives
                 // with the second backend, and until then this is an error, not a copy.
@@ -366,10 +468,16 @@ impl Runtime {
         if !bytes.is_empty() {
             backend.write(buffer, 0, &bytes)?;
         }
+        let held = LeafData::Device {
+            device,
+            buffer,
+            bytes: bytes.len(),
+        };
         if let Some(LeafData::Device {
             device: d,
             buffer: old,
-        }) = st.leaves.insert(leaf, LeafData::Device { device, buffer })
+            ..
+        }) = st.leaves.insert(leaf, held)
             && let Ok(b) = self.backend(d)
         {
             let _ = b.free(old);
@@ -377,8 +485,8 @@ impl Runtime {
         Ok(buffer)
     }
 
-    /// The bytes of a realized node.
-    pub(crate) fn read(&self, node: NodeId) -> Result<Vec<u8>> {
+    /// The bytes of a realized node whose dynamic dims have the values `dims`.
+    pub(crate) fn read(&self, node: NodeId, dims: &Bindings) -> Result<Vec<u8>> {
         let st = self.lock();
         let n = st.graph.node(node);
         let Op::Leaf(leaf) = n.op else {
@@ -387,12 +495,14 @@ impl Runtime {
         let numel = n
             .shape
             .numel()
-            .eval(&Bindings::new())
+            .eval(dims)
             .map_err(|e| Error::Internal(e.to_string()))?;
         let len = numel as usize * n.dtype.size_bytes();
         match st.leaves.get(&leaf) {
-            Some(LeafData::Host(bytes)) => Ok(bytes[..len].to_vec()),
-            Some(LeafData::Device { device, buffer }) => {
+            Some(LeafData::Host(bytes)) => bytes.get(..len).map(<[u8]>::to_vec).ok_or_else(|| {
+                Error::Internal(format!("leaf {leaf:?} holds fewer than {len} bytes"))
+            }),
+            Some(LeafData::Device { device, buffer, .. }) => {
                 let (device, buffer) = (*device, *buffer);
                 let backend = self.backend(device)?;
                 // The buffer stays alive: the caller holds the node.

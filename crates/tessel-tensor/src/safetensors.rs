@@ -62,7 +62,7 @@ fn from_file_dtype(dtype: Dtype) -> Option<DType> {
 /// The little-endian bytes of a tensor's value, computing it first if needed.
 fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
     t.realize()?;
-    runtime().read(t.node())
+    runtime().read(t.node(), &t.dim_values().bindings())
 }
 
 /// Writes named tensors to a `.safetensors` file at `path` (replacing it), computing any

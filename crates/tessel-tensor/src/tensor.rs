@@ -8,6 +8,7 @@ use tessel_graph::{Node, NodeId, Op};
 use tessel_shape::{DType, Scalar, Shape};
 
 use crate::device::Device;
+use crate::dynamic::DimValues;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::runtime::{RealizeReport, runtime};
@@ -42,6 +43,8 @@ pub(crate) struct Handle {
     pub(crate) shape: Shape,
     pub(crate) dtype: DType,
     pub(crate) device: Device,
+    /// The values of the dynamic dims the shape or the inputs name.
+    pub(crate) values: DimValues,
 }
 
 impl Drop for Handle {
@@ -59,17 +62,63 @@ const _: () = {
 impl Tensor {
     /// Wraps a node the caller holds one count of.
     pub(crate) fn from_node(node: NodeId, shape: Shape, dtype: DType, device: Device) -> Tensor {
+        Self::from_node_with(node, shape, dtype, device, DimValues::default())
+    }
+
+    /// [`Tensor::from_node`] for a node whose shape may name dynamic dims with `values`.
+    pub(crate) fn from_node_with(
+        node: NodeId,
+        shape: Shape,
+        dtype: DType,
+        device: Device,
+        values: DimValues,
+    ) -> Tensor {
         Tensor(Arc::new(Handle {
             node: AtomicU32::new(node.0),
             shape,
             dtype,
             device,
+            values,
         }))
     }
 
-    /// Records an op producing `dtype` values of `shape` on this tensor's device.
+    /// Records an op producing `dtype` values of `shape` on this tensor's device; the
+    /// result keeps this tensor's dynamic-dim values.
     pub(crate) fn record(&self, op: Op, dtype: DType, shape: Shape) -> Tensor {
-        Self::record_on(self.device(), op, dtype, shape)
+        let node = runtime().add(Node {
+            op,
+            dtype,
+            shape: shape.clone(),
+        });
+        Tensor::from_node_with(node, shape, dtype, self.device(), self.dim_values().clone())
+    }
+
+    /// [`Tensor::record`] for an op whose other operands are `others`: the result keeps
+    /// every operand's dynamic-dim values. Public ops check first that the operands agree
+    /// ([`DimValues::merge`]); should they not, the first value is kept here, and the
+    /// realize rejects any input whose size contradicts it.
+    pub(crate) fn record_with(
+        &self,
+        others: &[&Tensor],
+        op: Op,
+        dtype: DType,
+        shape: Shape,
+    ) -> Tensor {
+        let mut values = self.dim_values().clone();
+        for t in others {
+            values = values.merge_keeping(t.dim_values());
+        }
+        let node = runtime().add(Node {
+            op,
+            dtype,
+            shape: shape.clone(),
+        });
+        Tensor::from_node_with(node, shape, dtype, self.device(), values)
+    }
+
+    /// The values of the dynamic dims this tensor's shape or its inputs name.
+    pub(crate) fn dim_values(&self) -> &DimValues {
+        &self.0.values
     }
 
     pub(crate) fn record_on(device: Device, op: Op, dtype: DType, shape: Shape) -> Tensor {
@@ -138,15 +187,19 @@ impl Tensor {
         &self.0.shape
     }
 
-    /// The dims as numbers.
+    /// The dims as numbers (dynamic dims give their current values).
     ///
     /// # Panics
-    /// Never for tensors built from data; symbolic shapes arrive with dynamic dims.
+    /// If the shape names a dynamic dim that has no value: a tensor made directly from a
+    /// symbolic shape (`Tensor::full([Dim::from(var)], ..)`) rather than by
+    /// [`Tensor::mark_dynamic`] or an op on such a tensor.
     pub fn dims(&self) -> Vec<usize> {
-        self.0
-            .shape
-            .as_usizes()
-            .expect("tensor shapes are concrete until dynamic dims arrive")
+        self.0.values.eval(&self.0.shape).unwrap_or_else(|| {
+            panic!(
+                "shape {} names a dynamic dim with no value; make dynamic tensors with mark_dynamic",
+                self.0.shape
+            )
+        })
     }
 
     /// The number of dimensions.
@@ -233,7 +286,11 @@ impl Tensor {
                 .filter(|t| t.device() == device)
                 .map(|t| t.node())
                 .collect();
-            let r = runtime().realize(&nodes, device)?;
+            let mut values = DimValues::default();
+            for t in tensors.iter().filter(|t| t.device() == device) {
+                values = values.merge(t.dim_values(), "realize")?;
+            }
+            let r = runtime().realize(&nodes, device, &values.bindings())?;
             total.kernels += r.kernels;
             total.compiled += r.compiled;
         }
@@ -286,7 +343,7 @@ impl Tensor {
 
     fn bytes(&self) -> Result<Vec<u8>> {
         self.realize()?;
-        runtime().read(self.node())
+        runtime().read(self.node(), &self.dim_values().bindings())
     }
 
     /// The tensor on `device` (the same handle if it is already there). The data moves
@@ -297,11 +354,13 @@ impl Tensor {
         }
         runtime().backend(*device)?;
         let bytes = self.bytes()?;
-        Ok(Tensor::from_bytes_on(
-            bytes,
-            self.dtype(),
+        let node = runtime().add_host_leaf(bytes, self.dtype(), self.shape().clone());
+        Ok(Tensor::from_node_with(
+            node,
             self.shape().clone(),
+            self.dtype(),
             *device,
+            self.dim_values().clone(),
         ))
     }
 }

@@ -148,6 +148,16 @@ impl Bindings {
     pub fn get(&self, var: Var) -> Option<i64> {
         self.values.get(&var).copied()
     }
+
+    /// Every binding, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (Var, i64)> + '_ {
+        self.values.iter().map(|(&var, &value)| (var, value))
+    }
+
+    /// Whether no variable is bound.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
 }
 
 impl FromIterator<(Var, i64)> for Bindings {

@@ -420,7 +420,8 @@ fn arange_f32(start: f64, end: f64, step: f64) -> Result<Tensor> {
     );
     // One rounding: start + i * step, fused.
     let (step, start) = (i.constant(step), i.constant(start));
-    Ok(i.record(
+    Ok(i.record_with(
+        &[&step, &start],
         Op::Ternary(TernaryOp::MulAdd, i.node(), step.node(), start.node()),
         DType::F32,
         i.shape().clone(),

@@ -135,7 +135,8 @@ impl Tensor {
         } else {
             self.dtype()
         };
-        self.record(
+        self.record_with(
+            &[rhs],
             Op::Binary(op, self.node(), rhs.node()),
             dtype,
             self.shape().clone(),
@@ -156,7 +157,8 @@ impl Tensor {
     /// `where(self, a, b)` for a bool `self` and aligned `a`, `b`.
     pub(crate) fn raw_where(&self, a: &Tensor, b: &Tensor) -> Tensor {
         debug_assert!(self.dtype() == DType::Bool && a.dtype() == b.dtype());
-        self.record(
+        self.record_with(
+            &[a, b],
             Op::Ternary(TernaryOp::Where, self.node(), a.node(), b.node()),
             a.dtype(),
             self.shape().clone(),
@@ -549,6 +551,7 @@ impl Tensor {
         for v in [&x, &y] {
             if let Value::Tensor(t) = v {
                 condition.same_device(t, NAME)?;
+                condition.dim_values().merge(t.dim_values(), NAME)?;
                 shapes.push(t.shape());
             }
         }

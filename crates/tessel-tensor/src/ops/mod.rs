@@ -148,7 +148,9 @@ impl Tensor {
                 dtype: self.dtype(),
                 hint: float8_hint(self.dtype(), hint),
             })?;
-        Ok(self.record(
+        self.dim_values().merge(rhs.dim_values(), name)?;
+        Ok(self.record_with(
+            &[rhs],
             Op::Binary(op, self.node(), rhs.node()),
             dtype,
             self.shape().clone(),

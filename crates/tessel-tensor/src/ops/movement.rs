@@ -337,7 +337,8 @@ impl Tensor {
             })?;
             let bound = index.full_like_scalar(Scalar::I64(end), DType::I64);
             let mask = index.binary_aligned(&bound, BinaryOp::Lt, OP, "")?;
-            res = mask.record(
+            res = mask.record_with(
+                &[p, &res],
                 Op::Ternary(TernaryOp::Where, mask.node(), p.node(), res.node()),
                 dtype,
                 out.clone(),

@@ -360,17 +360,21 @@ fn reduce_kept(x: &Tensor, op: ReduceOp, plan: &Plan) -> Tensor {
     )
 }
 
-/// How many elements each output of the plan reduces, as a float.
-fn reduced_count(x: &Tensor, plan: &Plan) -> Result<f64> {
+/// How many elements each output of the plan reduces, less `correction` (at least 0), as a
+/// tensor of `like`'s dtype and (kept) shape. A dynamic count is counted by the kernel: a
+/// sum of ones over the reduced axes, which fuses with the reduction it divides.
+fn reduced_count(x: &Tensor, plan: &Plan, like: &Tensor, correction: usize) -> Tensor {
     let count: Dim = plan.axes.iter().map(|&a| x.shape()[a]).product();
-    count.as_const().map(|n| n as f64).ok_or_else(|| Error::InvalidArgument {
-        op: plan.name,
-        reason: format!(
-            "the reduced dims of shape {} multiply to the symbolic {count}; {} needs a known count",
-            x.shape(),
-            plan.name
-        ),
-    })
+    if let Some(n) = count.as_const() {
+        return constant(like, (n as f64 - correction as f64).max(0.0));
+    }
+    let ones = x.full_like_scalar(Scalar::F64(1.0), like.dtype());
+    let n = reduce_kept(&ones, ReduceOp::Sum, plan);
+    if correction == 0 {
+        return n;
+    }
+    n.raw_binary(BinaryOp::Sub, &constant(&n, correction as f64))
+        .raw_binary(BinaryOp::Max, &constant(&n, 0.0))
 }
 
 /// Fails if the plan reduces a dim of size 0: max, min, argmax and argmin have no identity,
@@ -422,7 +426,8 @@ fn constant(like: &Tensor, value: f64) -> Tensor {
 
 /// `mask ? a : b`, all of one shape.
 fn select(mask: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
-    mask.record(
+    mask.record_with(
+        &[a, b],
         Op::Ternary(TernaryOp::Where, mask.node(), a.node(), b.node()),
         a.dtype(),
         a.shape().clone(),
@@ -467,9 +472,9 @@ fn sum_or_prod(
 fn mean_impl(x: &Tensor, axes: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
     require_float(x, "mean")?;
     let plan = plan(x, "mean", axes, keepdim)?;
-    let n = reduced_count(x, &plan)?;
     let sum = reduce_kept(&widened(x), ReduceOp::Sum, &plan);
-    let mean = sum.binary_aligned(&constant(&sum, n), BinaryOp::Div, "mean", "")?;
+    let n = reduced_count(x, &plan, &sum, 0);
+    let mean = sum.binary_aligned(&n, BinaryOp::Div, "mean", "")?;
     Ok(mean.cast_to(x.dtype()).reshape_to(plan.out))
 }
 
@@ -525,15 +530,14 @@ fn var_impl(
 ) -> Result<Tensor> {
     require_float(x, name)?;
     let plan = plan(x, name, axes, keepdim)?;
-    let n = reduced_count(x, &plan)?;
     let wide = widened(x);
     let sum = reduce_kept(&wide, ReduceOp::Sum, &plan);
-    let mean = sum.binary_aligned(&constant(&sum, n), BinaryOp::Div, name, "")?;
+    let mean = sum.binary_aligned(&reduced_count(x, &plan, &sum, 0), BinaryOp::Div, name, "")?;
     let dev = ew(&wide, BinaryOp::Sub, &mean, name)?;
     let sq = dev.binary_aligned(&dev, BinaryOp::Mul, name, "")?;
     let ss = reduce_kept(&sq, ReduceOp::Sum, &plan);
-    let denom = (n - correction as f64).max(0.0);
-    let mut var = ss.binary_aligned(&constant(&ss, denom), BinaryOp::Div, name, "")?;
+    let denom = reduced_count(x, &plan, &ss, correction);
+    let mut var = ss.binary_aligned(&denom, BinaryOp::Div, name, "")?;
     if sqrt {
         var = var.unary_op(UnaryOp::Sqrt, name, "")?;
     }

@@ -14,6 +14,7 @@ mod common;
 mod conv;
 mod creation;
 mod devices;
+mod dynamic;
 mod einsum;
 mod elementwise;
 mod float8;
