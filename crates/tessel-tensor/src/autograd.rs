@@ -134,7 +134,10 @@ impl Tape {
             .map(|&id| {
                 let n = &nodes[&id];
                 let values = loss.dim_values().clone();
-                (id, Tensor::from_node_with(id, n.shape.clone(), n.dtype, device, values))
+                (
+                    id,
+                    Tensor::from_node_with(id, n.shape.clone(), n.dtype, device, values),
+                )
             })
             .collect();
         let mut on_path = FxHashSet::default();

@@ -166,12 +166,7 @@ impl Runtime {
     }
 
     /// Adds a leaf holding host bytes; the caller owns one count.
-    pub(crate) fn add_host_leaf(
-        &self,
-        bytes: Vec<u8>,
-        dtype: DType,
-        shape: Shape,
-    ) -> NodeId {
+    pub(crate) fn add_host_leaf(&self, bytes: Vec<u8>, dtype: DType, shape: Shape) -> NodeId {
         let mut st = self.lock();
         let leaf = LeafId(st.next_leaf);
         st.next_leaf += 1;
@@ -264,10 +259,14 @@ impl Runtime {
                 Some(LeafData::Device { bytes, .. }) => *bytes,
                 None => continue,
             };
-            let numel = node.shape.numel().eval(dims).map_err(|e| Error::InvalidArgument {
-                op: "realize",
-                reason: format!("an input of shape {}: {e}", node.shape),
-            })?;
+            let numel = node
+                .shape
+                .numel()
+                .eval(dims)
+                .map_err(|e| Error::InvalidArgument {
+                    op: "realize",
+                    reason: format!("an input of shape {}: {e}", node.shape),
+                })?;
             if numel.max(0) as usize * node.dtype.size_bytes() != held {
                 return Err(Error::InvalidArgument {
                     op: "realize",
@@ -422,7 +421,10 @@ impl Runtime {
                 .eval(dims)
                 .map_err(|e| Error::Internal(e.to_string()))?;
             let bytes = numel.max(0) as usize * dtype.size_bytes();
-            temps.insert(p, (backend.alloc(plan.device.ordinal, bytes.max(1))?, bytes));
+            temps.insert(
+                p,
+                (backend.alloc(plan.device.ordinal, bytes.max(1))?, bytes),
+            );
         }
         for k in &plan.kernels {
             let args: Vec<BufferId> = k

@@ -1,6 +1,6 @@
 //! Attention: [`scaled_dot_product_attention`] and [`MultiheadAttention`].
 
-use tessel_tensor::{DType, Result, Tensor};
+use tessel_tensor::{DType, Dim, Result, Tensor};
 
 use super::{check_dtype, dims_i64, invalid};
 use crate::init::{ParamOptions, constant, xavier_uniform};
@@ -8,10 +8,9 @@ use crate::{Linear, Module, Visitor};
 
 /// `[L, S]` bool, true above the diagonal: the positions a causal mask hides (query `i`
 /// sees keys `0..=i`, aligned at the top left as in PyTorch), on `like`'s device.
-fn causal_hidden(l: usize, s: usize, like: &Tensor) -> Result<Tensor> {
-    Tensor::ones([l, s], DType::Bool)
-        .triu(1)?
-        .to(&like.device())
+fn causal_hidden(scores: &Tensor) -> Result<Tensor> {
+    // In the scores' own shape, so a dynamic sequence length stays dynamic.
+    scores.ones_like().cast(DType::Bool).triu(1)
 }
 
 /// The attention probabilities `softmax(q kᵀ * scale + mask)` over the last dim.
@@ -23,13 +22,11 @@ fn attention_probs(
     is_causal: bool,
     scale: Option<f64>,
 ) -> Result<Tensor> {
-    let (qd, kd) = (q.dims(), k.dims());
-    let (l, e) = (qd[qd.len() - 2], qd[qd.len() - 1]);
-    let s = kd[kd.len() - 2];
+    let e = q.dims()[q.ndim() - 1];
     let scale = scale.unwrap_or_else(|| 1.0 / (e as f64).sqrt());
     let mut scores = (&q.matmul(&k.transpose(-2, -1)?)? * scale)?;
     if is_causal {
-        scores = scores.masked_fill(&causal_hidden(l, s, q)?, f64::NEG_INFINITY)?;
+        scores = scores.masked_fill(&causal_hidden(&scores)?, f64::NEG_INFINITY)?;
     }
     if let Some(mask) = attn_mask {
         scores = match mask.dtype() {
@@ -316,23 +313,29 @@ impl MultiheadAttention {
         let (n, l, s) = (qd[0], qd[1], kd[1]);
         let d = e / h;
 
-        // Project and split heads: [N, T, E] -> [N, H, T, D].
-        let project = |x: &Tensor, i: usize, t: usize| -> Result<Tensor> {
+        // Project and split heads: [N, T, E] -> [N, H, T, D], in the input's own (maybe
+        // dynamic) N and T.
+        let project = |x: &Tensor, i: usize| -> Result<Tensor> {
             let w = self.in_proj_weight.narrow(0, (i * e) as i64, e as i64)?;
             let mut y = x.matmul(&w.t()?)?;
             if let Some(b) = &self.in_proj_bias {
                 y = (&y + &b.narrow(0, (i * e) as i64, e as i64)?)?;
             }
-            y.reshape(&dims_i64(&[n, t, h, d]))?.permute(&[0, 2, 1, 3])
+            let (nt, tt) = (x.shape()[0], x.shape()[1]);
+            y.reshape_dims(&[nt, tt, Dim::from(h), Dim::from(d)])?
+                .permute(&[0, 2, 1, 3])
         };
-        let (qh, kh, vh) = (project(&q, 0, l)?, project(&k, 1, s)?, project(&v, 2, s)?);
+        let (qh, kh, vh) = (project(&q, 0)?, project(&k, 1)?, project(&v, 2)?);
 
         let mask = self.additive_mask(masks, batched, n, l, s, &q)?;
-        let probs = attention_probs(OP, &qh, &kh, mask.as_ref(), false, None)?;
+        // The causal mask is built in the scores' shape, so dynamic lengths stay dynamic.
+        let probs = attention_probs(OP, &qh, &kh, mask.as_ref(), masks.is_causal, None)?;
         let heads = probs.matmul(&vh)?;
-        let merged = heads
-            .permute(&[0, 2, 1, 3])?
-            .reshape(&dims_i64(&[n, l, e]))?;
+        let merged = heads.permute(&[0, 2, 1, 3])?.reshape_dims(&[
+            q.shape()[0],
+            q.shape()[1],
+            Dim::from(e),
+        ])?;
         let out = self.out_proj.forward(&merged)?;
         if batched {
             Ok((out, probs))
@@ -407,10 +410,6 @@ impl MultiheadAttention {
                 ));
             };
             add(to_float(&shaped, "attn_mask")?)?;
-        }
-        if masks.is_causal {
-            let hidden = causal_hidden(l, s, q)?;
-            add(to_float(&hidden, "causal mask")?.reshape(&dims_i64(&[1, 1, l, s]))?)?;
         }
         Ok(total)
     }

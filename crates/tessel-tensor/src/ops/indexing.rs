@@ -587,14 +587,14 @@ fn triangle(x: &Tensor, op: &'static str, k: i64, keep: BinaryOp) -> Result<Tens
         }));
     }
     let n = x.ndim();
-    let (rows, cols) = (x.shape()[n - 2].as_const(), x.shape()[n - 1].as_const());
+    // At most (dynamic dims at their upper bounds).
+    let (rows, cols) = (x.shape()[n - 2].bounds().hi, x.shape()[n - 1].bounds().hi);
     // `col - row` lies in `-(rows - 1)..cols`, so `k` clamped to `-rows..=cols` keeps the
     // same elements; in i32 when that fits, for devices without 64-bit integers.
-    let (dtype, k) = match (rows, cols) {
-        (Some(r), Some(c)) if r < i64::from(i32::MAX) && c < i64::from(i32::MAX) => {
-            (DType::I32, k.clamp(-r, c))
-        }
-        _ => (DType::I64, k),
+    let (dtype, k) = if rows < i64::from(i32::MAX) && cols < i64::from(i32::MAX) {
+        (DType::I32, k.clamp(-rows, cols))
+    } else {
+        (DType::I64, k)
     };
     let at = |axis| Tensor::record_on(x.device(), Op::Index(axis), dtype, x.shape().clone());
     let diff = at(n - 1).raw_binary(BinaryOp::Sub, &at(n - 2));

@@ -33,6 +33,25 @@ impl Tensor {
         Ok(self.reshape_to(out))
     }
 
+    /// [`Tensor::reshape`] with dims that may be dynamic (see [`Tensor::mark_dynamic`]),
+    /// such as another tensor's `shape()[0]`; one may be `Dim::from(-1)`.
+    ///
+    /// ```
+    /// # use tessel_tensor::{DType, Dim, Tensor, Var};
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let seq = Var::new("seq", 1, 512)?;
+    /// let x = Tensor::ones([6, 8], DType::F32).mark_dynamic(0, seq)?;
+    /// let heads = x.reshape_dims(&[x.shape()[0], Dim::from(2), Dim::from(4)])?;
+    /// assert_eq!(heads.shape().to_string(), "[seq, 2, 4]");
+    /// assert_eq!(heads.dims(), vec![6, 2, 4]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reshape_dims(&self, dims: &[Dim]) -> Result<Tensor> {
+        let out = rules::reshape(self.shape(), dims)?;
+        Ok(self.reshape_to(out))
+    }
+
     /// [`Tensor::reshape`] under `PyTorch`'s other name. Tessel views never need contiguous
     /// memory, so `view` accepts every shape `reshape` does.
     pub fn view(&self, shape: &[i64]) -> Result<Tensor> {

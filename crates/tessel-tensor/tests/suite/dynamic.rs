@@ -139,7 +139,12 @@ fn statistics_over_a_dynamic_axis() -> Result<()> {
             let m = v.iter().sum::<f64>() / v.len() as f64;
             v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() as f64 - 1.0)
         });
-        assert_nd("var", &Nd::of(&var), &want_var, reduce_tol(DType::F32, rows));
+        assert_nd(
+            "var",
+            &Nd::of(&var),
+            &want_var,
+            reduce_tol(DType::F32, rows),
+        );
         let want_mean = xr.data.iter().sum::<f64>() / xr.numel() as f64;
         let got = mean.item::<f32>()?;
         assert!(
