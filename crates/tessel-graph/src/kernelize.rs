@@ -28,7 +28,7 @@ use tessel_ir::Kernel;
 use tessel_shape::{DType, Dim};
 
 use crate::graph::{Graph, LeafId, Node, NodeId, Op};
-use crate::lower::{Lowering, lower_kernel};
+use crate::lower::{Lowering, MIN_COOPERATIVE_EXTENT, Mode, lower_kernel};
 
 /// Where a kernel argument comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -146,7 +146,7 @@ pub fn kernelize_with(
     targets: &[NodeId],
     separate: &[NodeId],
 ) -> Result<Schedule, KernelizeError> {
-    kernelize_impl(graph, targets, separate, false)
+    kernelize_impl(graph, targets, separate, Mode::Serial)
 }
 
 /// [`kernelize`], with every kernel whose reductions are long lowered cooperatively: a
@@ -158,14 +158,125 @@ pub fn kernelize_cooperative(
     graph: &Graph,
     targets: &[NodeId],
 ) -> Result<Schedule, KernelizeError> {
-    kernelize_impl(graph, targets, &[], true)
+    kernelize_impl(graph, targets, &[], Mode::Cooperative)
+}
+
+/// [`kernelize_cooperative`], with row statistics fused into the kernels that read them:
+/// a reduction over the last axis that is only broadcast back along that axis (softmax's
+/// max and sum, layer norm's mean and variance) is not materialized; each kernel reading
+/// it gets a workgroup per row, computes the row's statistics cooperatively once, then
+/// strides along the row. Softmax becomes one kernel reading each row from cache. `None`
+/// when the graph has no such statistics, or some kernel cannot take this form.
+pub fn kernelize_rows(
+    graph: &Graph,
+    targets: &[NodeId],
+) -> Result<Option<Schedule>, KernelizeError> {
+    let order = graph.toposort(targets);
+    let materialized = choose_materialized(graph, &order, targets);
+    let stats = row_statistics(graph, &order, &materialized, targets);
+    if stats.is_empty() {
+        return Ok(None);
+    }
+    let (_, leaves) = signature(graph, targets);
+    let leaf_slot: FxHashMap<LeafId, usize> =
+        leaves.iter().enumerate().map(|(i, &l)| (l, i)).collect();
+    let fused: FxHashSet<NodeId> = materialized.difference(&stats).copied().collect();
+    match build(graph, &order, &fused, &[], &leaf_slot, false, Mode::Rows) {
+        Ok(Built {
+            kernels,
+            empty,
+            order: Some(sorted),
+        }) => Ok(Some(schedule(graph, kernels, &empty, sorted))),
+        Ok(_) => Ok(None),
+        Err(Unsuitable::Mode(why)) => {
+            tracing::debug!(target: "tessel::kernels", "no row kernels: {why}");
+            Ok(None)
+        }
+        Err(Unsuitable::Error(e)) => Err(e),
+    }
+}
+
+/// Materialized values that are row statistics: not targets, last dim 1, long reductions
+/// inside, and consumed only by `Expand`s that broadcast them along that last dim to at
+/// least [`MIN_COOPERATIVE_EXTENT`] elements.
+fn row_statistics(
+    graph: &Graph,
+    order: &[NodeId],
+    materialized: &FxHashSet<NodeId>,
+    targets: &[NodeId],
+) -> FxHashSet<NodeId> {
+    let mut consumers: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
+    for &n in order {
+        for c in graph.node(n).op.children() {
+            consumers.entry(c).or_default().push(n);
+        }
+    }
+    materialized
+        .iter()
+        .copied()
+        .filter(|m| {
+            let shape = &graph.node(*m).shape;
+            let Some((last, outer)) = shape.dims().split_last() else {
+                return false;
+            };
+            !targets.contains(m)
+                && last.as_const() == Some(1)
+                && consumers.get(m).is_some_and(|cs| {
+                    cs.iter().all(|&c| {
+                        let e = graph.node(c);
+                        matches!(e.op, Op::Expand(_))
+                            && e.shape.dims().split_last().is_some_and(|(len, o)| {
+                                o == outer && len.bounds().hi >= MIN_COOPERATIVE_EXTENT
+                            })
+                    })
+                })
+        })
+        .collect()
+}
+
+/// Why [`build`] gave up.
+enum Unsuitable {
+    /// A kernel cannot take the mode asked for.
+    Mode(String),
+    /// A bug.
+    Error(KernelizeError),
+}
+
+impl From<KernelizeError> for Unsuitable {
+    fn from(e: KernelizeError) -> Self {
+        Unsuitable::Error(e)
+    }
+}
+
+/// The schedule of `kernels` run in `sorted` order.
+fn schedule(
+    graph: &Graph,
+    kernels: Vec<ScheduledKernel>,
+    empty: &[NodeId],
+    sorted: Vec<usize>,
+) -> Schedule {
+    let mut kernels: Vec<Option<ScheduledKernel>> = kernels.into_iter().map(Some).collect();
+    let kernels: Vec<ScheduledKernel> = sorted
+        .into_iter()
+        .filter_map(|i| kernels[i].take())
+        .collect();
+    let buffers = kernels
+        .iter()
+        .flat_map(|k| &k.writes)
+        .chain(empty)
+        .map(|&n| {
+            let node = graph.node(n);
+            (n, node.dtype, node.shape.numel())
+        })
+        .collect();
+    Schedule { kernels, buffers }
 }
 
 fn kernelize_impl(
     graph: &Graph,
     targets: &[NodeId],
     separate: &[NodeId],
-    cooperative: bool,
+    mode: Mode,
 ) -> Result<Schedule, KernelizeError> {
     let order = graph.toposort(targets);
     let (_, leaves) = signature(graph, targets);
@@ -182,26 +293,25 @@ fn kernelize_impl(
     // kernels in a cycle that no graph dependency shows (each writes a value the other
     // reads); then the schedule is rebuilt with one kernel per materialized value, whose
     // dependencies are the graph's own and so acyclic.
-    let mut built = build(
-        graph,
-        &order,
-        &materialized,
-        separate,
-        &leaf_slot,
-        true,
-        cooperative,
-    )?;
-    if built.order.is_none() {
-        tracing::debug!(target: "tessel::kernels", "multi-output kernels formed a cycle; one kernel per value instead");
-        built = build(
+    let build = |absorb| {
+        build(
             graph,
             &order,
             &materialized,
             separate,
             &leaf_slot,
-            false,
-            cooperative,
-        )?;
+            absorb,
+            mode,
+        )
+        .map_err(|e| match e {
+            Unsuitable::Error(e) => e,
+            Unsuitable::Mode(why) => KernelizeError(format!("unexpectedly unsuitable: {why}")),
+        })
+    };
+    let mut built = build(true)?;
+    if built.order.is_none() {
+        tracing::debug!(target: "tessel::kernels", "multi-output kernels formed a cycle; one kernel per value instead");
+        built = build(false)?;
     }
     let Built {
         kernels,
@@ -213,26 +323,12 @@ fn kernelize_impl(
             "kernels depend on each other in a cycle".into(),
         ));
     };
-    let mut kernels: Vec<Option<ScheduledKernel>> = kernels.into_iter().map(Some).collect();
-    let kernels: Vec<ScheduledKernel> = sorted
-        .into_iter()
-        .filter_map(|i| kernels[i].take())
-        .collect();
-    let buffers = kernels
-        .iter()
-        .flat_map(|k| &k.writes)
-        .chain(&empty)
-        .map(|&n| {
-            let node = graph.node(n);
-            (n, node.dtype, node.shape.numel())
-        })
-        .collect();
-    Ok(Schedule { kernels, buffers })
+    Ok(schedule(graph, kernels, &empty, sorted))
 }
 
 /// The kernels computing `materialized` (consumers absorbing producers of their shape when
-/// `absorb` is set; long reductions lowered cooperatively when `cooperative` is), the
-/// empty values, and the kernels in dependency order (`None` if they form a cycle).
+/// `absorb` is set; lowered in `mode`), the empty values, and the kernels in dependency
+/// order (`None` if they form a cycle).
 fn build(
     graph: &Graph,
     order: &[NodeId],
@@ -240,8 +336,8 @@ fn build(
     separate: &[NodeId],
     leaf_slot: &FxHashMap<LeafId, usize>,
     absorb: bool,
-    cooperative: bool,
-) -> Result<Built, KernelizeError> {
+    mode: Mode,
+) -> Result<Built, Unsuitable> {
     // Lower consumers before producers so a consumer can absorb a producer it evaluates at
     // its own coordinates; `absorbed` records who wrote what.
     let mut written_by: FxHashMap<NodeId, usize> = FxHashMap::default();
@@ -269,22 +365,17 @@ fn build(
             })
             .collect();
         let lowered = loop {
-            let lowered = match lower_kernel(
-                graph,
-                root,
-                materialized,
-                &absorbable,
-                leaf_slot,
-                cooperative,
-            )? {
-                Lowering::Done(k) => k,
-                Lowering::Retry(conflicts) => {
-                    for m in conflicts {
-                        absorbable.remove(&m);
+            let lowered =
+                match lower_kernel(graph, root, materialized, &absorbable, leaf_slot, mode)? {
+                    Lowering::Done(k) => k,
+                    Lowering::Unsuitable(why) => return Err(Unsuitable::Mode(why)),
+                    Lowering::Retry(conflicts) => {
+                        for m in conflicts {
+                            absorbable.remove(&m);
+                        }
+                        continue;
                     }
-                    continue;
-                }
-            };
+                };
             // Absorbing `m` is only sound if no other input of this kernel depends on `m`
             // (that input's kernel would need `m` before this kernel runs).
             let bad: Vec<NodeId> = lowered

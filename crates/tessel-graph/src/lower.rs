@@ -25,7 +25,21 @@ const LOCAL_SIZE: i64 = 128;
 const MAX_LANES: i64 = 256;
 
 /// Below this many elements per output, a reduction stays one invocation's loop.
-const MIN_COOPERATIVE_EXTENT: i64 = 256;
+pub(crate) const MIN_COOPERATIVE_EXTENT: i64 = 256;
+
+/// How a kernel spreads its work over invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One invocation per output element.
+    Serial,
+    /// A workgroup per output element when the kernel's reductions are long.
+    Cooperative,
+    /// A workgroup per row of the output (every axis but the last): the reductions the row
+    /// reads (its statistics, broadcast along it) are computed once, cooperatively, then
+    /// the invocations stride along the row computing its elements. Softmax in one kernel.
+    /// A reduction root is lowered as in `Cooperative`.
+    Rows,
+}
 
 struct Lowerer<'g> {
     graph: &'g Graph,
@@ -55,6 +69,10 @@ struct Lowerer<'g> {
     /// For a cooperative kernel (one workgroup per output element): the workgroup size
     /// and the invocation's index in it.
     lanes: Option<(i64, Value)>,
+    /// Inside a row kernel's loop along the row.
+    in_row_loop: bool,
+    /// Reductions computed inside that loop (per element: a row kernel must have none).
+    row_loop_reductions: usize,
 }
 
 /// The result of lowering one kernel.
@@ -63,28 +81,41 @@ pub(crate) enum Lowering {
     Done(ScheduledKernel),
     /// Lower again without absorbing these nodes.
     Retry(Vec<NodeId>),
+    /// The kernel cannot be lowered in the mode asked for (a row kernel whose reductions
+    /// depend on the position along the row), and why.
+    Unsuitable(String),
 }
 
 /// Lowers the kernel computing materialized node `root` (and any node of `absorbable` it
 /// evaluates at its own coordinates).
 ///
-/// With `cooperative`, a kernel whose reductions are long gives each output element a
+/// In `Mode::Cooperative`, a kernel whose reductions are long gives each output element a
 /// workgroup instead of one invocation: the invocations stride through each top-level
 /// reduction together (adjacent invocations read adjacent elements) and combine their
-/// partial results through local memory. Such a kernel writes only its root.
+/// partial results through local memory. Such a kernel writes only its root. See [`Mode`]
+/// for `Mode::Rows`.
 pub(crate) fn lower_kernel(
     graph: &Graph,
     root: NodeId,
     materialized: &FxHashSet<NodeId>,
     absorbable: &FxHashSet<NodeId>,
     leaf_slot: &FxHashMap<LeafId, usize>,
-    cooperative: bool,
+    mode: Mode,
 ) -> Result<Lowering, KernelizeError> {
-    let lanes = if cooperative {
-        cooperative_lanes(graph, root, materialized)
-    } else {
+    let lanes = if mode == Mode::Serial {
         None
+    } else {
+        cooperative_lanes(graph, root, materialized)
     };
+    let is_reduce = matches!(graph.node(root).op, Op::Reduce(..));
+    let row_len = graph.node(root).shape.dims().last().copied();
+    if mode == Mode::Rows
+        && !is_reduce
+        && row_len.is_some_and(|len| len.as_const() != Some(1))
+        && let Some(l) = lanes
+    {
+        return lower_row_kernel(graph, root, materialized, leaf_slot, l);
+    }
     let nothing = FxHashSet::default();
     let absorbable = if lanes.is_some() {
         &nothing
@@ -94,18 +125,7 @@ pub(crate) fn lower_kernel(
     let node = graph.node(root);
     let shape = node.shape.clone();
     let numel = shape.numel();
-    // 32-bit indices unless some buffer may exceed them.
-    let max_elems = graph
-        .toposort(&[root])
-        .iter()
-        .map(|&n| graph.node(n).shape.numel().bounds().hi)
-        .max()
-        .unwrap_or(0);
-    let idx = if max_elems < i64::from(i32::MAX) {
-        DType::I32
-    } else {
-        DType::I64
-    };
+    let idx = index_dtype(graph, root);
     let name = kernel_name(graph, root);
     let mut kb = KernelBuilder::new(&if lanes.is_some() {
         format!("{name}_g")
@@ -156,6 +176,8 @@ pub(crate) fn lower_kernel(
         n_reduces: 0,
         conflicts: Vec::new(),
         lanes: lane,
+        in_row_loop: false,
+        row_loop_reductions: 0,
     };
     let out = lw.param(Slot::Node(root), node.dtype, numel, Access::Write);
     lw.writes.push(root);
@@ -200,6 +222,130 @@ pub(crate) fn lower_kernel(
         kernel,
         args,
         writes,
+    }))
+}
+
+/// The index dtype for a kernel computing `root`: 32-bit unless some buffer may exceed it.
+fn index_dtype(graph: &Graph, root: NodeId) -> DType {
+    let max_elems = graph
+        .toposort(&[root])
+        .iter()
+        .map(|&n| graph.node(n).shape.numel().bounds().hi)
+        .max()
+        .unwrap_or(0);
+    if max_elems < i64::from(i32::MAX) {
+        DType::I32
+    } else {
+        DType::I64
+    }
+}
+
+/// Lowers `root` as a row kernel (see [`Mode::Rows`]) with workgroups of `lanes`.
+fn lower_row_kernel(
+    graph: &Graph,
+    root: NodeId,
+    materialized: &FxHashSet<NodeId>,
+    leaf_slot: &FxHashMap<LeafId, usize>,
+    lanes: i64,
+) -> Result<Lowering, KernelizeError> {
+    let node = graph.node(root);
+    let shape = node.shape.clone();
+    let Some((&len, outer_dims)) = shape.dims().split_last() else {
+        return Ok(Lowering::Unsuitable("a 0-d value has no rows".into()));
+    };
+    let outer_shape = Shape::new(outer_dims.to_vec());
+    let rows = outer_shape.numel();
+    let idx = index_dtype(graph, root);
+    let mut kb = KernelBuilder::new(&format!("{}_row", kernel_name(graph, root)));
+    kb.grid([rows, Dim::constant(1), Dim::constant(1)], [lanes, 1, 1]);
+    let group = kb.group_id(0, idx);
+    let lane = kb.local_id(0, idx);
+    let row_var = loop_var("gid", rows);
+    kb.bind(row_var, group, idx);
+    let col_var = loop_var("col", len);
+    let row = Expr::from(row_var);
+    let mut coords: Vec<Expr> = outer_shape
+        .iter()
+        .zip(&outer_shape.contiguous_strides())
+        .map(|(&d, &s)| coordinate(row, s, d))
+        .collect();
+    coords.push(Expr::from(col_var));
+    let nothing = FxHashSet::default();
+    let mut lw = Lowerer {
+        graph,
+        kb,
+        idx,
+        root,
+        root_coords: coords.clone(),
+        out_index: group,
+        materialized,
+        absorbable: &nothing,
+        leaf_slot,
+        params: FxHashMap::default(),
+        args: Vec::new(),
+        writes: vec![root],
+        memo: vec![FxHashMap::default()],
+        depth: 0,
+        n_reduces: 0,
+        conflicts: Vec::new(),
+        lanes: Some((lanes, lane)),
+        in_row_loop: false,
+        row_loop_reductions: 0,
+    };
+    let out = lw.param(Slot::Node(root), node.dtype, shape.numel(), Access::Write);
+    // The row's statistics first, by the whole workgroup; every invocation gets them.
+    let mut stats = Vec::new();
+    lw.invariant_reductions(root, &coords, col_var, &mut stats, true);
+    for (n, c) in stats {
+        lw.eval_node(n, &c, false)?;
+    }
+    // Then the row: invocation `lane` computes elements lane, lane + lanes, ...
+    let start = lw.kb.constant_as(0, idx);
+    let end = lw.ix(len.ceil_div(lanes));
+    let r = lw.kb.begin_range(start, end);
+    lw.memo.push(FxHashMap::default());
+    lw.depth += 1;
+    lw.in_row_loop = true;
+    let lanes_v = lw.kb.constant_as(lanes, idx);
+    let element = lw
+        .kb
+        .ternary(tessel_shape::TernaryOp::MulAdd, r, lanes_v, lane);
+    let guard = if len.as_const().is_some_and(|n| n % lanes == 0) {
+        None
+    } else {
+        let n = lw.ix(len);
+        let inside = lw.kb.lt(element, n);
+        Some(lw.kb.begin_if(inside))
+    };
+    lw.kb.bind(col_var, element, idx);
+    let value = lw.eval_node(root, &coords, true)?;
+    let at = lw.ix(row * len + Expr::from(col_var));
+    lw.kb.store(out, at, value);
+    if let Some(open) = guard {
+        lw.kb.end_if(open);
+    }
+    lw.memo.pop();
+    lw.depth -= 1;
+    lw.kb.end_range(r);
+    if lw.row_loop_reductions > 0 {
+        return Ok(Lowering::Unsuitable(format!(
+            "{root:?}: {} reduction(s) depend on the position along the row",
+            lw.row_loop_reductions
+        )));
+    }
+    let Lowerer { kb, args, .. } = lw;
+    let text = kb.kernel().to_string();
+    let kernel = kb.build().map_err(|e| {
+        KernelizeError(format!(
+            "generated row kernel failed verification: {e}\n{text}"
+        ))
+    })?;
+    let kernel = tessel_ir::passes::optimize(&kernel);
+    tracing::debug!(target: "tessel::kernels", "row kernel for {root:?}:\n{kernel}");
+    Ok(Lowering::Done(ScheduledKernel {
+        kernel,
+        args,
+        writes: vec![root],
     }))
 }
 
@@ -512,6 +658,9 @@ impl Lowerer<'_> {
         coords: &[Expr],
         dtype: DType,
     ) -> Result<Value, KernelizeError> {
+        if self.in_row_loop {
+            self.row_loop_reductions += 1;
+        }
         let inner = self.graph.node(child).shape.clone();
         // Half-precision sums accumulate in f32 (DESIGN.md).
         let acc_dtype = if matches!(dtype, DType::F16 | DType::BF16) {
@@ -540,7 +689,7 @@ impl Lowerer<'_> {
         }
         // Reductions inside the body that don't depend on this loop run before it.
         let mut hoist = Vec::new();
-        self.invariant_reductions(child, &mapped, loop_var, &mut hoist);
+        self.invariant_reductions(child, &mapped, loop_var, &mut hoist, false);
         for (n, c) in hoist {
             self.eval_node(n, &c, false)?;
         }
@@ -667,15 +816,17 @@ impl Lowerer<'_> {
 
     /// Unmaterialized reductions under `n` (at `coords`) whose coordinates don't mention
     /// `loop_var`. Pads are not crossed: under a pad, coordinates may be out of range.
+    /// `top` is set for the kernel's root, which is materialized but computed here.
     fn invariant_reductions(
         &self,
         n: NodeId,
         coords: &[Expr],
         loop_var: Var,
         out: &mut Vec<(NodeId, Vec<Expr>)>,
+        top: bool,
     ) {
         let node = self.graph.node(n);
-        if self.materialized.contains(&n) {
+        if !top && self.materialized.contains(&n) {
             // A producer this kernel can absorb is computed (and stored) before the loop.
             if self.absorbable.contains(&n)
                 && coords == self.root_coords.as_slice()
@@ -685,7 +836,10 @@ impl Lowerer<'_> {
             }
             return;
         }
-        debug_assert!(n != self.root, "the root is never inside its own reduction");
+        debug_assert!(
+            top || n != self.root,
+            "the root is never inside its own reduction"
+        );
         match &node.op {
             Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Pad(..) => {}
             Op::Reduce(..) => {
@@ -697,11 +851,11 @@ impl Lowerer<'_> {
             }
             op if op.is_movement() => {
                 let (child, mapped) = map_coords(self.graph, op, &node.shape, coords);
-                self.invariant_reductions(child, &mapped, loop_var, out);
+                self.invariant_reductions(child, &mapped, loop_var, out, false);
             }
             op => {
                 for c in op.children() {
-                    self.invariant_reductions(c, coords, loop_var, out);
+                    self.invariant_reductions(c, coords, loop_var, out, false);
                 }
             }
         }

@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 use tessel_graph::{
     Graph, LeafId, Node, NodeId, Op, ReduceOp, Schedule, Slot, kernelize, kernelize_cooperative,
-    signature,
+    kernelize_rows, signature,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 
@@ -395,6 +395,57 @@ fn cooperative_reductions_match_the_serial_ones() {
             let want: Vec<f64> = a.iter().map(|&v| f64::from(v)).collect();
             assert_close(b, &want, 1e-5);
             assert!(!b.is_empty(), "target {k}");
+        }
+    }
+}
+
+/// Row statistics fused into their readers: softmax is one kernel (a workgroup per row),
+/// and so is a layer norm; both match the default partition.
+#[test]
+fn row_kernels_match_the_serial_ones() {
+    for cols in [256, 300, 1024] {
+        let mut env = Env::new();
+        let mut rng = Rng(7 + cols as u64);
+        let rows = 5;
+        let x = env.leaf(&[rows, cols], rng.vec(rows * cols));
+        let s = env.shape(x);
+        let max = env.reduce(ReduceOp::Max, x, &[1]);
+        let me = env.expand(max, &s);
+        let shifted = env.binary(BinaryOp::Sub, x, me);
+        let e = env.unary(UnaryOp::Exp, shifted);
+        let z = env.reduce(ReduceOp::Sum, e, &[1]);
+        let ze = env.expand(z, &s);
+        let softmax = env.binary(BinaryOp::Div, e, ze);
+        // (x - mean) * rsqrt(mean((x - mean)^2) + eps)
+        let kept = env.shape(z);
+        let n = env.constant(cols as f32, &kept);
+        let total = env.reduce(ReduceOp::Sum, x, &[1]);
+        let mean = env.binary(BinaryOp::Div, total, n);
+        let mean_e = env.expand(mean, &s);
+        let centered = env.binary(BinaryOp::Sub, x, mean_e);
+        let sq = env.binary(BinaryOp::Mul, centered, centered);
+        let ss = env.reduce(ReduceOp::Sum, sq, &[1]);
+        let var = env.binary(BinaryOp::Div, ss, n);
+        let eps = env.constant(1e-5, &kept);
+        let var_eps = env.binary(BinaryOp::Add, var, eps);
+        let inv = env.unary(UnaryOp::Rsqrt, var_eps);
+        let inv_e = env.expand(inv, &s);
+        let norm = env.binary(BinaryOp::Mul, centered, inv_e);
+        for (what, target) in [("softmax", softmax), ("layer norm", norm)] {
+            let (serial, _) = env.realize(&[target]);
+            let schedule = kernelize_rows(&env.g, &[target])
+                .unwrap()
+                .expect("row statistics to fuse");
+            let names: Vec<&str> = schedule
+                .kernels
+                .iter()
+                .map(|k| k.kernel.name.as_str())
+                .collect();
+            assert_eq!(names.len(), 1, "{what}, {cols} columns: kernels {names:?}");
+            assert!(names[0].ends_with("_row"), "{what}: {names:?}");
+            let (rows_out, _) = env.run(&[target], &schedule);
+            let want: Vec<f64> = serial[0].iter().map(|&v| f64::from(v)).collect();
+            assert_close(&rows_out[0], &want, 1e-5);
         }
     }
 }

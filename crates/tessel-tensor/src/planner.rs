@@ -32,7 +32,7 @@ use tessel_graph::egraph::Budget as RewriteBudget;
 use tessel_graph::extract::{self, Budget, ClassId, Problem};
 use tessel_graph::{
     Graph, LeafId, NodeId, Op, Schedule, Simplified, Slot, find_matmuls, kernelize,
-    kernelize_cooperative, kernelize_with, signature, simplify,
+    kernelize_cooperative, kernelize_rows, kernelize_with, signature, simplify,
 };
 use tessel_ir::cache::{Fnv128, temp_suffix};
 use tessel_ir::{Backend, BufferId, Kernel, ProgramId, VendorOp};
@@ -238,6 +238,10 @@ pub(crate) fn partition(
             .any(|k| k.kernel.name.ends_with("_g"))
         {
             add_schedule(&mut parts, &cooperative, &pos, false, false);
+        }
+        // And row statistics fused into the kernels reading them (one-kernel softmax).
+        if let Some(rows) = kernelize_rows(graph, targets).map_err(internal)? {
+            add_schedule(&mut parts, &rows, &pos, false, false);
         }
     }
 
