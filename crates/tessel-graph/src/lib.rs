@@ -5,6 +5,8 @@
 //!   extraction of the cheapest form back into a graph ([`simplify()`]).
 //! - [`extract`](mod@extract): the cheapest closed, acyclic set of measured candidates
 //!   that produces the wanted values ([`extract::extract`]).
+//! - [`placement`]: extraction over several devices, with measured transfers inserted
+//!   where a producer and its consumer live apart ([`placement::place`]).
 //! - [`graph`]: hash-consed, reference-counted nodes ([`Graph`], [`Node`], [`Op`]).
 //! - [`kernelize`](mod@kernelize): which values get buffers, which ops fuse, and the
 //!   lowering of each kernel to `tessel_ir` ([`kernelize()`], [`Schedule`]).
@@ -19,6 +21,7 @@ pub mod extract;
 pub mod graph;
 pub mod kernelize;
 mod lower;
+pub mod placement;
 pub mod vendor;
 
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};

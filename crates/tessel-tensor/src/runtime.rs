@@ -22,7 +22,8 @@ use tessel_shape::{Bindings, DType, Shape};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::planner::{self, Plan, PlanSlot};
+use crate::measure;
+use crate::planner::{self, Place, Plan, PlanSlot, PlanStep};
 
 /// Plans kept per runtime before the oldest is evicted.
 pub const PLAN_CACHE_LIMIT: usize = 512;
@@ -53,6 +54,9 @@ pub struct RealizeReport {
     pub kernels: usize,
     /// Kernels compiled (0 when a cached plan replayed).
     pub compiled: usize,
+    /// Values copied between devices by a plan that places work on several devices (see
+    /// [`set_placement`](crate::set_placement)).
+    pub copies: usize,
 }
 
 /// Counters over the life of the process.
@@ -158,6 +162,13 @@ impl Runtime {
             });
         }
         Ok(backend.clone())
+    }
+
+    /// Drops every cached plan (their programs are released once no realize uses them).
+    pub(crate) fn clear_plans(&self) {
+        let mut st = self.lock();
+        st.plans.clear();
+        st.plan_order.clear();
     }
 
     /// Adds a node; the caller owns one count.
@@ -310,10 +321,15 @@ impl Runtime {
         let plan = if let Some(plan) = st.plans.get(&key) {
             plan.clone()
         } else {
-            let parts = planner::partition(&st.graph, &targets, &leaves, device)?;
+            let devices = planner::placement_devices(device);
+            let parts = planner::partition(&st.graph, &targets, &leaves, &devices)?;
             drop(st);
+            let mut plan_devices = Vec::with_capacity(devices.len());
+            for d in devices {
+                plan_devices.push((d, self.backend(d)?));
+            }
             // Compile without the lock: other threads keep recording.
-            let compiled = planner::compile(parts, &backend, device)?;
+            let compiled = planner::compile(parts, plan_devices)?;
             report.compiled += compiled.built;
             self.compiled
                 .fetch_add(compiled.built as u64, Ordering::Relaxed);
@@ -325,7 +341,7 @@ impl Runtime {
                     inputs.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
                 }
                 drop(st);
-                planner::choose(&compiled, &inputs, dims)?
+                measure::choose(&compiled, &inputs, dims)?
             } else {
                 compiled.default_plan()
             };
@@ -356,17 +372,15 @@ impl Runtime {
         drop(st);
         let inputs: Vec<BufferId> = plan.inputs.iter().map(|&i| bound[i]).collect();
 
-        // Buffers by position, with their sizes in bytes.
-        let mut temps: FxHashMap<usize, (BufferId, usize)> = FxHashMap::default();
+        // Buffers by value and device, with their sizes in bytes.
+        let mut temps: FxHashMap<Place, (BufferId, usize)> = FxHashMap::default();
         let mut plan = plan;
         let mut result = self.run_plan(&plan, &inputs, dims, &mut temps);
         if let Err(e) = &result
             && let Some(fallback) = plan.fallback.clone()
         {
             tracing::warn!(target: "tessel::plan", "{device}: the chosen plan failed ({e}); running the runner-up");
-            for (_, (b, _)) in temps.drain() {
-                let _ = backend.free(b);
-            }
+            free_temps(&plan, temps.drain());
             let inputs: Vec<BufferId> = fallback.inputs.iter().map(|&i| bound[i]).collect();
             result = self.run_plan(&fallback, &inputs, dims, &mut temps);
             if result.is_ok() {
@@ -377,17 +391,24 @@ impl Runtime {
             }
             plan = fallback;
         }
-        report.kernels = plan.kernels.len();
+        report.kernels = plan.launches();
+        report.copies = plan.steps.len() - report.kernels;
 
         let mut st = self.lock();
         if let Err(e) = result {
-            for (_, (b, _)) in temps {
-                let _ = backend.free(b);
-            }
+            free_temps(&plan, temps.into_iter());
             return Err(e);
         }
-        for (&p, &(buffer, bytes)) in &temps {
-            if let Some(&(_, k)) = plan.outputs.iter().find(|(q, _)| *q == p) {
+        let mut rest = Vec::new();
+        for (place, (buffer, bytes)) in temps {
+            let output = match place {
+                Place {
+                    slot: PlanSlot::Node(p),
+                    device: 0,
+                } => plan.outputs.iter().find(|(q, _)| *q == p),
+                _ => None,
+            };
+            if let Some(&(_, k)) = output {
                 let node = targets[k];
                 let leaf = LeafId(st.next_leaf);
                 st.next_leaf += 1;
@@ -401,10 +422,12 @@ impl Runtime {
                 );
                 let freed = st.graph.make_leaf(node, leaf);
                 self.free_leaves(&mut st, freed);
-            } else if let Err(e) = backend.free(buffer) {
-                tracing::warn!("freeing a temporary on {device}: {e}");
+            } else {
+                rest.push((place, (buffer, bytes)));
             }
         }
+        drop(st);
+        free_temps(&plan, rest.into_iter());
         Ok(report)
     }
 
@@ -413,32 +436,52 @@ impl Runtime {
         plan: &Plan,
         inputs: &[BufferId],
         dims: &Bindings,
-        temps: &mut FxHashMap<usize, (BufferId, usize)>,
+        temps: &mut FxHashMap<Place, (BufferId, usize)>,
     ) -> Result<()> {
-        let backend = &plan.backend;
-        for &(p, dtype, numel) in &plan.buffers {
-            let numel = numel
-                .eval(dims)
-                .map_err(|e| Error::Internal(e.to_string()))?;
-            let bytes = numel.max(0) as usize * dtype.size_bytes();
-            temps.insert(
-                p,
-                (backend.alloc(plan.device.ordinal, bytes.max(1))?, bytes),
-            );
+        let bytes_of = |dtype: DType, numel: tessel_shape::Dim| -> Result<usize> {
+            let n = numel.eval(dims).map_err(|e| Error::Internal(e.to_string()))?;
+            Ok(n.max(0) as usize * dtype.size_bytes())
+        };
+        for &(place, dtype, numel) in &plan.buffers {
+            let (device, backend) = &plan.devices[place.device];
+            let bytes = bytes_of(dtype, numel)?;
+            temps.insert(place, (backend.alloc(device.ordinal, bytes.max(1))?, bytes));
         }
-        for k in &plan.kernels {
-            let args: Vec<BufferId> = k
-                .args
-                .iter()
-                .map(|a| match *a {
-                    PlanSlot::Input(i) => inputs[i],
-                    PlanSlot::Node(p) => temps[&p].0,
-                })
-                .collect();
-            backend.launch(k.program.id, &args, dims)?;
-            self.launched.fetch_add(1, Ordering::Relaxed);
+        let buffer = |p: &Place| match p.slot {
+            PlanSlot::Input(i) if p.device == 0 => inputs[i],
+            _ => temps[p].0,
+        };
+        for step in &plan.steps {
+            match step {
+                PlanStep::Launch {
+                    program,
+                    device,
+                    args,
+                } => {
+                    let args: Vec<BufferId> = args.iter().map(buffer).collect();
+                    plan.devices[*device].1.launch(program.id, &args, dims)?;
+                    self.launched.fetch_add(1, Ordering::Relaxed);
+                }
+                PlanStep::Copy { from, to } => {
+                    let (src_device, src) = &plan.devices[from.device];
+                    let dst = &plan.devices[to.device].1;
+                    let bytes = match from.slot {
+                        PlanSlot::Input(_) => temps[to].1,
+                        PlanSlot::Node(_) => temps[from].1,
+                    };
+                    if bytes > 0 {
+                        // Through the host: the two devices' backends share no memory.
+                        src.synchronize(src_device.ordinal)?;
+                        let mut host = vec![0u8; bytes];
+                        src.read(buffer(from), 0, &mut host)?;
+                        dst.write(buffer(to), 0, &host)?;
+                    }
+                }
+            }
         }
-        backend.synchronize(plan.device.ordinal)?;
+        for (device, backend) in &plan.devices {
+            backend.synchronize(device.ordinal)?;
+        }
         Ok(())
     }
 
@@ -523,7 +566,7 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::{PlanKernel, Program};
+    use crate::planner::Program;
     use crate::{DType, Tensor};
 
     /// A measured plan keeps its runner-up. When running the chosen plan fails (here: its
@@ -559,19 +602,36 @@ mod tests {
                 .fallback
                 .clone()
                 .expect("a measured matmul plan keeps its runner-up");
-            let mut kernels: Vec<PlanKernel> = plan
-                .kernels
+            let mut broken_first = true;
+            let steps: Vec<PlanStep> = plan
+                .steps
                 .iter()
-                .map(|k| PlanKernel {
-                    program: k.program.clone(),
-                    args: k.args.clone(),
+                .map(|step| match step {
+                    PlanStep::Launch {
+                        program,
+                        device: d,
+                        args,
+                    } => {
+                        let program = if std::mem::take(&mut broken_first) {
+                            Arc::new(Program::unbuilt(plan.devices[*d].1.clone(), device))
+                        } else {
+                            program.clone()
+                        };
+                        PlanStep::Launch {
+                            program,
+                            device: *d,
+                            args: args.clone(),
+                        }
+                    }
+                    PlanStep::Copy { from, to } => PlanStep::Copy {
+                        from: *from,
+                        to: *to,
+                    },
                 })
                 .collect();
-            kernels[0].program = Arc::new(Program::unbuilt(plan.backend.clone(), device));
             let broken = Plan {
-                device,
-                backend: plan.backend.clone(),
-                kernels,
+                devices: plan.devices.clone(),
+                steps,
                 buffers: plan.buffers.clone(),
                 inputs: plan.inputs.clone(),
                 outputs: plan.outputs.clone(),
@@ -595,5 +655,85 @@ mod tests {
             "the runner-up replaces the failed plan"
         );
         drop((st, plan));
+    }
+}
+
+/// Frees a plan's temporaries, each through its device's backend.
+fn free_temps(plan: &Plan, temps: impl Iterator<Item = (Place, (BufferId, usize))>) {
+    for (place, (buffer, _)) in temps {
+        let (device, backend) = &plan.devices[place.device];
+        if let Err(e) = backend.free(buffer) {
+            tracing::warn!("freeing a temporary on {device}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod placement_tests {
+    use super::*;
+    use crate::planner::{self, PlanDevice};
+    use crate::{DType, Tensor};
+    use tessel_graph::placement::Step;
+
+    /// A plan that runs every kernel on a second device (another backend when one is
+    /// compiled in and present, else the CPU again as a stand-in) with copies in and out:
+    /// the inputs move there, the result comes back, and the values match the home
+    /// device's.
+    #[test]
+    fn a_placed_plan_copies_inputs_out_and_results_back() {
+        Tensor::manual_seed(21);
+        let home = crate::Device::cpu();
+        let other = crate::Device::all()
+            .into_iter()
+            .find(|d| *d != home && d.supports(DType::F32))
+            .unwrap_or(home);
+        let a = Tensor::randn([33, 20], DType::F32).unwrap().to(&home).unwrap();
+        let b = Tensor::randn([20, 7], DType::F32).unwrap().to(&home).unwrap();
+        Tensor::realize_all(&[&a, &b]).unwrap();
+        let expr = || (&a.matmul(&b).unwrap().relu() * 2.0).unwrap();
+        let want = expr().to_vec::<f32>().unwrap();
+
+        let c = expr();
+        let rt = runtime();
+        let st = rt.lock();
+        let targets = [c.node()];
+        let (sig, leaves) = signature(&st.graph, &targets);
+        let parts = planner::partition(&st.graph, &targets, &leaves, &[home, other]).unwrap();
+        drop(st);
+        let devices: Vec<PlanDevice> = [home, other]
+            .iter()
+            .map(|&d| (d, rt.backend(d).unwrap()))
+            .collect();
+        let compiled = planner::compile(parts, devices).unwrap();
+        let mut steps: Vec<Step> = (0..compiled.inputs.len())
+            .map(|i| Step::Copy {
+                class: compiled.class(PlanSlot::Input(i)),
+                from: 0,
+                to: 1,
+            })
+            .collect();
+        steps.extend(
+            compiled
+                .programs
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.device == 1 && compiled.candidates[p.candidate].default)
+                .map(|(k, _)| Step::Run(k)),
+        );
+        steps.extend(compiled.targets.iter().map(|&t| Step::Copy {
+            class: compiled.class(PlanSlot::Node(t)),
+            from: 1,
+            to: 0,
+        }));
+        let plan = compiled.plan(&steps);
+        assert!(plan.steps.iter().any(|s| matches!(s, PlanStep::Launch { device: 1, .. })));
+        rt.lock().plans.insert((sig, home), Arc::new(plan));
+
+        let report = c.realize().unwrap();
+        assert_eq!(report.copies, leaves.len() + 1, "{report:?}");
+        let got = c.to_vec::<f32>().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{g} vs {w} on {other}");
+        }
     }
 }

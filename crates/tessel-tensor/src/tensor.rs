@@ -293,6 +293,7 @@ impl Tensor {
             let r = runtime().realize(&nodes, device, &values.bindings())?;
             total.kernels += r.kernels;
             total.compiled += r.compiled;
+            total.copies += r.copies;
         }
         Ok(total)
     }

@@ -1,0 +1,514 @@
+//! Measuring a realize's programs and choosing its plan.
+//!
+//! Every program runs on the realize's own inputs, in dependency order, on its device.
+//! Values a program reads on another device are copied there first (untimed); a program
+//! whose value has already been produced writes scratch buffers and must match that
+//! reference (the default partition's, on the home device, where there is one) before its
+//! time counts. Times are device-timer medians. Copies between the home device and each
+//! other device are timed too, per value size, on the host clock (they go through host
+//! memory). Times are cached on disk by backend, device, driver, program text and
+//! dynamic-dim values (copies: both devices and the size), so a second process measures
+//! nothing it already knows. [`tessel_graph::placement::place`] then picks the cheapest
+//! closed set of programs and copies.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+use tessel_graph::extract::Budget;
+use tessel_graph::placement::{self, PlacedCandidate, Placement, Transfer};
+use tessel_ir::cache::{Fnv128, temp_suffix};
+use tessel_ir::{Backend, BufferId};
+use tessel_shape::{Bindings, DType, Dim};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::planner::{Compiled, Place, Plan, PlanSlot, Work};
+
+/// Measures every program on the realize's leaves (`leaves`, on the home device, in
+/// signature order) with the dynamic dims `dims`, and returns the plan of the cheapest
+/// closed set of programs and copies.
+pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId], dims: &Bindings) -> Result<Plan> {
+    let inputs: Vec<BufferId> = compiled.inputs.iter().map(|&i| leaves[i]).collect();
+    let mut m = Measurer::new(compiled, dims);
+    let outcome = m
+        .run(&inputs)
+        .and_then(|times| Ok((times, m.transfers()?)));
+    m.free();
+    let (times, transfers) = outcome?;
+    let problem = Placement {
+        devices: compiled.devices.len(),
+        candidates: compiled
+            .programs
+            .iter()
+            .enumerate()
+            .filter_map(|(k, b)| {
+                let c = &compiled.candidates[b.candidate];
+                Some(PlacedCandidate {
+                    id: k,
+                    device: b.device,
+                    writes: c
+                        .writes
+                        .iter()
+                        .map(|&w| compiled.class(PlanSlot::Node(w)))
+                        .collect(),
+                    reads: c.reads().map(|r| compiled.class(r)).collect(),
+                    cost: times[k]?,
+                })
+            })
+            .collect(),
+        transfers,
+        available: (0..compiled.inputs.len())
+            .map(|i| compiled.class(PlanSlot::Input(i)))
+            .chain(
+                compiled
+                    .empty
+                    .iter()
+                    .map(|&p| compiled.class(PlanSlot::Node(p))),
+            )
+            .collect(),
+        targets: compiled
+            .targets
+            .iter()
+            .map(|&p| compiled.class(PlanSlot::Node(p)))
+            .collect(),
+    };
+    let placed = placement::place(&problem, Budget::default())
+        .map_err(|e| Error::Internal(format!("choosing a plan: {e}")))?;
+    if tracing::enabled!(target: "tessel::plan", tracing::Level::INFO) {
+        log_choice(compiled, &times, &placed);
+    }
+    let mut plan = compiled.plan(&placed.steps);
+    if let Some((runner_up, _)) = &placed.runner_up {
+        plan.fallback = Some(Arc::new(compiled.plan(runner_up)));
+    }
+    Ok(plan)
+}
+
+fn log_choice(compiled: &Compiled, times: &[Option<f64>], placed: &placement::Placed) {
+    let mut text = String::new();
+    for (k, b) in compiled.programs.iter().enumerate() {
+        let c = &compiled.candidates[b.candidate];
+        let _ = writeln!(
+            text,
+            "  {} {:<40} on {:<8} writes {:?} reads {:?}: {}",
+            if placed.steps.contains(&placement::Step::Run(k)) {
+                "*"
+            } else {
+                " "
+            },
+            c.work.name(),
+            compiled.devices[b.device].0.to_string(),
+            c.writes,
+            c.reads().collect::<Vec<_>>(),
+            times[k].map_or("invalid".to_string(), |t| format!("{:.1} µs", t * 1e6)),
+        );
+    }
+    for step in &placed.steps {
+        if let placement::Step::Copy { class, from, to } = step {
+            let _ = writeln!(
+                text,
+                "  * copy {class} {} -> {}",
+                compiled.devices[*from].0, compiled.devices[*to].0
+            );
+        }
+    }
+    tracing::info!(target: "tessel::plan", "{}: plan of {} programs, chosen cost {:.1} µs:\n{text}", compiled.devices[0].0, compiled.programs.len(), placed.cost * 1e6);
+}
+
+/// Runs programs to validate and time them.
+struct Measurer<'c> {
+    compiled: &'c Compiled,
+    /// A buffer holding each value, per device it has been produced on or copied to.
+    real: FxHashMap<Place, BufferId>,
+    /// Every buffer allocated (with its device), freed at the end.
+    owned: Vec<(usize, BufferId)>,
+    /// The dynamic dims' values for this measurement.
+    dims: Bindings,
+}
+
+/// Timed runs after the first (validating) one; fewer for slow candidates.
+const RUNS: usize = 5;
+
+impl<'c> Measurer<'c> {
+    fn new(compiled: &'c Compiled, dims: &Bindings) -> Self {
+        Measurer {
+            compiled,
+            real: FxHashMap::default(),
+            owned: Vec::new(),
+            dims: dims.clone(),
+        }
+    }
+
+    fn backend(&self, device: usize) -> &Arc<dyn Backend> {
+        &self.compiled.devices[device].1
+    }
+
+    fn device(&self, device: usize) -> Device {
+        self.compiled.devices[device].0
+    }
+
+    /// Bytes of a slot's value under this measurement's dims.
+    fn bytes(&self, slot: PlanSlot) -> Result<usize> {
+        let (dtype, numel) = self.compiled.size(slot);
+        Ok(eval(numel, &self.dims)? * dtype.size_bytes())
+    }
+
+    fn alloc(&mut self, device: usize, bytes: usize) -> Result<BufferId> {
+        let ordinal = self.device(device).ordinal;
+        let b = self.backend(device).alloc(ordinal, bytes.max(1))?;
+        self.owned.push((device, b));
+        Ok(b)
+    }
+
+    fn free(&mut self) {
+        for (d, b) in std::mem::take(&mut self.owned) {
+            let _ = self.backend(d).free(b);
+        }
+    }
+
+    /// Copies `bytes` from `src` on device `from` to `dst` on device `to`, through the host.
+    fn copy(&self, from: usize, src: BufferId, to: usize, dst: BufferId, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut host = vec![0u8; bytes];
+        self.backend(from)
+            .synchronize(self.device(from).ordinal)?;
+        self.backend(from).read(src, 0, &mut host)?;
+        self.backend(to).write(dst, 0, &host)?;
+        Ok(())
+    }
+
+    /// A buffer holding `slot`'s value on `device`, copying it from another device if it
+    /// has not been there yet; `None` if no device has it.
+    fn on_device(&mut self, slot: PlanSlot, device: usize) -> Result<Option<BufferId>> {
+        let here = Place { slot, device };
+        if let Some(&b) = self.real.get(&here) {
+            return Ok(Some(b));
+        }
+        let Some((&from, &src)) = self.real.iter().find(|(p, _)| p.slot == slot) else {
+            return Ok(None);
+        };
+        let bytes = self.bytes(slot)?;
+        let dst = self.alloc(device, bytes)?;
+        self.copy(from.device, src, device, dst, bytes)?;
+        self.real.insert(here, dst);
+        Ok(Some(dst))
+    }
+
+    /// Median seconds per program; `None` for one that failed or disagreed.
+    fn run(&mut self, inputs: &[BufferId]) -> Result<Vec<Option<f64>>> {
+        let compiled = self.compiled;
+        let n = compiled.programs.len();
+        let mut times: Vec<Option<f64>> = vec![None; n];
+        let keys: Vec<u128> = compiled
+            .programs
+            .iter()
+            .map(|b| {
+                let (device, backend) = &compiled.devices[b.device];
+                let work = &compiled.candidates[b.candidate].work;
+                timing_key(&**backend, *device, work, &self.dims)
+            })
+            .collect();
+        let cached: Vec<Option<f64>> = keys.iter().map(|&k| load_timing(k)).collect();
+        if cached.iter().all(Option::is_some) {
+            return Ok(cached);
+        }
+        for (i, &b) in inputs.iter().enumerate() {
+            self.real.insert(
+                Place {
+                    slot: PlanSlot::Input(i),
+                    device: 0,
+                },
+                b,
+            );
+        }
+        for &p in &compiled.empty {
+            let b = self.alloc(0, 1)?;
+            self.real.insert(
+                Place {
+                    slot: PlanSlot::Node(p),
+                    device: 0,
+                },
+                b,
+            );
+        }
+        // Default candidates on the home device first, so references come from them.
+        let mut pending: Vec<usize> = (0..n).collect();
+        pending.sort_by_key(|&k| {
+            let b = &compiled.programs[k];
+            (!compiled.candidates[b.candidate].default, b.device)
+        });
+        let mut measured: FxHashMap<u128, f64> = FxHashMap::default();
+        while !pending.is_empty() {
+            let Some(at) = pending.iter().position(|&k| {
+                let c = &compiled.candidates[compiled.programs[k].candidate];
+                c.reads().all(|r| self.real.keys().any(|p| p.slot == r))
+            }) else {
+                // What is left reads values nobody could produce: never chosen.
+                break;
+            };
+            let k = pending.remove(at);
+            let b = &compiled.programs[k];
+            let c = &compiled.candidates[b.candidate];
+            let known = cached[k].or(measured.get(&keys[k]).copied());
+            match self.measure(k, known) {
+                Ok(Some(t)) => {
+                    times[k] = Some(t);
+                    if cached[k].is_none() && measured.insert(keys[k], t).is_none() {
+                        store_timing(keys[k], t);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) if c.default && b.device == 0 => return Err(e),
+                Err(e) => {
+                    tracing::warn!(target: "tessel::plan", "{}: dropping {}: {e}", self.device(b.device), c.work.name());
+                }
+            }
+        }
+        Ok(times)
+    }
+
+    /// Runs program `k`: the first run produces (or checks) its values, then times it
+    /// unless `known` already holds its time.
+    fn measure(&mut self, k: usize, known: Option<f64>) -> Result<Option<f64>> {
+        let compiled = self.compiled;
+        let b = &compiled.programs[k];
+        let c = &compiled.candidates[b.candidate];
+        let d = b.device;
+        let mut checks = Vec::new();
+        let mut args = Vec::with_capacity(c.args.len());
+        for &a in &c.args {
+            let written = matches!(a, PlanSlot::Node(p) if c.writes.contains(&p));
+            let buffer = if written {
+                let bytes = self.bytes(a)?;
+                let fresh = self.alloc(d, bytes)?;
+                if let Some((&reference, &buffer)) = self.reference(a) {
+                    checks.push((a, reference.device, buffer, fresh));
+                } else {
+                    self.real.insert(Place { slot: a, device: d }, fresh);
+                }
+                fresh
+            } else {
+                self.on_device(a, d)?.ok_or_else(|| {
+                    Error::Internal(format!("{a:?} is read before anything produced it"))
+                })?
+            };
+            args.push(buffer);
+        }
+        let backend = self.backend(d).clone();
+        let program = b.program.id;
+        let first = backend.time(program, &args, &self.dims)?;
+        for (slot, ref_device, reference, fresh) in checks {
+            if let Some(why) = self.disagreement(slot, (ref_device, reference), (d, fresh))? {
+                tracing::warn!(target: "tessel::plan", "{}: dropping {}: its output differs from the reference ({why})", self.device(d), c.work.name());
+                return Ok(None);
+            }
+        }
+        if let Some(t) = known {
+            return Ok(Some(t));
+        }
+        let runs = if first > Duration::from_millis(50) {
+            2
+        } else {
+            RUNS
+        };
+        let mut samples = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            samples.push(backend.time(program, &args, &self.dims)?.as_secs_f64());
+        }
+        Ok(Some(median(samples)))
+    }
+
+    /// The buffer holding `slot`'s reference value: on the home device if it is there.
+    fn reference(&self, slot: PlanSlot) -> Option<(&Place, &BufferId)> {
+        let home = Place { slot, device: 0 };
+        self.real
+            .get_key_value(&home)
+            .or_else(|| self.real.iter().find(|(p, _)| p.slot == slot))
+    }
+
+    /// Measured copies of every value between the home device and each other device
+    /// (cached on disk by the two devices and the size).
+    fn transfers(&mut self) -> Result<Vec<Transfer>> {
+        let compiled = self.compiled;
+        if compiled.devices.len() < 2 {
+            return Ok(Vec::new());
+        }
+        let slots = compiled
+            .buffers
+            .keys()
+            .map(|&p| PlanSlot::Node(p))
+            .chain((0..compiled.inputs.len()).map(PlanSlot::Input));
+        let mut by_size: FxHashMap<(usize, usize, usize), f64> = FxHashMap::default();
+        let mut out = Vec::new();
+        for slot in slots {
+            let bytes = self.bytes(slot)?;
+            for other in 1..compiled.devices.len() {
+                for (from, to) in [(0, other), (other, 0)] {
+                    let cost = match by_size.get(&(from, to, bytes)) {
+                        Some(&t) => t,
+                        None => {
+                            let t = self.copy_time(from, to, bytes)?;
+                            by_size.insert((from, to, bytes), t);
+                            t
+                        }
+                    };
+                    out.push(Transfer {
+                        class: compiled.class(slot),
+                        from,
+                        to,
+                        cost,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Median seconds to copy `bytes` from device `from` to device `to` through the host.
+    fn copy_time(&mut self, from: usize, to: usize, bytes: usize) -> Result<f64> {
+        let key = copy_key(
+            (&**self.backend(from), self.device(from)),
+            (&**self.backend(to), self.device(to)),
+            bytes,
+        );
+        if let Some(t) = load_timing(key) {
+            return Ok(t);
+        }
+        let src = self.alloc(from, bytes)?;
+        let dst = self.alloc(to, bytes)?;
+        let mut samples = Vec::with_capacity(RUNS);
+        for _ in 0..=RUNS {
+            let start = Instant::now();
+            self.copy(from, src, to, dst, bytes)?;
+            self.backend(to).synchronize(self.device(to).ordinal)?;
+            samples.push(start.elapsed().as_secs_f64());
+        }
+        samples.remove(0); // warm-up
+        let t = median(samples);
+        store_timing(key, t);
+        Ok(t)
+    }
+
+    /// Why two buffers holding `slot`'s value disagree beyond rounding, if they do. Floats
+    /// compare against the largest reference magnitude (a different summation order moves
+    /// every element by about the same absolute amount); other dtypes compare exactly.
+    fn disagreement(
+        &self,
+        slot: PlanSlot,
+        reference: (usize, BufferId),
+        other: (usize, BufferId),
+    ) -> Result<Option<String>> {
+        let (dtype, _) = self.compiled.size(slot);
+        let len = self.bytes(slot)?;
+        let mut x = vec![0u8; len];
+        let mut y = vec![0u8; len];
+        if len > 0 {
+            self.backend(reference.0).read(reference.1, 0, &mut x)?;
+            self.backend(other.0).read(other.1, 0, &mut y)?;
+        }
+        let (Some(xs), Some(ys)) = (floats(dtype, &x), floats(dtype, &y)) else {
+            return Ok((x != y).then(|| "the bytes differ".to_string()));
+        };
+        let scale = xs
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(0.0f64, |m, v| m.max(v.abs()));
+        let tolerance = 1e-3 * scale;
+        for (i, (p, q)) in xs.iter().zip(&ys).enumerate() {
+            let same = (p.is_nan() && q.is_nan()) || p == q || (p - q).abs() <= tolerance;
+            if !same {
+                return Ok(Some(format!("element {i}: {q} instead of {p}")));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn eval(numel: Dim, dims: &Bindings) -> Result<usize> {
+    let n = numel
+        .eval(dims)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(n.max(0) as usize)
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// The values of a float buffer, `None` for other dtypes.
+fn floats(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
+    let width = dtype.size_bytes();
+    let decode: fn(&[u8]) -> f64 = match dtype {
+        DType::F32 => |b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DType::F64 => |b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+        DType::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        _ => return None,
+    };
+    Some(bytes.chunks_exact(width).map(decode).collect())
+}
+
+/// The disk timing cache: one small file per (backend, device, driver, program text,
+/// dynamic-dim values), or per copy (both devices, size).
+fn timing_dir() -> PathBuf {
+    tessel_ir::cache::default_root().join("timings")
+}
+
+/// Hashes a backend's device identity: backend, device name and driver.
+fn device_identity(h: &mut Fnv128, backend: &dyn Backend, device: Device) {
+    h.field(backend.name().as_bytes());
+    if let Some(info) = backend.devices().get(device.ordinal) {
+        h.field(info.name.as_bytes());
+        h.field(info.driver.as_bytes());
+    }
+}
+
+fn timing_key(backend: &dyn Backend, device: Device, work: &Work, dims: &Bindings) -> u128 {
+    let mut h = Fnv128::new();
+    h.field(b"tessel-timing-v2");
+    // A program with dynamic dims takes as long as the sizes it runs at.
+    let mut values: Vec<(String, i64)> = dims.iter().map(|(v, n)| (v.to_string(), n)).collect();
+    values.sort_unstable();
+    for (name, value) in values {
+        h.field(format!("{name}={value}").as_bytes());
+    }
+    device_identity(&mut h, backend, device);
+    h.field(work.text().as_bytes());
+    h.finish()
+}
+
+fn copy_key(from: (&dyn Backend, Device), to: (&dyn Backend, Device), bytes: usize) -> u128 {
+    let mut h = Fnv128::new();
+    h.field(b"tessel-copy-v1");
+    device_identity(&mut h, from.0, from.1);
+    device_identity(&mut h, to.0, to.1);
+    h.field(&bytes.to_le_bytes());
+    h.finish()
+}
+
+fn load_timing(key: u128) -> Option<f64> {
+    let text = std::fs::read_to_string(timing_dir().join(format!("{key:032x}"))).ok()?;
+    text.trim()
+        .parse()
+        .ok()
+        .filter(|t: &f64| t.is_finite() && *t >= 0.0)
+}
+
+fn store_timing(key: u128, seconds: f64) {
+    let dir = timing_dir();
+    let path = dir.join(format!("{key:032x}"));
+    let temp = dir.join(format!("{key:032x}.{}", temp_suffix()));
+    // A cache that cannot be written costs a measurement next time, nothing else.
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&temp, format!("{seconds:e}\n")))
+        .and_then(|()| std::fs::rename(&temp, &path));
+    if let Err(e) = written {
+        tracing::debug!(target: "tessel::plan", "cannot cache a timing in {}: {e}", dir.display());
+    }
+}
