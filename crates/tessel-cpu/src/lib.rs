@@ -519,6 +519,11 @@ impl Backend for CpuBackend {
         self.check_device(device)?;
         Ok(VendorProgram::new(op).map(|p| self.programs.insert(Program::Vendor(p))))
     }
+
+    fn vendor_library(&self, _device: usize) -> String {
+        // The `gemm` crate's major version (Cargo.toml pins `0.19`).
+        "gemm 0.19".to_owned()
+    }
 }
 
 /// Runs `kernel` in the interpreter on the locked buffers (all write-locked).

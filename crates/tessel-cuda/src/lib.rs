@@ -883,6 +883,13 @@ impl Backend for CudaBackend {
             }
         }
     }
+
+    fn vendor_library(&self, device: usize) -> String {
+        self.device(device)
+            .ok()
+            .and_then(|dev| lock(&dev.blas).as_ref().map(|b| format!("cuBLAS {}", b.version)))
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

@@ -193,4 +193,13 @@ pub trait Backend: Send + Sync {
         let _ = (device, op);
         Ok(None)
     }
+
+    /// The name and version of the library behind [`Backend::vendor`]'s programs on
+    /// `device` (`"cuBLAS 130100"`), once one has been made: part of the key under which
+    /// their measured times are cached, so a new library version is measured anew. Empty
+    /// where there is none.
+    fn vendor_library(&self, device: usize) -> String {
+        let _ = device;
+        String::new()
+    }
 }

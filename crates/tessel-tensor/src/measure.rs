@@ -479,6 +479,9 @@ fn timing_key(backend: &dyn Backend, device: Device, work: &Work, dims: &Binding
         h.field(format!("{name}={value}").as_bytes());
     }
     device_identity(&mut h, backend, device);
+    if let Work::Vendor(_) = work {
+        h.field(backend.vendor_library(device.ordinal).as_bytes());
+    }
     h.field(work.text().as_bytes());
     h.finish()
 }

@@ -49,6 +49,7 @@ pub(crate) struct State {
 
 /// What one realize did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RealizeReport {
     /// Kernels launched.
     pub kernels: usize,
