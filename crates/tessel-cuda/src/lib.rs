@@ -887,7 +887,11 @@ impl Backend for CudaBackend {
     fn vendor_library(&self, device: usize) -> String {
         self.device(device)
             .ok()
-            .and_then(|dev| lock(&dev.blas).as_ref().map(|b| format!("cuBLAS {}", b.version)))
+            .and_then(|dev| {
+                lock(&dev.blas)
+                    .as_ref()
+                    .map(|b| format!("cuBLAS {}", b.version))
+            })
             .unwrap_or_default()
     }
 }

@@ -9,7 +9,9 @@
 //!   reduction;
 //! - a value that contains a reduction and has several consumers;
 //! - a value with several consumers whose computation inlines more than
-//!   `MAX_INLINE_OPS` (64) ops, so sharing stays linear in the graph's size.
+//!   `MAX_INLINE_OPS` (64) ops, so sharing stays linear in the graph's size. Where a
+//!   shared value is cheaper (4 ops or more), [`kernelize_shared`] makes the alternative
+//!   partition that materializes it, for measurement to choose.
 //!
 //! Elementwise chains and movement ops never materialize: movement folds into the index
 //! arithmetic of loads (with validity masks for pads), so views cost nothing.
@@ -146,7 +148,7 @@ pub fn kernelize_with(
     targets: &[NodeId],
     separate: &[NodeId],
 ) -> Result<Schedule, KernelizeError> {
-    kernelize_impl(graph, targets, separate, Mode::Serial)
+    kernelize_impl(graph, targets, separate, Mode::Serial, MAX_INLINE_OPS + 1)
 }
 
 /// [`kernelize`], with every kernel whose reductions are long lowered cooperatively: a
@@ -158,7 +160,7 @@ pub fn kernelize_cooperative(
     graph: &Graph,
     targets: &[NodeId],
 ) -> Result<Schedule, KernelizeError> {
-    kernelize_impl(graph, targets, &[], Mode::Cooperative)
+    kernelize_impl(graph, targets, &[], Mode::Cooperative, MAX_INLINE_OPS + 1)
 }
 
 /// [`kernelize_cooperative`], with row statistics fused into the kernels that read them:
@@ -172,7 +174,7 @@ pub fn kernelize_rows(
     targets: &[NodeId],
 ) -> Result<Option<Schedule>, KernelizeError> {
     let order = graph.toposort(targets);
-    let materialized = choose_materialized(graph, &order, targets);
+    let materialized = choose_materialized(graph, &order, targets, MAX_INLINE_OPS + 1);
     let stats = row_statistics(graph, &order, &materialized, targets);
     if stats.is_empty() {
         return Ok(None);
@@ -277,12 +279,13 @@ fn kernelize_impl(
     targets: &[NodeId],
     separate: &[NodeId],
     mode: Mode,
+    share_from: usize,
 ) -> Result<Schedule, KernelizeError> {
     let order = graph.toposort(targets);
     let (_, leaves) = signature(graph, targets);
     let leaf_slot: FxHashMap<LeafId, usize> =
         leaves.iter().enumerate().map(|(i, &l)| (l, i)).collect();
-    let mut materialized = choose_materialized(graph, &order, targets);
+    let mut materialized = choose_materialized(graph, &order, targets, share_from);
     materialized.extend(
         separate
             .iter()
@@ -470,8 +473,35 @@ impl Descendants {
 /// Above this many inlined ops, a value with several consumers is materialized.
 const MAX_INLINE_OPS: usize = 64;
 
-/// The nodes that get buffers. See the module docs for the rules.
-fn choose_materialized(graph: &Graph, order: &[NodeId], targets: &[NodeId]) -> FxHashSet<NodeId> {
+/// In the shared partition ([`kernelize_shared`]), a value with several consumers and at
+/// least this many inlined ops is materialized.
+const SHARED_MIN_OPS: usize = 4;
+
+/// [`kernelize`], with every value that has several consumers and costs at least
+/// [`SHARED_MIN_OPS`] ops computed once into a buffer instead of inlined into each
+/// consumer: the other side of a choice only measurement settles (recomputing costs
+/// arithmetic, sharing costs a write and reads). `None` when that changes nothing.
+pub fn kernelize_shared(
+    graph: &Graph,
+    targets: &[NodeId],
+) -> Result<Option<Schedule>, KernelizeError> {
+    let order = graph.toposort(targets);
+    let default = choose_materialized(graph, &order, targets, MAX_INLINE_OPS + 1);
+    let shared = choose_materialized(graph, &order, targets, SHARED_MIN_OPS);
+    if shared == default {
+        return Ok(None);
+    }
+    kernelize_impl(graph, targets, &[], Mode::Serial, SHARED_MIN_OPS).map(Some)
+}
+
+/// The nodes that get buffers, a value with several consumers once it inlines at least
+/// `share_from` ops. See the module docs for the rules.
+fn choose_materialized(
+    graph: &Graph,
+    order: &[NodeId],
+    targets: &[NodeId],
+    share_from: usize,
+) -> FxHashSet<NodeId> {
     let mut out: FxHashSet<NodeId> = targets
         .iter()
         .copied()
@@ -500,7 +530,7 @@ fn choose_materialized(graph: &Graph, order: &[NodeId], targets: &[NodeId]) -> F
         // A large value used several times is computed once, not once per use: without
         // this a deep elementwise DAG that reuses values (a residual stream) grows every
         // kernel with the depth.
-        if ops > MAX_INLINE_OPS && consumers.get(&n).copied().unwrap_or(0) > 1 {
+        if ops >= share_from && consumers.get(&n).copied().unwrap_or(0) > 1 {
             out.insert(n);
         }
         inline_ops.insert(n, if out.contains(&n) { 0 } else { ops });

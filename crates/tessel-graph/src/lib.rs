@@ -28,6 +28,6 @@ pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{
     KernelizeError, Schedule, ScheduledKernel, Signature, Slot, kernelize, kernelize_cooperative,
-    kernelize_rows, kernelize_with, signature,
+    kernelize_rows, kernelize_shared, kernelize_with, signature,
 };
 pub use vendor::{VendorMatch, find_matmuls};

@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 use tessel_graph::{
     Graph, LeafId, Node, NodeId, Op, ReduceOp, Schedule, Slot, kernelize, kernelize_cooperative,
-    kernelize_rows, signature,
+    kernelize_rows, kernelize_shared, signature,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 
@@ -448,4 +448,38 @@ fn row_kernels_match_the_serial_ones() {
             assert_close(&rows_out[0], &want, 1e-5);
         }
     }
+}
+
+/// A shared value of several ops is inlined into each consumer's kernel by default and
+/// computed once by the shared partition; both give the same values.
+#[test]
+fn the_shared_partition_computes_a_shared_value_once() {
+    let mut env = Env::new();
+    let mut rng = Rng(41);
+    let x = env.leaf(&[6, 9], rng.vec(54));
+    let a = env.unary(UnaryOp::Sin, x);
+    let b = env.unary(UnaryOp::Exp, a);
+    let c = env.binary(BinaryOp::Mul, b, x);
+    let shared = env.unary(UnaryOp::Tanh, c);
+    let rows = env.reduce(ReduceOp::Sum, shared, &[1]);
+    let cols = env.reduce(ReduceOp::Max, shared, &[0]);
+    let targets = [rows, cols];
+    let (want, inlined) = env.realize(&targets);
+    assert_eq!(
+        inlined, 2,
+        "by default the shared value is inlined into both kernels"
+    );
+    let schedule = kernelize_shared(&env.g, &targets)
+        .unwrap()
+        .expect("a shared value of 4 ops");
+    assert_eq!(schedule.kernels.len(), 3, "computed once, read by both");
+    let (got, _) = env.run(&targets, &schedule);
+    for (g, w) in got.iter().zip(&want) {
+        let w: Vec<f64> = w.iter().map(|&v| f64::from(v)).collect();
+        assert_close(g, &w, 1e-6);
+    }
+    assert!(
+        kernelize_shared(&env.g, &[a]).unwrap().is_none(),
+        "nothing shared"
+    );
 }

@@ -33,9 +33,7 @@ use crate::planner::{Compiled, Place, Plan, PlanSlot, Work};
 pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId], dims: &Bindings) -> Result<Plan> {
     let inputs: Vec<BufferId> = compiled.inputs.iter().map(|&i| leaves[i]).collect();
     let mut m = Measurer::new(compiled, dims);
-    let outcome = m
-        .run(&inputs)
-        .and_then(|times| Ok((times, m.transfers()?)));
+    let outcome = m.run(&inputs).and_then(|times| Ok((times, m.transfers()?)));
     m.free();
     let (times, transfers) = outcome?;
     let problem = Placement {
@@ -170,13 +168,19 @@ impl<'c> Measurer<'c> {
     }
 
     /// Copies `bytes` from `src` on device `from` to `dst` on device `to`, through the host.
-    fn copy(&self, from: usize, src: BufferId, to: usize, dst: BufferId, bytes: usize) -> Result<()> {
+    fn copy(
+        &self,
+        from: usize,
+        src: BufferId,
+        to: usize,
+        dst: BufferId,
+        bytes: usize,
+    ) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
         let mut host = vec![0u8; bytes];
-        self.backend(from)
-            .synchronize(self.device(from).ordinal)?;
+        self.backend(from).synchronize(self.device(from).ordinal)?;
         self.backend(from).read(src, 0, &mut host)?;
         self.backend(to).write(dst, 0, &host)?;
         Ok(())

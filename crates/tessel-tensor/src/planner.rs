@@ -9,6 +9,8 @@
 //!    On a GPU, where the graph has long reductions, a third partition lowers them
 //!    cooperatively (a workgroup per output element, partial results combined in local
 //!    memory; [`kernelize_cooperative`]).
+//!    Where a value shared by several consumers is inlined into each, the shared
+//!    partition computes it once instead ([`kernelize_shared`]).
 //!    On a GPU the rows partition also fuses row statistics into their readers
 //!    ([`kernelize_rows`]: softmax in one kernel).
 //! 2. [`compile`] (no lock): each candidate compiled for every device the realize may use:
@@ -33,7 +35,7 @@ use tessel_graph::extract::ClassId;
 use tessel_graph::placement::Step;
 use tessel_graph::{
     Graph, LeafId, NodeId, Op, Schedule, Simplified, Slot, find_matmuls, kernelize,
-    kernelize_cooperative, kernelize_rows, kernelize_with, signature, simplify,
+    kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature, simplify,
 };
 use tessel_ir::{Backend, Kernel, ProgramId, VendorOp};
 use tessel_shape::{DType, Dim};
@@ -147,7 +149,9 @@ pub fn set_placement(devices: &[Device]) -> Result<()> {
     for d in devices {
         crate::runtime::runtime().backend(*d)?;
     }
-    *PLACEMENT.write().unwrap_or_else(std::sync::PoisonError::into_inner) = devices.to_vec();
+    *PLACEMENT
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = devices.to_vec();
     // Plans made for other devices would keep running as they were chosen.
     crate::runtime::runtime().clear_plans();
     Ok(())
@@ -222,8 +226,8 @@ impl Candidate {
     pub(crate) fn reads(&self) -> impl Iterator<Item = PlanSlot> + '_ {
         let mut seen = Vec::new();
         self.args.iter().copied().filter(move |a| {
-            let fresh = !matches!(a, PlanSlot::Node(p) if self.writes.contains(p))
-                && !seen.contains(a);
+            let fresh =
+                !matches!(a, PlanSlot::Node(p) if self.writes.contains(p)) && !seen.contains(a);
             if fresh {
                 seen.push(*a);
             }
@@ -329,6 +333,10 @@ pub(crate) fn partition(
 
     // On a GPU, long reductions may run faster with a workgroup per output; the CPU runs a
     // workgroup's invocations one after another, where that only adds barriers.
+    // Shared values computed once instead of inlined into each consumer.
+    if let Some(shared) = kernelize_shared(graph, targets).map_err(internal)? {
+        add_schedule(&mut parts, &shared, &pos, Origin::Shared);
+    }
     if devices.iter().any(|d| d.backend != "cpu") {
         let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
         if cooperative
@@ -400,6 +408,8 @@ enum Origin {
     Routine,
     /// Made for GPUs.
     Gpu,
+    /// Shared values materialized.
+    Shared,
 }
 
 /// Adds a schedule's kernels (skipping ones already present) and buffers.

@@ -440,7 +440,9 @@ impl Runtime {
         temps: &mut FxHashMap<Place, (BufferId, usize)>,
     ) -> Result<()> {
         let bytes_of = |dtype: DType, numel: tessel_shape::Dim| -> Result<usize> {
-            let n = numel.eval(dims).map_err(|e| Error::Internal(e.to_string()))?;
+            let n = numel
+                .eval(dims)
+                .map_err(|e| Error::Internal(e.to_string()))?;
             Ok(n.max(0) as usize * dtype.size_bytes())
         };
         for &(place, dtype, numel) in &plan.buffers {
@@ -688,8 +690,14 @@ mod placement_tests {
             .into_iter()
             .find(|d| *d != home && d.supports(DType::F32))
             .unwrap_or(home);
-        let a = Tensor::randn([33, 20], DType::F32).unwrap().to(&home).unwrap();
-        let b = Tensor::randn([20, 7], DType::F32).unwrap().to(&home).unwrap();
+        let a = Tensor::randn([33, 20], DType::F32)
+            .unwrap()
+            .to(&home)
+            .unwrap();
+        let b = Tensor::randn([20, 7], DType::F32)
+            .unwrap()
+            .to(&home)
+            .unwrap();
         Tensor::realize_all(&[&a, &b]).unwrap();
         let expr = || (&a.matmul(&b).unwrap().relu() * 2.0).unwrap();
         let want = expr().to_vec::<f32>().unwrap();
@@ -727,14 +735,21 @@ mod placement_tests {
             to: 0,
         }));
         let plan = compiled.plan(&steps);
-        assert!(plan.steps.iter().any(|s| matches!(s, PlanStep::Launch { device: 1, .. })));
+        assert!(
+            plan.steps
+                .iter()
+                .any(|s| matches!(s, PlanStep::Launch { device: 1, .. }))
+        );
         rt.lock().plans.insert((sig, home), Arc::new(plan));
 
         let report = c.realize().unwrap();
         assert_eq!(report.copies, leaves.len() + 1, "{report:?}");
         let got = c.to_vec::<f32>().unwrap();
         for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{g} vs {w} on {other}");
+            assert!(
+                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "{g} vs {w} on {other}"
+            );
         }
     }
 }

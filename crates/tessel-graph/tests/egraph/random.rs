@@ -3,10 +3,13 @@
 
 use rustc_hash::FxHashMap;
 use tessel_graph::egraph::StopReason;
-use tessel_graph::{NodeId, Op, ReduceOp, signature, simplify};
+use tessel_graph::{
+    NodeId, Op, ReduceOp, kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
+    simplify,
+};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, UnaryOp};
 
-use super::support::{Env, Lcg, assert_same, realize};
+use super::support::{Env, Lcg, assert_same, realize, run};
 use super::{F32, I32, budget};
 
 /// A value of a random graph, with a bound on the magnitude of everything it was computed
@@ -375,6 +378,7 @@ impl Gen {
 fn random_graphs_compute_the_same_values_after_simplify() {
     let mut applied: FxHashMap<&'static str, usize> = FxHashMap::default();
     let mut changed = 0;
+    let mut partitions: FxHashMap<&'static str, usize> = FxHashMap::default();
     let cases = 1000;
     for case in 0..cases {
         let dtype = if case % 3 == 2 { I32 } else { F32 };
@@ -408,7 +412,33 @@ fn random_graphs_compute_the_same_values_after_simplify() {
             let what = format!("case {case} ({dtype}), target {i}");
             assert_same(&what, dtype, &got[i], &want[i], t.bound);
         }
+        // The alternative partitions compute the same values.
+        let graph = &g.env.g;
+        let alternatives = [
+            (
+                "cooperative",
+                Some(kernelize_cooperative(graph, &ids).unwrap()),
+            ),
+            ("rows", kernelize_rows(graph, &ids).unwrap()),
+            ("shared", kernelize_shared(graph, &ids).unwrap()),
+        ];
+        for (name, schedule) in alternatives {
+            let Some(schedule) = schedule else {
+                continue;
+            };
+            *partitions.entry(name).or_default() += 1;
+            let got = run(graph, &g.env.data, &ids, &schedule);
+            for (i, t) in targets.iter().enumerate() {
+                let dtype = g.env.dtype(t.id);
+                let what = format!("case {case} ({dtype}), {name} partition, target {i}");
+                assert_same(&what, dtype, &got[i], &want[i], t.bound);
+            }
+        }
     }
+    assert!(
+        partitions.get("shared").copied().unwrap_or(0) >= 10,
+        "shared partitions: {partitions:?}"
+    );
     for rule in tessel_graph::rules() {
         let n = applied.get(rule.name()).copied().unwrap_or(0);
         assert!(

@@ -2,7 +2,7 @@
 //! the IR interpreter.
 
 use rustc_hash::FxHashMap;
-use tessel_graph::{Graph, LeafId, NodeId, Op, ReduceOp, Slot, kernelize, signature};
+use tessel_graph::{Graph, LeafId, NodeId, Op, ReduceOp, Schedule, Slot, kernelize, signature};
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 
 /// A seeded linear congruential generator (Knuth's MMIX constants).
@@ -130,7 +130,17 @@ pub(crate) fn realize(
     data: &FxHashMap<LeafId, Vec<u8>>,
     targets: &[NodeId],
 ) -> Vec<Vec<u8>> {
-    let schedule = kernelize(g, targets).unwrap();
+    run(g, data, targets, &kernelize(g, targets).unwrap())
+}
+
+/// Runs `schedule` (a partition of `targets`) on the interpreter and returns the targets'
+/// bytes.
+pub(crate) fn run(
+    g: &Graph,
+    data: &FxHashMap<LeafId, Vec<u8>>,
+    targets: &[NodeId],
+    schedule: &Schedule,
+) -> Vec<Vec<u8>> {
     let (_, leaves) = signature(g, targets);
     let mut bufs: FxHashMap<Slot, Vec<u8>> = FxHashMap::default();
     for (i, leaf) in leaves.iter().enumerate() {
