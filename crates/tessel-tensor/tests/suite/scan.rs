@@ -373,8 +373,10 @@ fn long_axes_scan_in_log_steps() -> Result<()> {
     );
     let s = x.tensor(DType::F32).cumsum(1)?;
     let report = s.realize()?;
+    // The default partition makes 4 kernels; a measured alternative may compute a shared
+    // value once in a kernel of its own.
     assert!(
-        report.kernels <= 4,
+        report.kernels <= 6,
         "cumsum {what}: {} kernels",
         report.kernels
     );
