@@ -47,6 +47,8 @@ rows.append(("sum last axis f32", time_ms(lambda: a.sum(-1)), 4 * (16384 * 16384
 del a
 s = torch.rand(8192, 8192, device=dev)
 rows.append(("softmax rows f32", time_ms(lambda: s.softmax(-1)), 2 * 4 * 8192 * 8192, "GB/s"))
+ln = lambda: torch.nn.functional.layer_norm(s, (8192,))
+rows.append(("layer_norm rows f32", time_ms(ln), 2 * 4 * 8192 * 8192, "GB/s"))
 del s
 for m in (4096, 1024):
     p, q = torch.rand(m, m, device=dev), torch.rand(m, m, device=dev)
@@ -68,6 +70,23 @@ sx = torch.rand(16 << 20, device=dev) * 2 - 1
 # stable=True: Tessel's sort is stable too; values and int64 indices, as there.
 rows.append(("sort f32 16M (values + i64 indices)", time_ms(lambda: torch.sort(sx, stable=True)), 16 * (16 << 20), "GB/s"))
 del sx
+
+# A pre-norm GPT-2-small block forward, as benches/benches/gpu.rs builds it (eager).
+F = torch.nn.functional
+bn, bs, be, bh = 8, 512, 768, 12
+bx = torch.rand(bn, bs, be, device=dev) * 2 - 1
+bw = [torch.rand(*d, device=dev) * 2 - 1 for d in
+      [(be, 3 * be), (3 * be,), (be, be), (be,), (be, 4 * be), (4 * be,), (4 * be, be), (be,)]]
+def block(x, w_qkv, b_qkv, w_o, b_o, w_up, b_up, w_down, b_down):
+    qkv = F.layer_norm(x, (be,)) @ w_qkv + b_qkv
+    q, k, v = (t.reshape(bn, bs, bh, be // bh).transpose(1, 2) for t in qkv.split(be, dim=2))
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    h = x + a.transpose(1, 2).reshape(bn, bs, be) @ w_o + b_o
+    return h + F.gelu(F.layer_norm(h, (be,)) @ w_up + b_up) @ w_down + b_down
+tokens = bn * bs
+block_flops = 2 * (tokens * be * 12 * be + 2 * bn * bs * bs * be)
+with torch.no_grad():
+    rows.append(("transformer block fwd f32 [8,512,768]", time_ms(lambda: block(bx, *bw)), block_flops, "GFLOP/s"))
 
 print(f"\n{'workload (PyTorch ' + torch.__version__ + ')':<40} {'median ms':>10}    throughput")
 for name, ms, amount, unit in rows:

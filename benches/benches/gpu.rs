@@ -58,6 +58,13 @@ fn workloads(scale: usize) -> Vec<Workload> {
             run: |x| x[0].softmax(-1),
         },
         Workload {
+            name: "layer_norm rows f32",
+            unit: "GB/s",
+            amount: 2.0 * 4.0 * (soft * soft) as f64,
+            inputs: vec![vec![soft, soft]],
+            run: |x| layer_norm(&x[0]),
+        },
+        Workload {
             name: "matmul f32 (large)",
             unit: "GFLOP/s",
             amount: 2.0 * (m * m * m) as f64,
@@ -110,7 +117,70 @@ fn workloads(scale: usize) -> Vec<Workload> {
                 Ok(values)
             },
         },
+        // DESIGN.md's target: a transformer block forward faster than PyTorch eager.
+        Workload {
+            name: "transformer block fwd f32 [8,512,768]",
+            unit: "GFLOP/s",
+            amount: block_flops(8 / scale.min(8), 512, 768),
+            inputs: vec![
+                vec![8 / scale.min(8), 512, 768],
+                vec![768, 3 * 768],
+                vec![3 * 768],
+                vec![768, 768],
+                vec![768],
+                vec![768, 4 * 768],
+                vec![4 * 768],
+                vec![4 * 768, 768],
+                vec![768],
+            ],
+            run: block,
+        },
     ]
+}
+
+/// `(x - mean) / sqrt(var + 1e-5)` over the last axis (`F.layer_norm` without affine).
+fn layer_norm(x: &Tensor) -> Result<Tensor> {
+    let centered = (x - &x.mean(&[-1], true)?)?;
+    let var = (&centered * &centered)?.mean(&[-1], true)?;
+    &centered * &(&var + 1e-5)?.rsqrt()
+}
+
+/// Multiply-adds of one block forward, ×2: the four projections and the two attention
+/// products (the causal half is still computed).
+fn block_flops(batch: usize, seq: usize, width: usize) -> f64 {
+    let tokens = (batch * seq) as f64;
+    let w = width as f64;
+    let projections = tokens * w * (3.0 * w + w + 4.0 * w + 4.0 * w);
+    let attention = 2.0 * batch as f64 * (seq * seq) as f64 * w;
+    2.0 * (projections + attention)
+}
+
+/// A pre-norm GPT-2-small block (12 heads, causal, exact GELU), layer norms without
+/// affine: `x + attn(ln(x))`, then `h + mlp(ln(h))`. Inputs: x, then each weight ([in,
+/// out]) with its bias.
+fn block(t: &[Tensor]) -> Result<Tensor> {
+    let [x, w_qkv, b_qkv, w_o, b_o, w_up, b_up, w_down, b_down] = t else {
+        unreachable!("nine inputs")
+    };
+    let (n, s, e, heads) = (x.dims()[0] as i64, x.dims()[1] as i64, 768, 12);
+    let qkv = (&layer_norm(x)?.matmul(w_qkv)? + b_qkv)?;
+    let split = |i: i64| -> Result<Tensor> {
+        qkv.narrow(2, i * e, e)?
+            .reshape(&[n, s, heads, e / heads])?
+            .permute(&[0, 2, 1, 3])
+    };
+    let attn = tessel_nn::scaled_dot_product_attention(
+        &split(0)?,
+        &split(1)?,
+        &split(2)?,
+        None,
+        true,
+        None,
+    )?;
+    let merged = attn.permute(&[0, 2, 1, 3])?.reshape(&[n, s, e])?;
+    let h = (x + &(&merged.matmul(w_o)? + b_o)?)?;
+    let up = (&layer_norm(&h)?.matmul(w_up)? + b_up)?.gelu();
+    &h + &(&up.matmul(w_down)? + b_down)?
 }
 
 /// Eight elementwise ops that no rewrite folds together; PyTorch eager runs them as eight
