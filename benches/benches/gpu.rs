@@ -237,6 +237,13 @@ fn time(w: &Workload, device: Device, runs: usize) -> Result<Duration> {
 }
 
 fn main() -> std::process::ExitCode {
+    // `TESSEL_LOG=tessel::plan=info` shows each plan's measured candidates on stderr.
+    if let Ok(filter) = std::env::var("TESSEL_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |flag: &str| {
         args.iter()

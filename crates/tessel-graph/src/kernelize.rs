@@ -167,35 +167,60 @@ pub fn kernelize_cooperative(
 /// a reduction over the last axis that is only broadcast back along that axis (softmax's
 /// max and sum, layer norm's mean and variance) is not materialized; each kernel reading
 /// it gets a workgroup per row, computes the row's statistics cooperatively once, then
-/// strides along the row. Softmax becomes one kernel reading each row from cache. `None`
-/// when the graph has no such statistics, or some kernel cannot take this form.
+/// strides along the row. Softmax becomes one kernel reading each row from cache. A
+/// kernel that cannot take this form (its reductions depend on the position along the
+/// row) keeps its statistics materialized. The nodes of `separate` are materialized too,
+/// as in [`kernelize_with`] (the operands and products of library matmuls, so the norms
+/// and softmaxes between them are row kernels of their own). `None` when no statistics
+/// fuse.
 pub fn kernelize_rows(
     graph: &Graph,
     targets: &[NodeId],
+    separate: &[NodeId],
 ) -> Result<Option<Schedule>, KernelizeError> {
     let order = graph.toposort(targets);
-    let materialized = choose_materialized(graph, &order, targets, MAX_INLINE_OPS + 1);
-    let stats = row_statistics(graph, &order, &materialized, targets);
-    if stats.is_empty() {
-        return Ok(None);
-    }
+    let mut materialized = choose_materialized(graph, &order, targets, MAX_INLINE_OPS + 1);
+    materialized.extend(
+        separate
+            .iter()
+            .filter(|n| !matches!(graph.node(**n).op, Op::Leaf(_))),
+    );
+    let mut stats = row_statistics(graph, &order, &materialized, targets);
     let (_, leaves) = signature(graph, targets);
     let leaf_slot: FxHashMap<LeafId, usize> =
         leaves.iter().enumerate().map(|(i, &l)| (l, i)).collect();
-    let fused: FxHashSet<NodeId> = materialized.difference(&stats).copied().collect();
-    match build(graph, &order, &fused, &[], &leaf_slot, false, Mode::Rows) {
-        Ok(Built {
-            kernels,
-            empty,
-            order: Some(sorted),
-        }) => Ok(Some(schedule(graph, kernels, &empty, sorted))),
-        Ok(_) => Ok(None),
-        Err(Unsuitable::Mode(why)) => {
-            tracing::debug!(target: "tessel::kernels", "no row kernels: {why}");
-            Ok(None)
+    while !stats.is_empty() {
+        let fused: FxHashSet<NodeId> = materialized.difference(&stats).copied().collect();
+        match build(
+            graph,
+            &order,
+            &fused,
+            separate,
+            &leaf_slot,
+            false,
+            Mode::Rows,
+        ) {
+            Ok(Built {
+                kernels,
+                empty,
+                order: Some(sorted),
+            }) => return Ok(Some(schedule(graph, kernels, &empty, sorted))),
+            Ok(_) => return Ok(None),
+            Err(Unsuitable::Mode(root, why)) => {
+                tracing::debug!(target: "tessel::kernels", "not a row kernel: {why}");
+                // Its statistics go back to buffers of their own.
+                let before = stats.len();
+                for n in graph.toposort(&[root]) {
+                    stats.remove(&n);
+                }
+                if stats.len() == before {
+                    return Ok(None);
+                }
+            }
+            Err(Unsuitable::Error(e)) => return Err(e),
         }
-        Err(Unsuitable::Error(e)) => Err(e),
     }
+    Ok(None)
 }
 
 /// Materialized values that are row statistics: not targets, last dim 1, long reductions
@@ -238,8 +263,8 @@ fn row_statistics(
 
 /// Why [`build`] gave up.
 enum Unsuitable {
-    /// A kernel cannot take the mode asked for.
-    Mode(String),
+    /// A kernel (computing the node) cannot take the mode asked for.
+    Mode(NodeId, String),
     /// A bug.
     Error(KernelizeError),
 }
@@ -308,7 +333,7 @@ fn kernelize_impl(
         )
         .map_err(|e| match e {
             Unsuitable::Error(e) => e,
-            Unsuitable::Mode(why) => KernelizeError(format!("unexpectedly unsuitable: {why}")),
+            Unsuitable::Mode(_, why) => KernelizeError(format!("unexpectedly unsuitable: {why}")),
         })
     };
     let mut built = build(true)?;
@@ -371,7 +396,7 @@ fn build(
             let lowered =
                 match lower_kernel(graph, root, materialized, &absorbable, leaf_slot, mode)? {
                     Lowering::Done(k) => k,
-                    Lowering::Unsuitable(why) => return Err(Unsuitable::Mode(why)),
+                    Lowering::Unsuitable(root, why) => return Err(Unsuitable::Mode(root, why)),
                     Lowering::Retry(conflicts) => {
                         for m in conflicts {
                             absorbable.remove(&m);

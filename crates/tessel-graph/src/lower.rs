@@ -27,6 +27,11 @@ const MAX_LANES: i64 = 256;
 /// Below this many elements per output, a reduction stays one invocation's loop.
 pub(crate) const MIN_COOPERATIVE_EXTENT: i64 = 256;
 
+/// A workgroup per output element stops paying once there are this many invocations: a
+/// reduction with millions of outputs (a matrix product) keeps every core busy with one
+/// invocation each.
+const MAX_COOPERATIVE_INVOCATIONS: i64 = 1 << 26;
+
 /// How a kernel spreads its work over invocations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -83,7 +88,7 @@ pub(crate) enum Lowering {
     Retry(Vec<NodeId>),
     /// The kernel cannot be lowered in the mode asked for (a row kernel whose reductions
     /// depend on the position along the row), and why.
-    Unsuitable(String),
+    Unsuitable(NodeId, String),
 }
 
 /// Lowers the kernel computing materialized node `root` (and any node of `absorbable` it
@@ -113,9 +118,12 @@ pub(crate) fn lower_kernel(
         && !is_reduce
         && row_len.is_some_and(|len| len.as_const() != Some(1))
         && let Some(l) = lanes
+        && let Some(lowering) = lower_row_kernel(graph, root, materialized, leaf_slot, l)?
     {
-        return lower_row_kernel(graph, root, materialized, leaf_slot, l);
+        return Ok(lowering);
     }
+    let outputs = graph.node(root).shape.numel().bounds().hi;
+    let lanes = lanes.filter(|&l| outputs.saturating_mul(l) <= MAX_COOPERATIVE_INVOCATIONS);
     let nothing = FxHashSet::default();
     let absorbable = if lanes.is_some() {
         &nothing
@@ -240,18 +248,20 @@ fn index_dtype(graph: &Graph, root: NodeId) -> DType {
     }
 }
 
-/// Lowers `root` as a row kernel (see [`Mode::Rows`]) with workgroups of `lanes`.
+/// Lowers `root` as a row kernel (see [`Mode::Rows`]) with workgroups of `lanes`; `None`
+/// when it reads no row statistics (a matrix product's reduction runs along the row):
+/// then it is lowered like any other kernel.
 fn lower_row_kernel(
     graph: &Graph,
     root: NodeId,
     materialized: &FxHashSet<NodeId>,
     leaf_slot: &FxHashMap<LeafId, usize>,
     lanes: i64,
-) -> Result<Lowering, KernelizeError> {
+) -> Result<Option<Lowering>, KernelizeError> {
     let node = graph.node(root);
     let shape = node.shape.clone();
     let Some((&len, outer_dims)) = shape.dims().split_last() else {
-        return Ok(Lowering::Unsuitable("a 0-d value has no rows".into()));
+        return Ok(None);
     };
     let outer_shape = Shape::new(outer_dims.to_vec());
     let rows = outer_shape.numel();
@@ -296,6 +306,9 @@ fn lower_row_kernel(
     // The row's statistics first, by the whole workgroup; every invocation gets them.
     let mut stats = Vec::new();
     lw.invariant_reductions(root, &coords, col_var, &mut stats, true);
+    if stats.is_empty() {
+        return Ok(None);
+    }
     for (n, c) in stats {
         lw.eval_node(n, &c, false)?;
     }
@@ -328,9 +341,12 @@ fn lower_row_kernel(
     lw.depth -= 1;
     lw.kb.end_range(r);
     if lw.row_loop_reductions > 0 {
-        return Ok(Lowering::Unsuitable(format!(
-            "{root:?}: {} reduction(s) depend on the position along the row",
-            lw.row_loop_reductions
+        return Ok(Some(Lowering::Unsuitable(
+            root,
+            format!(
+                "{root:?}: {} reduction(s) depend on the position along the row",
+                lw.row_loop_reductions
+            ),
         )));
     }
     let Lowerer { kb, args, .. } = lw;
@@ -342,11 +358,11 @@ fn lower_row_kernel(
     })?;
     let kernel = tessel_ir::passes::optimize(&kernel);
     tracing::debug!(target: "tessel::kernels", "row kernel for {root:?}:\n{kernel}");
-    Ok(Lowering::Done(ScheduledKernel {
+    Ok(Some(Lowering::Done(ScheduledKernel {
         kernel,
         args,
         writes: vec![root],
-    }))
+    })))
 }
 
 /// `r_7_13` (a reduction producing 7×13) or `e_64` (elementwise): the shape, not a

@@ -85,6 +85,15 @@ fn match_matmul(
         .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
         .collect();
     materialize.push(top);
+    // A row-major lhs batch times one shared rhs is one taller product: its rows are
+    // contiguous across the batch, and so are the output's (a linear layer over
+    // [batch, seq, in]). One large GEMM runs faster than a batch of small ones.
+    let fold = lhs.batched && !lhs.transposed && !rhs.batched;
+    let (batch_len, m) = if fold {
+        (Dim::constant(1), batch_len * m)
+    } else {
+        (batch_len, m)
+    };
     Some(VendorMatch {
         op: VendorOp::Matmul(Matmul {
             dtype: node.dtype,
@@ -94,7 +103,11 @@ fn match_matmul(
             k,
             lhs_transposed: lhs.transposed,
             rhs_transposed: rhs.transposed,
-            lhs_batch_stride: if lhs.batched { m * k } else { Dim::constant(0) },
+            lhs_batch_stride: if lhs.batched && !fold {
+                m * k
+            } else {
+                Dim::constant(0)
+            },
             rhs_batch_stride: if rhs.batched { k * n } else { Dim::constant(0) },
         }),
         operands: [lhs.node, rhs.node],

@@ -433,7 +433,7 @@ fn row_kernels_match_the_serial_ones() {
         let norm = env.binary(BinaryOp::Mul, centered, inv_e);
         for (what, target) in [("softmax", softmax), ("layer norm", norm)] {
             let (serial, _) = env.realize(&[target]);
-            let schedule = kernelize_rows(&env.g, &[target])
+            let schedule = kernelize_rows(&env.g, &[target], &[])
                 .unwrap()
                 .expect("row statistics to fuse");
             let names: Vec<&str> = schedule

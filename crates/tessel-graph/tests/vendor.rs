@@ -130,3 +130,29 @@ fn integer_products_and_other_reductions_are_not_matched() {
     );
     assert!(find_matmuls(&g, &g.toposort(&[r])).is_empty());
 }
+
+/// A batch of row-major matrices times one shared matrix (a linear layer over
+/// `[batch, seq, in]`) is one taller product: batch 1, `batch·m` rows.
+#[test]
+fn a_shared_rhs_folds_the_batch_into_the_rows() {
+    let f = DType::F32;
+    let mut g = Graph::new();
+    let a = node(&mut g, Op::Leaf(LeafId(0)), f, &[2, 4, 3]);
+    let b = node(&mut g, Op::Leaf(LeafId(1)), f, &[3, 5]);
+    let a4 = node(&mut g, Op::Reshape(a), f, &[2, 4, 3, 1]);
+    let ae = node(&mut g, Op::Expand(a4), f, &[2, 4, 3, 5]);
+    let b4 = node(&mut g, Op::Reshape(b), f, &[1, 1, 3, 5]);
+    let be = node(&mut g, Op::Expand(b4), f, &[2, 4, 3, 5]);
+    let p = node(&mut g, Op::Binary(BinaryOp::Mul, ae, be), f, &[2, 4, 3, 5]);
+    let r = node(
+        &mut g,
+        Op::Reduce(ReduceOp::Sum, p, vec![2].into()),
+        f,
+        &[2, 4, 1, 5],
+    );
+    let found = find_matmuls(&g, &g.toposort(&[r]));
+    let VendorOp::Matmul(m) = &found[0].op;
+    let c = |v: i64| Dim::constant(v);
+    assert_eq!((m.batch, m.m, m.k, m.n), (c(1), c(8), c(3), c(5)));
+    assert_eq!(m.rhs_batch_stride, c(0));
+}

@@ -337,6 +337,13 @@ pub(crate) fn partition(
     if let Some(shared) = kernelize_shared(graph, targets).map_err(internal)? {
         add_schedule(&mut parts, &shared, &pos, Origin::Shared);
     }
+    let matches = find_matmuls(graph, order);
+    let mut separate: Vec<NodeId> = matches
+        .iter()
+        .flat_map(|m| m.materialize.iter().copied())
+        .collect();
+    separate.sort_unstable();
+    separate.dedup();
     if devices.iter().any(|d| d.backend != "cpu") {
         let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
         if cooperative
@@ -346,22 +353,15 @@ pub(crate) fn partition(
         {
             add_schedule(&mut parts, &cooperative, &pos, Origin::Gpu);
         }
-        // And row statistics fused into the kernels reading them (one-kernel softmax).
-        if let Some(rows) = kernelize_rows(graph, targets).map_err(internal)? {
+        // And row statistics fused into the kernels reading them (one-kernel softmax),
+        // between matrix products materialized for the library routines.
+        if let Some(rows) = kernelize_rows(graph, targets, &separate).map_err(internal)? {
             add_schedule(&mut parts, &rows, &pos, Origin::Gpu);
         }
     }
-
-    let matches = find_matmuls(graph, order);
     if matches.is_empty() {
         return Ok(parts);
     }
-    let mut separate: Vec<NodeId> = matches
-        .iter()
-        .flat_map(|m| m.materialize.iter().copied())
-        .collect();
-    separate.sort_unstable();
-    separate.dedup();
     let alternative = kernelize_with(graph, targets, &separate).map_err(internal)?;
     add_schedule(&mut parts, &alternative, &pos, Origin::Routine);
     for m in &matches {
@@ -661,5 +661,54 @@ impl Compiled {
     /// Whether [`crate::measure::choose`] has anything to decide.
     pub(crate) fn needs_choice(&self) -> bool {
         self.has_alternatives()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessel_graph::{find_matmuls, kernelize_rows};
+
+    use crate::{DType, Result, Tensor, inspect};
+
+    fn layer_norm(x: &Tensor) -> Result<Tensor> {
+        let centered = (x - &x.mean(&[-1], true)?)?;
+        let var = (&centered * &centered)?.mean(&[-1], true)?;
+        &centered * &(&var + 1e-5)?.rsqrt()
+    }
+
+    /// In a causal attention block, both layer norms and the attention softmax become row
+    /// kernels in the rows partition: the masked softmax too, whose mask is built from
+    /// coordinates.
+    #[test]
+    fn a_blocks_norms_and_softmax_fuse_as_rows() -> Result<()> {
+        let (s, e) = (256, 256);
+        let x = Tensor::randn([s, e], DType::F32)?;
+        let w = Tensor::randn([e, e], DType::F32)?;
+        let q = layer_norm(&x)?.matmul(&w)?;
+        let scores = q.matmul(&q.t()?)?;
+        let hidden = scores.ones_like().cast(DType::Bool).triu(1)?;
+        let probs = scores
+            .masked_fill(&hidden, f64::NEG_INFINITY)?
+            .softmax(-1)?;
+        let out = layer_norm(&probs.matmul(&q)?)?;
+        let (graph, targets) = inspect::graph_of(&[&out]);
+        let separate: Vec<_> = find_matmuls(&graph, &graph.toposort(&targets))
+            .iter()
+            .flat_map(|m| m.materialize.clone())
+            .collect();
+        let rows = kernelize_rows(&graph, &targets, &separate)
+            .unwrap()
+            .expect("row statistics to fuse");
+        let names: Vec<&str> = rows
+            .kernels
+            .iter()
+            .map(|k| k.kernel.name.as_str())
+            .collect();
+        assert_eq!(
+            names.iter().filter(|n| n.ends_with("_row")).count(),
+            3,
+            "{names:?}"
+        );
+        Ok(())
     }
 }

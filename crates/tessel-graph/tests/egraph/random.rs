@@ -419,7 +419,7 @@ fn random_graphs_compute_the_same_values_after_simplify() {
                 "cooperative",
                 Some(kernelize_cooperative(graph, &ids).unwrap()),
             ),
-            ("rows", kernelize_rows(graph, &ids).unwrap()),
+            ("rows", kernelize_rows(graph, &ids, &[]).unwrap()),
             ("shared", kernelize_shared(graph, &ids).unwrap()),
         ];
         for (name, schedule) in alternatives {
