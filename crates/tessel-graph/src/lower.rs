@@ -393,8 +393,8 @@ fn kernel_name(graph: &Graph, root: NodeId) -> String {
 }
 
 /// The workgroup size for a cooperative kernel computing `root`: a power of two covering
-/// its longest reduction (at most [`MAX_LANES`]), or `None` if it has no reduction of at
-/// least [`MIN_COOPERATIVE_EXTENT`] elements per output.
+/// a quarter of its longest reduction (at most [`MAX_LANES`]), or `None` if it has no
+/// reduction of at least [`MIN_COOPERATIVE_EXTENT`] elements per output.
 fn cooperative_lanes(graph: &Graph, root: NodeId, materialized: &FxHashSet<NodeId>) -> Option<i64> {
     let mut longest = 0;
     let mut stack = vec![root];
@@ -411,8 +411,11 @@ fn cooperative_lanes(graph: &Graph, root: NodeId, materialized: &FxHashSet<NodeI
         }
         stack.extend(node.op.children());
     }
+    // At least 4 elements per invocation: each level of the combining tree costs a
+    // barrier, which short rows (attention's 512) cannot amortize over more lanes.
     (longest >= MIN_COOPERATIVE_EXTENT).then(|| {
-        let pow2 = 1i64 << (64 - (longest - 1).leading_zeros()).min(62);
+        let per_lane = (longest + 3) / 4;
+        let pow2 = 1i64 << (64 - (per_lane - 1).leading_zeros()).min(62);
         pow2.min(MAX_LANES)
     })
 }
