@@ -10,7 +10,7 @@
 //! - a value that contains a reduction and has several consumers;
 //! - a value with several consumers whose computation inlines more than
 //!   `MAX_INLINE_OPS` (64) ops, so sharing stays linear in the graph's size. Where a
-//!   shared value is cheaper (4 ops or more), [`kernelize_shared`] makes the alternative
+//!   shared value costs 16 ops or more, [`kernelize_shared`] makes the alternative
 //!   partition that materializes it, for measurement to choose.
 //!
 //! Elementwise chains and movement ops never materialize: movement folds into the index
@@ -498,25 +498,27 @@ impl Descendants {
 /// Above this many inlined ops, a value with several consumers is materialized.
 const MAX_INLINE_OPS: usize = 64;
 
-/// In the shared partition ([`kernelize_shared`]), a value with several consumers and at
-/// least this many inlined ops is materialized.
-const SHARED_MIN_OPS: usize = 4;
+/// The planner's threshold for [`kernelize_shared`]: below 16 ops, recomputing a shared
+/// value in each consumer is the obvious choice (memory, not arithmetic, bounds such
+/// kernels), and measuring the alternative would only cost compile time.
+pub const SHARED_MIN_OPS: usize = 16;
 
 /// [`kernelize`], with every value that has several consumers and costs at least
-/// [`SHARED_MIN_OPS`] ops computed once into a buffer instead of inlined into each
-/// consumer: the other side of a choice only measurement settles (recomputing costs
-/// arithmetic, sharing costs a write and reads). `None` when that changes nothing.
+/// `min_ops` ops computed once into a buffer instead of inlined into each consumer: the
+/// other side of a choice only measurement settles (recomputing costs arithmetic, sharing
+/// costs a write and reads). `None` when that changes nothing.
 pub fn kernelize_shared(
     graph: &Graph,
     targets: &[NodeId],
+    min_ops: usize,
 ) -> Result<Option<Schedule>, KernelizeError> {
     let order = graph.toposort(targets);
     let default = choose_materialized(graph, &order, targets, MAX_INLINE_OPS + 1);
-    let shared = choose_materialized(graph, &order, targets, SHARED_MIN_OPS);
+    let shared = choose_materialized(graph, &order, targets, min_ops);
     if shared == default {
         return Ok(None);
     }
-    kernelize_impl(graph, targets, &[], Mode::Serial, SHARED_MIN_OPS).map(Some)
+    kernelize_impl(graph, targets, &[], Mode::Serial, min_ops).map(Some)
 }
 
 /// The nodes that get buffers, a value with several consumers once it inlines at least

@@ -27,7 +27,7 @@ pub mod vendor;
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{
-    KernelizeError, Schedule, ScheduledKernel, Signature, Slot, kernelize, kernelize_cooperative,
-    kernelize_rows, kernelize_shared, kernelize_with, signature,
+    KernelizeError, SHARED_MIN_OPS, Schedule, ScheduledKernel, Signature, Slot, kernelize,
+    kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature,
 };
 pub use vendor::{VendorMatch, find_matmuls};

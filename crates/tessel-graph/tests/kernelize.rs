@@ -3,8 +3,8 @@
 
 use rustc_hash::FxHashMap;
 use tessel_graph::{
-    Graph, LeafId, Node, NodeId, Op, ReduceOp, Schedule, Slot, kernelize, kernelize_cooperative,
-    kernelize_rows, kernelize_shared, signature,
+    Graph, LeafId, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Slot, kernelize,
+    kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 
@@ -72,6 +72,18 @@ impl Env {
         let s = self.shape(a);
         assert_eq!(s, self.shape(b));
         self.add(Op::Binary(op, a, b), s)
+    }
+
+    /// `softmax(x)` over the last axis of a 2-D `x`, as `Tensor::softmax` records it.
+    fn softmax_rows(&mut self, x: NodeId) -> NodeId {
+        let s = self.shape(x);
+        let max = self.reduce(ReduceOp::Max, x, &[1]);
+        let me = self.expand(max, &s);
+        let shifted = self.binary(BinaryOp::Sub, x, me);
+        let e = self.unary(UnaryOp::Exp, shifted);
+        let sum = self.reduce(ReduceOp::Sum, e, &[1]);
+        let se = self.expand(sum, &s);
+        self.binary(BinaryOp::Div, e, se)
     }
 
     fn constant(&mut self, v: f32, shape: &Shape) -> NodeId {
@@ -195,14 +207,7 @@ fn softmax_is_two_kernels() {
     let (rows, cols) = (7, 13);
     let data = rng.vec(rows * cols);
     let x = env.leaf(&[rows, cols], data.clone());
-    let s = env.shape(x);
-    let m = env.reduce(ReduceOp::Max, x, &[1]);
-    let me = env.expand(m, &s);
-    let shifted = env.binary(BinaryOp::Sub, x, me);
-    let e = env.unary(UnaryOp::Exp, shifted);
-    let sum = env.reduce(ReduceOp::Sum, e, &[1]);
-    let se = env.expand(sum, &s);
-    let y = env.binary(BinaryOp::Div, e, se);
+    let y = env.softmax_rows(x);
     let (out, kernels) = env.realize(&[y]);
     assert!(kernels <= 2, "softmax took {kernels} kernels");
     let mut want = Vec::new();
@@ -367,15 +372,10 @@ fn cooperative_reductions_match_the_serial_ones() {
         let mut rng = Rng(cols as u64);
         let rows = 3;
         let x = env.leaf(&[rows, cols], rng.vec(rows * cols));
-        let s = env.shape(x);
         let sum = env.reduce(ReduceOp::Sum, x, &[1]);
+        // The same max node as softmax's (the graph hash-conses).
         let max = env.reduce(ReduceOp::Max, x, &[1]);
-        let me = env.expand(max, &s);
-        let shifted = env.binary(BinaryOp::Sub, x, me);
-        let e = env.unary(UnaryOp::Exp, shifted);
-        let z = env.reduce(ReduceOp::Sum, e, &[1]);
-        let ze = env.expand(z, &s);
-        let softmax = env.binary(BinaryOp::Div, e, ze);
+        let softmax = env.softmax_rows(x);
         let sq = env.binary(BinaryOp::Mul, x, x);
         let all = env.reduce(ReduceOp::Sum, sq, &[0, 1]);
         let targets = [sum, max, softmax, all];
@@ -409,17 +409,11 @@ fn row_kernels_match_the_serial_ones() {
         let rows = 5;
         let x = env.leaf(&[rows, cols], rng.vec(rows * cols));
         let s = env.shape(x);
-        let max = env.reduce(ReduceOp::Max, x, &[1]);
-        let me = env.expand(max, &s);
-        let shifted = env.binary(BinaryOp::Sub, x, me);
-        let e = env.unary(UnaryOp::Exp, shifted);
-        let z = env.reduce(ReduceOp::Sum, e, &[1]);
-        let ze = env.expand(z, &s);
-        let softmax = env.binary(BinaryOp::Div, e, ze);
+        let softmax = env.softmax_rows(x);
         // (x - mean) * rsqrt(mean((x - mean)^2) + eps)
-        let kept = env.shape(z);
-        let n = env.constant(cols as f32, &kept);
         let total = env.reduce(ReduceOp::Sum, x, &[1]);
+        let kept = env.shape(total);
+        let n = env.constant(cols as f32, &kept);
         let mean = env.binary(BinaryOp::Div, total, n);
         let mean_e = env.expand(mean, &s);
         let centered = env.binary(BinaryOp::Sub, x, mean_e);
@@ -450,7 +444,7 @@ fn row_kernels_match_the_serial_ones() {
     }
 }
 
-/// A shared value of several ops is inlined into each consumer's kernel by default and
+/// A shared value of 16 ops is inlined into each consumer's kernel by default and
 /// computed once by the shared partition; both give the same values.
 #[test]
 fn the_shared_partition_computes_a_shared_value_once() {
@@ -458,9 +452,13 @@ fn the_shared_partition_computes_a_shared_value_once() {
     let mut rng = Rng(41);
     let x = env.leaf(&[6, 9], rng.vec(54));
     let a = env.unary(UnaryOp::Sin, x);
-    let b = env.unary(UnaryOp::Exp, a);
-    let c = env.binary(BinaryOp::Mul, b, x);
-    let shared = env.unary(UnaryOp::Tanh, c);
+    // 16 ops: a value worth computing once.
+    let mut shared = a;
+    for _ in 0..5 {
+        let b = env.unary(UnaryOp::Exp, shared);
+        let c = env.binary(BinaryOp::Mul, b, x);
+        shared = env.unary(UnaryOp::Tanh, c);
+    }
     let rows = env.reduce(ReduceOp::Sum, shared, &[1]);
     let cols = env.reduce(ReduceOp::Max, shared, &[0]);
     let targets = [rows, cols];
@@ -469,9 +467,9 @@ fn the_shared_partition_computes_a_shared_value_once() {
         inlined, 2,
         "by default the shared value is inlined into both kernels"
     );
-    let schedule = kernelize_shared(&env.g, &targets)
+    let schedule = kernelize_shared(&env.g, &targets, SHARED_MIN_OPS)
         .unwrap()
-        .expect("a shared value of 4 ops");
+        .expect("a shared value of 16 ops");
     assert_eq!(schedule.kernels.len(), 3, "computed once, read by both");
     let (got, _) = env.run(&targets, &schedule);
     for (g, w) in got.iter().zip(&want) {
@@ -479,7 +477,9 @@ fn the_shared_partition_computes_a_shared_value_once() {
         assert_close(g, &w, 1e-6);
     }
     assert!(
-        kernelize_shared(&env.g, &[a]).unwrap().is_none(),
+        kernelize_shared(&env.g, &[a], SHARED_MIN_OPS)
+            .unwrap()
+            .is_none(),
         "nothing shared"
     );
 }

@@ -34,7 +34,7 @@ use tessel_graph::egraph::Budget as RewriteBudget;
 use tessel_graph::extract::ClassId;
 use tessel_graph::placement::Step;
 use tessel_graph::{
-    Graph, LeafId, NodeId, Op, Schedule, Simplified, Slot, find_matmuls, kernelize,
+    Graph, LeafId, NodeId, Op, SHARED_MIN_OPS, Schedule, Simplified, Slot, find_matmuls, kernelize,
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature, simplify,
 };
 use tessel_ir::{Backend, Kernel, ProgramId, VendorOp};
@@ -334,7 +334,7 @@ pub(crate) fn partition(
     // On a GPU, long reductions may run faster with a workgroup per output; the CPU runs a
     // workgroup's invocations one after another, where that only adds barriers.
     // Shared values computed once instead of inlined into each consumer.
-    if let Some(shared) = kernelize_shared(graph, targets).map_err(internal)? {
+    if let Some(shared) = kernelize_shared(graph, targets, SHARED_MIN_OPS).map_err(internal)? {
         add_schedule(&mut parts, &shared, &pos, Origin::Shared);
     }
     let matches = find_matmuls(graph, order);
@@ -492,6 +492,7 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
         let (device, backend) = out.devices[d].clone();
         // Routines are asked for first: without one, the alternative partition is pointless.
         let mut any_vendor = false;
+        let mut built = Vec::new();
         for (i, c) in out.candidates.iter().enumerate() {
             let Work::Vendor(op) = &c.work else {
                 continue;
@@ -499,13 +500,7 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
             match backend.vendor(device.ordinal, op) {
                 Ok(Some(id)) => {
                     any_vendor = true;
-                    out.built += 1;
-                    let program = program(&backend, device, id);
-                    out.programs.push(Built {
-                        candidate: i,
-                        device: d,
-                        program,
-                    });
+                    built.push((i, id));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -524,20 +519,20 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
             }
             tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
             match backend.compile(device.ordinal, kernel) {
-                Ok(id) => {
-                    out.built += 1;
-                    let program = program(&backend, device, id);
-                    out.programs.push(Built {
-                        candidate: i,
-                        device: d,
-                        program,
-                    });
-                }
+                Ok(id) => built.push((i, id)),
                 Err(e) if c.default && d == 0 => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(target: "tessel::plan", "{device}: dropping kernel {}: {e}", kernel.name);
                 }
             }
+        }
+        out.built += built.len();
+        for (candidate, id) in built {
+            out.programs.push(Built {
+                candidate,
+                device: d,
+                program: program(&backend, device, id),
+            });
         }
     }
     Ok(out)

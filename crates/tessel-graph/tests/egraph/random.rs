@@ -420,7 +420,7 @@ fn random_graphs_compute_the_same_values_after_simplify() {
                 Some(kernelize_cooperative(graph, &ids).unwrap()),
             ),
             ("rows", kernelize_rows(graph, &ids, &[]).unwrap()),
-            ("shared", kernelize_shared(graph, &ids).unwrap()),
+            ("shared", kernelize_shared(graph, &ids, 4).unwrap()),
         ];
         for (name, schedule) in alternatives {
             let Some(schedule) = schedule else {
