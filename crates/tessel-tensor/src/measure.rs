@@ -353,13 +353,12 @@ impl<'c> Measurer<'c> {
             let bytes = self.bytes(slot)?;
             for other in 1..compiled.devices.len() {
                 for (from, to) in [(0, other), (other, 0)] {
-                    let cost = match by_size.get(&(from, to, bytes)) {
-                        Some(&t) => t,
-                        None => {
-                            let t = self.copy_time(from, to, bytes)?;
-                            by_size.insert((from, to, bytes), t);
-                            t
-                        }
+                    let cost = if let Some(&t) = by_size.get(&(from, to, bytes)) {
+                        t
+                    } else {
+                        let t = self.copy_time(from, to, bytes)?;
+                        by_size.insert((from, to, bytes), t);
+                        t
                     };
                     out.push(Transfer {
                         class: compiled.class(slot),

@@ -8,7 +8,7 @@
 
 use tessel_tensor::{DType, Device, Result, Tensor, set_placement};
 
-/// A small model: matmul, bias, ReLU, softmax and a row sum, as two outputs.
+/// A small model: matmul, bias, `ReLU`, softmax and a row sum, as two outputs.
 fn model(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
     let h = (&x.matmul(w)? + b)?.relu();
     let probs = h.softmax(-1)?;

@@ -28,7 +28,7 @@ fn softmax_ref(x: &Nd) -> Nd {
     Nd::new(&x.dims, data)
 }
 
-/// `x + b` with `b` broadcast over the rows, then ReLU.
+/// `x + b` with `b` broadcast over the rows, then `ReLU`.
 fn bias_relu_ref(x: &Nd, b: &Nd) -> Nd {
     let n = b.numel();
     let data = x
