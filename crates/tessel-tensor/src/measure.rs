@@ -217,10 +217,9 @@ impl<'c> Measurer<'c> {
                 timing_key(&**backend, *device, work, &self.dims)
             })
             .collect();
+        // Cached times spare the timing runs, never the checking run: a program is only
+        // as right as the slots it is wired to in this realize.
         let cached: Vec<Option<f64>> = keys.iter().map(|&k| load_timing(k)).collect();
-        if cached.iter().all(Option::is_some) {
-            return Ok(cached);
-        }
         for (i, &b) in inputs.iter().enumerate() {
             self.real.insert(
                 Place {
