@@ -33,9 +33,19 @@ use crate::planner::{Compiled, Place, Plan, PlanSlot, Work};
 pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId], dims: &Bindings) -> Result<Plan> {
     let inputs: Vec<BufferId> = compiled.inputs.iter().map(|&i| leaves[i]).collect();
     let mut m = Measurer::new(compiled, dims);
-    let outcome = m.run(&inputs).and_then(|times| Ok((times, m.transfers()?)));
+    let outcome = m
+        .run(&inputs)
+        .and_then(|times| Ok((times, m.transfers()?)))
+        .and_then(|(times, transfers)| pick(&mut m, &times, transfers));
     m.free();
-    let (times, transfers) = outcome?;
+    outcome
+}
+
+/// Extracts the plan from the measured `times` and `transfers`, and checks it whole: run
+/// as planned, it must give the default partition's targets, else the default partition
+/// is the plan.
+fn pick(m: &mut Measurer<'_>, times: &[Option<f64>], transfers: Vec<Transfer>) -> Result<Plan> {
+    let compiled = m.compiled;
     let problem = Placement {
         devices: compiled.devices.len(),
         candidates: compiled
@@ -76,7 +86,20 @@ pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId], dims: &Bindings) 
     let placed = placement::place(&problem, Budget::default())
         .map_err(|e| Error::Internal(format!("choosing a plan: {e}")))?;
     if tracing::enabled!(target: "tessel::plan", tracing::Level::INFO) {
-        log_choice(compiled, &times, &placed);
+        log_choice(compiled, times, &placed);
+    }
+    // Each program was checked against references on its own; the plan combines programs
+    // of different partitions, so it is run once as a whole and checked too.
+    if let Some(why) = m.check_plan(&placed.steps)? {
+        tracing::warn!(target: "tessel::plan", "{}: the measured plan gives wrong values ({why}); using the default partition", compiled.devices[0].0);
+        let default: Vec<placement::Step> = compiled
+            .programs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.device == 0 && compiled.candidates[b.candidate].default)
+            .map(|(k, _)| placement::Step::Run(k))
+            .collect();
+        return Ok(compiled.plan(&default));
     }
     let mut plan = compiled.plan(&placed.steps);
     if let Some((runner_up, _)) = &placed.runner_up {
@@ -154,10 +177,15 @@ impl<'c> Measurer<'c> {
         Ok(eval(numel, &self.dims)? * dtype.size_bytes())
     }
 
+    /// A buffer of `bytes` filled with `0xff` (NaN in every float dtype), so a program
+    /// that reads an element nothing wrote fails its check instead of passing on whatever
+    /// a reused allocation held.
     fn alloc(&mut self, device: usize, bytes: usize) -> Result<BufferId> {
         let ordinal = self.device(device).ordinal;
         let b = self.backend(device).alloc(ordinal, bytes.max(1))?;
         self.owned.push((device, b));
+        self.backend(device)
+            .write(b, 0, &vec![0xff; bytes.max(1)])?;
         Ok(b)
     }
 
@@ -324,6 +352,74 @@ impl<'c> Measurer<'c> {
             samples.push(backend.time(program, &args, &self.dims)?.as_secs_f64());
         }
         Ok(Some(median(samples)))
+    }
+
+    /// Runs `steps` on fresh buffers (inputs shared) and says why its targets differ from
+    /// the references, if they do.
+    fn check_plan(&mut self, steps: &[placement::Step]) -> Result<Option<String>> {
+        let compiled = self.compiled;
+        let mut bufs: FxHashMap<Place, BufferId> = self
+            .real
+            .iter()
+            .filter(|(p, _)| p.device == 0 && matches!(p.slot, PlanSlot::Input(_)))
+            .map(|(&p, &b)| (p, b))
+            .collect();
+        for &p in &compiled.empty {
+            let place = Place {
+                slot: PlanSlot::Node(p),
+                device: 0,
+            };
+            let b = self.alloc(0, 1)?;
+            bufs.insert(place, b);
+        }
+        for step in steps {
+            match *step {
+                placement::Step::Run(k) => {
+                    let b = &compiled.programs[k];
+                    let c = &compiled.candidates[b.candidate];
+                    let mut args = Vec::with_capacity(c.args.len());
+                    for &a in &c.args {
+                        let place = Place {
+                            slot: a,
+                            device: b.device,
+                        };
+                        let buffer = match bufs.get(&place) {
+                            Some(&buffer) => buffer,
+                            None => {
+                                let bytes = self.bytes(a)?;
+                                let fresh = self.alloc(b.device, bytes)?;
+                                bufs.insert(place, fresh);
+                                fresh
+                            }
+                        };
+                        args.push(buffer);
+                    }
+                    self.backend(b.device)
+                        .time(b.program.id, &args, &self.dims)?;
+                }
+                placement::Step::Copy { class, from, to } => {
+                    let slot = compiled.slot(class);
+                    let src = bufs[&Place { slot, device: from }];
+                    let bytes = self.bytes(slot)?;
+                    let dst = self.alloc(to, bytes)?;
+                    self.copy(from, src, to, dst, bytes)?;
+                    bufs.insert(Place { slot, device: to }, dst);
+                }
+            }
+        }
+        for &t in &compiled.targets {
+            let place = Place {
+                slot: PlanSlot::Node(t),
+                device: 0,
+            };
+            let (Some(&got), Some(&want)) = (bufs.get(&place), self.real.get(&place)) else {
+                continue;
+            };
+            if let Some(why) = self.disagreement(place.slot, (0, want), (0, got))? {
+                return Ok(Some(format!("target at {t}: {why}")));
+            }
+        }
+        Ok(None)
     }
 
     /// The buffer holding `slot`'s reference value: on the home device if it is there.

@@ -565,7 +565,7 @@ impl Compiled {
     }
 
     /// The slot of an extraction class.
-    fn slot(&self, class: ClassId) -> PlanSlot {
+    pub(crate) fn slot(&self, class: ClassId) -> PlanSlot {
         let c = class.0 as usize;
         if c < self.positions() {
             PlanSlot::Node(c)
