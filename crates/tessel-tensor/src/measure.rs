@@ -383,14 +383,13 @@ impl<'c> Measurer<'c> {
                             slot: a,
                             device: b.device,
                         };
-                        let buffer = match bufs.get(&place) {
-                            Some(&buffer) => buffer,
-                            None => {
-                                let bytes = self.bytes(a)?;
-                                let fresh = self.alloc(b.device, bytes)?;
-                                bufs.insert(place, fresh);
-                                fresh
-                            }
+                        let buffer = if let Some(&buffer) = bufs.get(&place) {
+                            buffer
+                        } else {
+                            let bytes = self.bytes(a)?;
+                            let fresh = self.alloc(b.device, bytes)?;
+                            bufs.insert(place, fresh);
+                            fresh
                         };
                         args.push(buffer);
                     }
