@@ -153,12 +153,7 @@ fn extraction_problem(graph: &Graph, targets: &[NodeId]) -> Problem {
         .map(|(i, &n)| (n, i as u32))
         .collect();
     let matches = find_matmuls(graph, &order);
-    let mut separate: Vec<NodeId> = matches
-        .iter()
-        .flat_map(|m| m.materialize.iter().copied())
-        .collect();
-    separate.sort_unstable();
-    separate.dedup();
+    let separate = tessel_graph::materialized_for(&matches);
     let default = kernelize(graph, targets).unwrap();
     let alternative = kernelize_with(graph, targets, &separate).unwrap();
 

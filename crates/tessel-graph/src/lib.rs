@@ -30,4 +30,4 @@ pub use kernelize::{
     KernelizeError, SHARED_MIN_OPS, Schedule, ScheduledKernel, Signature, Slot, kernelize,
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature,
 };
-pub use vendor::{VendorMatch, find_matmuls};
+pub use vendor::{VendorMatch, find_matmuls, materialized_for};

@@ -43,6 +43,19 @@ pub fn find_matmuls(graph: &Graph, order: &[NodeId]) -> Vec<VendorMatch> {
         .collect()
 }
 
+/// Every node some match needs materialized, sorted and without repeats: the `separate`
+/// argument of [`kernelize_with`](crate::kernelize_with) and
+/// [`kernelize_rows`](crate::kernelize_rows) for the partition library routines run in.
+pub fn materialized_for(matches: &[VendorMatch]) -> Vec<NodeId> {
+    let mut nodes: Vec<NodeId> = matches
+        .iter()
+        .flat_map(|m| m.materialize.iter().copied())
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
+}
+
 fn match_matmul(
     graph: &Graph,
     reduce: NodeId,

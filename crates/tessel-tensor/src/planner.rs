@@ -35,7 +35,8 @@ use tessel_graph::extract::ClassId;
 use tessel_graph::placement::Step;
 use tessel_graph::{
     Graph, LeafId, NodeId, Op, SHARED_MIN_OPS, Schedule, Simplified, Slot, find_matmuls, kernelize,
-    kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature, simplify,
+    kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, materialized_for,
+    signature, simplify,
 };
 use tessel_ir::{Backend, Kernel, ProgramId, VendorOp};
 use tessel_shape::{DType, Dim};
@@ -338,12 +339,7 @@ pub(crate) fn partition(
         add_schedule(&mut parts, &shared, &pos, Origin::Shared);
     }
     let matches = find_matmuls(graph, order);
-    let mut separate: Vec<NodeId> = matches
-        .iter()
-        .flat_map(|m| m.materialize.iter().copied())
-        .collect();
-    separate.sort_unstable();
-    separate.dedup();
+    let separate = materialized_for(&matches);
     if devices.iter().any(|d| d.backend != "cpu") {
         let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
         if cooperative
@@ -661,7 +657,7 @@ impl Compiled {
 
 #[cfg(test)]
 mod tests {
-    use tessel_graph::{find_matmuls, kernelize_rows};
+    use tessel_graph::{find_matmuls, kernelize_rows, materialized_for};
 
     use crate::{DType, Result, Tensor, inspect};
 
@@ -687,10 +683,7 @@ mod tests {
             .softmax(-1)?;
         let out = layer_norm(&probs.matmul(&q)?)?;
         let (graph, targets) = inspect::graph_of(&[&out]);
-        let separate: Vec<_> = find_matmuls(&graph, &graph.toposort(&targets))
-            .iter()
-            .flat_map(|m| m.materialize.clone())
-            .collect();
+        let separate = materialized_for(&find_matmuls(&graph, &graph.toposort(&targets)));
         let rows = kernelize_rows(&graph, &targets, &separate)
             .unwrap()
             .expect("row statistics to fuse");
