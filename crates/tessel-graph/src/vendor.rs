@@ -4,7 +4,8 @@
 //! `[..batch, m, k, n]`, reducing `k`. [`find_matmuls`] recognizes that shape in the graph
 //! and describes it as a [`VendorOp::Matmul`] over buffers: each operand is a leaf read
 //! as it is stored (row-major, or transposed when it is a `permute` swapping the last two
-//! axes of a leaf), or a node that must be materialized first. The match is an
+//! axes of a leaf or of a node materialized for it), or a node that must be materialized
+//! first. The match is an
 //! *alternative*: the runtime asks each backend for the routine, and the generated kernel
 //! stays a candidate; measurement decides.
 
@@ -180,13 +181,21 @@ fn operand(
             batched,
         });
     }
+    // A transpose is a flag of the routine: it reads the transposed value's buffer, a
+    // leaf's or one materialized for it (`q @ k.t()` never copies `k` into a transpose).
     if let Op::Permute(inner, perm) = &graph.node(base).op
-        && matches!(graph.node(*inner).op, Op::Leaf(_))
         && swaps_last_two(perm)
         && ends_with(&graph.node(base).shape, rows_cols)
     {
+        let mut stored = *inner;
+        while let Op::Reshape(below) = graph.node(stored).op {
+            stored = below;
+        }
+        if !matches!(graph.node(stored).op, Op::Leaf(_)) {
+            stored = *inner;
+        }
         return Some(Operand {
-            node: *inner,
+            node: stored,
             transposed: true,
             batched,
         });
@@ -199,7 +208,8 @@ fn operand(
     })
 }
 
-fn swaps_last_two(perm: &[usize]) -> bool {
+/// Whether `perm` exchanges the last two axes and keeps the others.
+pub(crate) fn swaps_last_two(perm: &[usize]) -> bool {
     let n = perm.len();
     n >= 2
         && perm[..n - 2].iter().enumerate().all(|(i, &p)| i == p)

@@ -11,7 +11,6 @@
 //! nothing it already knows. [`tessel_graph::placement::place`] then picks the cheapest
 //! closed set of programs and copies.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,8 +84,9 @@ fn pick(m: &mut Measurer<'_>, times: &[Option<f64>], transfers: Vec<Transfer>) -
     };
     let placed = placement::place(&problem, Budget::default())
         .map_err(|e| Error::Internal(format!("choosing a plan: {e}")))?;
+    let view = Arc::new(compiled.view(times, &placed.steps));
     if tracing::enabled!(target: "tessel::plan", tracing::Level::INFO) {
-        log_choice(compiled, times, &placed);
+        tracing::info!(target: "tessel::plan", "{}: plan of {} programs, chosen cost {:.1} µs:\n{}", compiled.devices[0].0, compiled.programs.len(), placed.cost * 1e6, view.to_text());
     }
     // Each program was checked against references on its own; the plan combines programs
     // of different partitions, so it is run once as a whole and checked too.
@@ -99,44 +99,16 @@ fn pick(m: &mut Measurer<'_>, times: &[Option<f64>], transfers: Vec<Transfer>) -
             .filter(|(_, b)| b.device == 0 && compiled.candidates[b.candidate].default)
             .map(|(k, _)| placement::Step::Run(k))
             .collect();
-        return Ok(compiled.plan(&default));
+        let mut plan = compiled.plan(&default);
+        plan.view = Some(Arc::new(compiled.view(times, &default)));
+        return Ok(plan);
     }
     let mut plan = compiled.plan(&placed.steps);
+    plan.view = Some(view);
     if let Some((runner_up, _)) = &placed.runner_up {
         plan.fallback = Some(Arc::new(compiled.plan(runner_up)));
     }
     Ok(plan)
-}
-
-fn log_choice(compiled: &Compiled, times: &[Option<f64>], placed: &placement::Placed) {
-    let mut text = String::new();
-    for (k, b) in compiled.programs.iter().enumerate() {
-        let c = &compiled.candidates[b.candidate];
-        let _ = writeln!(
-            text,
-            "  {} {:<40} on {:<8} writes {:?} reads {:?}: {}",
-            if placed.steps.contains(&placement::Step::Run(k)) {
-                "*"
-            } else {
-                " "
-            },
-            c.work.name(),
-            compiled.devices[b.device].0.to_string(),
-            c.writes,
-            c.reads().collect::<Vec<_>>(),
-            times[k].map_or("invalid".to_string(), |t| format!("{:.1} µs", t * 1e6)),
-        );
-    }
-    for step in &placed.steps {
-        if let placement::Step::Copy { class, from, to } = step {
-            let _ = writeln!(
-                text,
-                "  * copy {class} {} -> {}",
-                compiled.devices[*from].0, compiled.devices[*to].0
-            );
-        }
-    }
-    tracing::info!(target: "tessel::plan", "{}: plan of {} programs, chosen cost {:.1} µs:\n{text}", compiled.devices[0].0, compiled.programs.len(), placed.cost * 1e6);
 }
 
 /// Runs programs to validate and time them.

@@ -1,7 +1,12 @@
 //! Planning a realize: candidate programs for each value, measured, and the cheapest
 //! closed set of them chosen.
 //!
-//! 1. [`partition`] (under the runtime lock, pure CPU work): the default partition from
+//! 1. [`partition`] (under the runtime lock, pure CPU work): the e-graph's forms of the
+//!    subgraph ([`egraph::forms`]: the simplified one, and where a product reads an operand
+//!    through a permute, one reading it transposed), each partitioned below. Every value
+//!    is named by its e-class, so programs of different forms are alternatives for the
+//!    same values, and the chosen plan may combine them.
+//!    In the simplified form: the default partition from
 //!    the kernelizer, and where the graph holds matrix products ([`find_matmuls`]), a
 //!    second partition with each product materialized on its own plus a library routine
 //!    ([`VendorOp`]) that can write it. Every kernel and routine is a [`Candidate`] that
@@ -12,7 +17,8 @@
 //!    Where a value shared by several consumers is inlined into each, the shared
 //!    partition computes it once instead ([`kernelize_shared`]).
 //!    On a GPU the rows partition also fuses row statistics into their readers
-//!    ([`kernelize_rows`]: softmax in one kernel).
+//!    ([`kernelize_rows`]: softmax in one kernel). The other forms add their products'
+//!    partitions (the routine one, and on a GPU the rows one) and routines.
 //! 2. [`compile`] (no lock): each candidate compiled for every device the realize may use:
 //!    its own (the *home* device) and those [`set_placement`] adds. A backend without the
 //!    routine offers none; a candidate that fails to compile is dropped with a warning
@@ -30,13 +36,13 @@ use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_graph::egraph::Budget as RewriteBudget;
+use tessel_graph::egraph::{self, Budget as RewriteBudget, Form};
 use tessel_graph::extract::ClassId;
 use tessel_graph::placement::Step;
 use tessel_graph::{
-    Graph, LeafId, NodeId, Op, SHARED_MIN_OPS, Schedule, Simplified, Slot, find_matmuls, kernelize,
+    Graph, LeafId, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot, find_matmuls, kernelize,
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, materialized_for,
-    signature, simplify,
+    signature,
 };
 use tessel_ir::{Backend, Kernel, ProgramId, VendorOp};
 use tessel_shape::{DType, Dim};
@@ -62,6 +68,35 @@ pub(crate) struct Plan {
     pub(crate) outputs: Vec<(usize, usize)>,
     /// The runner-up of the measured choice, run if this plan fails at execution.
     pub(crate) fallback: Option<Arc<Plan>>,
+    /// What the plan was chosen from, for [`crate::inspect::plan_to_dot`].
+    pub(crate) view: Option<Arc<PlanView>>,
+}
+
+/// What a plan was chosen from: every program that was compiled, with its measured time
+/// where it was measured, the chosen ones marked, and the chosen copies.
+pub(crate) struct PlanView {
+    pub(crate) devices: Vec<Device>,
+    pub(crate) programs: Vec<ProgramView>,
+    /// `(value, from device, to device)`.
+    pub(crate) copies: Vec<(PlanSlot, usize, usize)>,
+    /// The realize's targets, in order.
+    pub(crate) targets: Vec<usize>,
+    /// Dtype and element count of every value.
+    pub(crate) sizes: Vec<(PlanSlot, DType, Dim)>,
+}
+
+/// One program of a [`PlanView`].
+pub(crate) struct ProgramView {
+    pub(crate) name: String,
+    /// A library routine (else a generated kernel).
+    pub(crate) routine: bool,
+    pub(crate) device: usize,
+    pub(crate) reads: Vec<PlanSlot>,
+    pub(crate) writes: Vec<usize>,
+    /// Median seconds; `None` where it was not measured (a plan without alternatives) or
+    /// its output disagreed with the reference.
+    pub(crate) time: Option<f64>,
+    pub(crate) chosen: bool,
 }
 
 /// A compiled program, released when the last plan holding it is dropped.
@@ -207,7 +242,8 @@ impl Work {
     }
 }
 
-/// A program that could run: what it writes and reads, by topological position.
+/// A program that could run: the values it writes and reads, by value number (the
+/// e-class's, see [`Numbering`]; the simplified form's topological positions).
 pub(crate) struct Candidate {
     pub(crate) work: Work,
     pub(crate) args: Vec<PlanSlot>,
@@ -223,6 +259,17 @@ pub(crate) struct Candidate {
 }
 
 impl Candidate {
+    /// Whether `other` runs the same work on the same values.
+    fn same_as(&self, other: &Candidate) -> bool {
+        self.writes == other.writes
+            && self.args == other.args
+            && match (&self.work, &other.work) {
+                (Work::Kernel(a), Work::Kernel(b)) => a == b,
+                (Work::Vendor(a), Work::Vendor(b)) => a == b,
+                _ => false,
+            }
+    }
+
     /// The values it reads (inputs included), each once.
     pub(crate) fn reads(&self) -> impl Iterator<Item = PlanSlot> + '_ {
         let mut seen = Vec::new();
@@ -259,140 +306,217 @@ fn rewrites_enabled() -> bool {
 }
 
 /// Builds the candidates for `targets`, whose subgraph reads `leaves` (in signature
-/// order), after simplifying it with the e-graph's rewrites (see the module docs), for
-/// `devices`.
+/// order), for `devices`: the partitions of the e-graph's forms (see the module docs),
+/// every value named by its e-class, so programs of different forms are alternatives for
+/// the same values.
 pub(crate) fn partition(
     graph: &Graph,
     targets: &[NodeId],
     leaves: &[LeafId],
     devices: &[Device],
 ) -> Result<Partitions> {
-    let simplified = rewrites_enabled().then(|| {
-        let size = graph.toposort(targets).len();
-        let budget = RewriteBudget {
-            iterations: 16,
-            nodes: 4 * size + 256,
-            time: Duration::from_millis(50),
-        };
-        simplify(graph, targets, budget)
-    });
+    let size = graph.toposort(targets).len();
+    let saturated = RewriteBudget {
+        iterations: 16,
+        nodes: 4 * size + 256,
+        time: Duration::from_millis(50),
+    };
+    let as_recorded = RewriteBudget {
+        iterations: 0,
+        ..saturated
+    };
     // A target that became a leaf, or the same node as another target, would need a copy
     // the plan does not make: such a realize runs its graph as recorded.
-    let usable = |s: &Simplified| {
-        let distinct: FxHashSet<NodeId> = s.targets.iter().copied().collect();
-        distinct.len() == s.targets.len()
-            && s.targets
+    let usable = |f: &Form| {
+        let distinct: FxHashSet<NodeId> = f.targets.iter().copied().collect();
+        distinct.len() == f.targets.len()
+            && f.targets
                 .iter()
-                .all(|&t| !matches!(s.graph.node(t).op, Op::Leaf(_)))
+                .all(|&t| !matches!(f.graph.node(t).op, Op::Leaf(_)))
     };
-    let (graph, targets) = match &simplified {
-        Some(s) if usable(s) => (&s.graph, s.targets.as_slice()),
-        _ => (graph, targets),
+    let mut forms = if rewrites_enabled() {
+        egraph::forms(graph, targets, saturated).forms
+    } else {
+        Vec::new()
     };
-    let order = graph.toposort(targets);
-    let order = order.as_slice();
-    let (_, own_leaves) = signature(graph, targets);
-    let inputs = own_leaves
-        .iter()
-        .map(|l| leaves.iter().position(|x| x == l))
-        .collect::<Option<Vec<usize>>>()
-        .ok_or_else(|| Error::Internal("rewriting the graph invented a leaf".into()))?;
-    let pos: FxHashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    if forms.first().is_none_or(|f| !usable(f)) {
+        forms = egraph::forms(graph, targets, as_recorded).forms;
+        forms.truncate(1);
+    }
     let internal = |e: tessel_graph::KernelizeError| Error::Internal(e.to_string());
-    let default = kernelize(graph, targets).map_err(internal)?;
-    let input_sizes = order
-        .iter()
-        .map(|&n| graph.node(n))
-        .filter(|n| matches!(n.op, Op::Leaf(_)))
-        .map(|n| (n.dtype, n.shape.numel()))
-        .collect();
-    let mut parts = Partitions {
-        candidates: Vec::new(),
-        buffers: FxHashMap::default(),
-        input_sizes,
-        empty: Vec::new(),
-        targets: targets.iter().map(|t| pos[t]).collect(),
-        inputs,
-        outputs: targets
-            .iter()
-            .enumerate()
-            .map(|(k, t)| (pos[t], k))
-            .collect(),
-    };
-    add_schedule(&mut parts, &default, &pos, Origin::Default);
-    let written: FxHashSet<usize> = parts
-        .candidates
-        .iter()
-        .flat_map(|c| c.writes.iter().copied())
-        .collect();
-    parts.empty = parts
-        .buffers
-        .keys()
-        .copied()
-        .filter(|p| !written.contains(p))
-        .collect();
-
-    // On a GPU, long reductions may run faster with a workgroup per output; the CPU runs a
-    // workgroup's invocations one after another, where that only adds barriers.
-    // Shared values computed once instead of inlined into each consumer.
-    if let Some(shared) = kernelize_shared(graph, targets, SHARED_MIN_OPS).map_err(internal)? {
-        add_schedule(&mut parts, &shared, &pos, Origin::Shared);
-    }
-    let matches = find_matmuls(graph, order);
-    let separate = materialized_for(&matches);
-    if devices.iter().any(|d| d.backend != "cpu") {
-        let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
-        if cooperative
-            .kernels
-            .iter()
-            .any(|k| k.kernel.name.ends_with("_g"))
-        {
-            add_schedule(&mut parts, &cooperative, &pos, Origin::Gpu);
-        }
-        // And row statistics fused into the kernels reading them (one-kernel softmax),
-        // between matrix products materialized for the library routines.
-        if let Some(rows) = kernelize_rows(graph, targets, &separate).map_err(internal)? {
-            add_schedule(&mut parts, &rows, &pos, Origin::Gpu);
-        }
-    }
-    if matches.is_empty() {
-        return Ok(parts);
-    }
-    let alternative = kernelize_with(graph, targets, &separate).map_err(internal)?;
-    add_schedule(&mut parts, &alternative, &pos, Origin::Routine);
-    for m in &matches {
-        for &w in &m.writes {
-            let node = graph.node(w);
-            parts
-                .buffers
-                .insert(pos[&w], (node.dtype, node.shape.numel()));
-            parts.candidates.push(Candidate {
-                work: Work::Vendor(m.op.clone()),
-                args: m
-                    .operands
+    let mut numbering = Numbering::default();
+    let mut parts: Option<Partitions> = None;
+    for (f, form) in forms.iter().enumerate() {
+        let (graph, targets) = (&form.graph, form.targets.as_slice());
+        let order = graph.toposort(targets);
+        let slots = numbering.number(form, &order, leaves)?;
+        let parts = parts.get_or_insert_with(|| {
+            let pos = |t: &NodeId| slots.pos[t];
+            Partitions {
+                candidates: Vec::new(),
+                buffers: FxHashMap::default(),
+                input_sizes: Vec::new(),
+                empty: Vec::new(),
+                targets: targets.iter().map(pos).collect(),
+                inputs: Vec::new(),
+                outputs: targets
                     .iter()
-                    .map(|o| operand_slot(graph, *o, &pos))
-                    .chain([PlanSlot::Node(pos[&w])])
+                    .enumerate()
+                    .map(|(k, t)| (pos(t), k))
                     .collect(),
-                writes: vec![pos[&w]],
-                default: false,
-                for_routine: true,
-                gpu_only: false,
-            });
+            }
+        });
+        let matches = find_matmuls(graph, &order);
+        let separate = materialized_for(&matches);
+        if f == 0 {
+            let default = kernelize(graph, targets).map_err(internal)?;
+            add_schedule(parts, &default, &slots, Origin::Default);
+            let written: FxHashSet<usize> = parts
+                .candidates
+                .iter()
+                .flat_map(|c| c.writes.iter().copied())
+                .collect();
+            parts.empty = parts
+                .buffers
+                .keys()
+                .copied()
+                .filter(|p| !written.contains(p))
+                .collect();
+            // Shared values computed once instead of inlined into each consumer.
+            if let Some(shared) =
+                kernelize_shared(graph, targets, SHARED_MIN_OPS).map_err(internal)?
+            {
+                add_schedule(parts, &shared, &slots, Origin::Shared);
+            }
+        }
+        // On a GPU, long reductions may run faster with a workgroup per output; the CPU
+        // runs a workgroup's invocations one after another, where that only adds barriers.
+        if devices.iter().any(|d| d.backend != "cpu") {
+            if f == 0 {
+                let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
+                if cooperative
+                    .kernels
+                    .iter()
+                    .any(|k| k.kernel.name.ends_with("_g"))
+                {
+                    add_schedule(parts, &cooperative, &slots, Origin::Gpu);
+                }
+            }
+            // And row statistics fused into the kernels reading them (one-kernel softmax),
+            // between matrix products materialized for the library routines.
+            if let Some(rows) = kernelize_rows(graph, targets, &separate).map_err(internal)? {
+                add_schedule(parts, &rows, &slots, Origin::Gpu);
+            }
+        }
+        if matches.is_empty() {
+            continue;
+        }
+        let alternative = kernelize_with(graph, targets, &separate).map_err(internal)?;
+        add_schedule(parts, &alternative, &slots, Origin::Routine);
+        for m in &matches {
+            for &w in &m.writes {
+                let node = graph.node(w);
+                parts
+                    .buffers
+                    .insert(slots.pos[&w], (node.dtype, node.shape.numel()));
+                let candidate = Candidate {
+                    work: Work::Vendor(m.op.clone()),
+                    args: m
+                        .operands
+                        .iter()
+                        .map(|o| slots.slot(*o))
+                        .chain([PlanSlot::Node(slots.pos[&w])])
+                        .collect(),
+                    writes: vec![slots.pos[&w]],
+                    default: false,
+                    for_routine: true,
+                    gpu_only: false,
+                };
+                if !parts.candidates.iter().any(|c| c.same_as(&candidate)) {
+                    parts.candidates.push(candidate);
+                }
+            }
         }
     }
+    let mut parts = parts.ok_or_else(|| Error::Internal("the e-graph gave no form".into()))?;
+    parts.inputs = numbering.inputs;
+    parts.input_sizes = numbering.input_sizes;
     Ok(parts)
 }
 
-fn operand_slot(graph: &Graph, node: NodeId, pos: &FxHashMap<NodeId, usize>) -> PlanSlot {
-    match graph.node(node).op {
-        // Leaves bind by signature order, which numbers them as the toposort meets them.
-        Op::Leaf(_) => PlanSlot::Input(
-            pos.iter()
-                .filter(|(n, p)| **p < pos[&node] && matches!(graph.node(**n).op, Op::Leaf(_)))
-                .count(),
-        ),
-        _ => PlanSlot::Node(pos[&node]),
+/// Values (e-classes) and inputs numbered across forms: a value keeps its number in every
+/// form, the first form's values numbered in its topological order.
+#[derive(Default)]
+struct Numbering {
+    values: FxHashMap<egraph::ClassId, usize>,
+    /// Plan input `k` is the realize's leaf `inputs[k]`.
+    inputs: Vec<usize>,
+    /// Dtype and element count of each plan input.
+    input_sizes: Vec<(DType, Dim)>,
+}
+
+/// One form's nodes in a [`Numbering`].
+struct FormSlots {
+    /// Each node's value number.
+    pos: FxHashMap<NodeId, usize>,
+    /// The form's `k`-th leaf (in its signature order) is plan input `inputs[k]`.
+    inputs: Vec<usize>,
+    /// Each leaf node's plan input.
+    leaf_inputs: FxHashMap<NodeId, usize>,
+}
+
+impl FormSlots {
+    /// Where a routine finds `node`'s buffer.
+    fn slot(&self, node: NodeId) -> PlanSlot {
+        match self.leaf_inputs.get(&node) {
+            Some(&k) => PlanSlot::Input(k),
+            None => PlanSlot::Node(self.pos[&node]),
+        }
+    }
+}
+
+impl Numbering {
+    fn number(&mut self, form: &Form, order: &[NodeId], leaves: &[LeafId]) -> Result<FormSlots> {
+        let graph = &form.graph;
+        let mut pos = FxHashMap::default();
+        for &n in order {
+            let next = self.values.len();
+            pos.insert(n, *self.values.entry(form.classes[&n]).or_insert(next));
+        }
+        let (_, own) = signature(graph, &form.targets);
+        let mut by_leaf: FxHashMap<LeafId, usize> = FxHashMap::default();
+        for leaf in own {
+            let realized = leaves
+                .iter()
+                .position(|x| *x == leaf)
+                .ok_or_else(|| Error::Internal("rewriting the graph invented a leaf".into()))?;
+            if let Some(k) = self.inputs.iter().position(|&i| i == realized) {
+                by_leaf.insert(leaf, k);
+                continue;
+            }
+            let node = order
+                .iter()
+                .map(|&n| graph.node(n))
+                .find(|n| n.op == Op::Leaf(leaf))
+                .ok_or_else(|| Error::Internal("a leaf outside its graph".into()))?;
+            self.inputs.push(realized);
+            self.input_sizes.push((node.dtype, node.shape.numel()));
+            by_leaf.insert(leaf, self.inputs.len() - 1);
+        }
+        let (_, own) = signature(graph, &form.targets);
+        let inputs = own.iter().map(|l| by_leaf[l]).collect();
+        let leaf_inputs = order
+            .iter()
+            .filter_map(|&n| match graph.node(n).op {
+                Op::Leaf(l) => Some((n, by_leaf[&l])),
+                _ => None,
+            })
+            .collect();
+        Ok(FormSlots {
+            pos,
+            inputs,
+            leaf_inputs,
+        })
     }
 }
 
@@ -409,14 +533,9 @@ enum Origin {
 }
 
 /// Adds a schedule's kernels (skipping ones already present) and buffers.
-fn add_schedule(
-    parts: &mut Partitions,
-    schedule: &Schedule,
-    pos: &FxHashMap<NodeId, usize>,
-    origin: Origin,
-) {
+fn add_schedule(parts: &mut Partitions, schedule: &Schedule, slots: &FormSlots, origin: Origin) {
     for (n, dtype, numel) in &schedule.buffers {
-        parts.buffers.insert(pos[n], (*dtype, *numel));
+        parts.buffers.insert(slots.pos[n], (*dtype, *numel));
     }
     for k in &schedule.kernels {
         let candidate = Candidate {
@@ -424,22 +543,17 @@ fn add_schedule(
                 .args
                 .iter()
                 .map(|a| match a {
-                    Slot::Input(i) => PlanSlot::Input(*i),
-                    Slot::Node(n) => PlanSlot::Node(pos[n]),
+                    Slot::Input(i) => PlanSlot::Input(slots.inputs[*i]),
+                    Slot::Node(n) => PlanSlot::Node(slots.pos[n]),
                 })
                 .collect(),
-            writes: k.writes.iter().map(|w| pos[w]).collect(),
+            writes: k.writes.iter().map(|w| slots.pos[w]).collect(),
             work: Work::Kernel(k.kernel.clone()),
             default: origin == Origin::Default,
             for_routine: origin == Origin::Routine,
             gpu_only: origin == Origin::Gpu,
         };
-        let duplicate = parts.candidates.iter().any(|c| {
-            c.writes == candidate.writes
-                && c.args == candidate.args
-                && matches!((&c.work, &candidate.work), (Work::Kernel(a), Work::Kernel(b)) if a == b)
-        });
-        if !duplicate {
+        if !parts.candidates.iter().any(|c| c.same_as(&candidate)) {
             parts.candidates.push(candidate);
         }
     }
@@ -639,6 +753,7 @@ impl Compiled {
             inputs: self.inputs.clone(),
             outputs: self.outputs.clone(),
             fallback: None,
+            view: None,
         }
     }
 
@@ -646,7 +761,56 @@ impl Compiled {
     /// alternatives, the programs are exactly the default partition, producers first).
     pub(crate) fn default_plan(self) -> Plan {
         let all: Vec<Step> = (0..self.programs.len()).map(Step::Run).collect();
-        self.plan(&all)
+        let mut plan = self.plan(&all);
+        plan.view = Some(Arc::new(self.view(&vec![None; self.programs.len()], &all)));
+        plan
+    }
+
+    /// The programs with their `times`, those `steps` run marked chosen.
+    pub(crate) fn view(&self, times: &[Option<f64>], steps: &[Step]) -> PlanView {
+        let programs = self
+            .programs
+            .iter()
+            .enumerate()
+            .map(|(k, b)| {
+                let c = &self.candidates[b.candidate];
+                ProgramView {
+                    name: c.work.name(),
+                    routine: matches!(c.work, Work::Vendor(_)),
+                    device: b.device,
+                    reads: c.reads().collect(),
+                    writes: c.writes.clone(),
+                    time: times[k],
+                    chosen: steps.contains(&Step::Run(k)),
+                }
+            })
+            .collect();
+        let copies = steps
+            .iter()
+            .filter_map(|s| match *s {
+                Step::Copy { class, from, to } => Some((self.slot(class), from, to)),
+                Step::Run(_) => None,
+            })
+            .collect();
+        let mut sizes: Vec<(PlanSlot, DType, Dim)> = self
+            .buffers
+            .iter()
+            .map(|(&p, &(dtype, numel))| (PlanSlot::Node(p), dtype, numel))
+            .chain(
+                self.input_sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(dtype, numel))| (PlanSlot::Input(i), dtype, numel)),
+            )
+            .collect();
+        sizes.sort_by_key(|s| s.0);
+        PlanView {
+            devices: self.devices.iter().map(|d| d.0).collect(),
+            programs,
+            copies,
+            targets: self.targets.clone(),
+            sizes,
+        }
     }
 
     /// Whether [`crate::measure::choose`] has anything to decide.
@@ -657,9 +821,62 @@ impl Compiled {
 
 #[cfg(test)]
 mod tests {
-    use tessel_graph::{find_matmuls, kernelize_rows, materialized_for};
+    use tessel_graph::{find_matmuls, kernelize_rows, materialized_for, signature};
+    use tessel_ir::VendorOp;
 
-    use crate::{DType, Result, Tensor, inspect};
+    use super::{Work, partition};
+    use crate::{DType, Device, Result, Tensor, inspect};
+
+    /// Attention scores after a head split: `k.transpose(-2, -1)` composes with the split
+    /// into one `[0, 2, 3, 1]` permute. The simplified form materializes that layout for
+    /// the product; the transposed-operands form materializes `[0, 2, 1, 3]` and the
+    /// routine reads it transposed. Both routines write the scores' class, and so does
+    /// the default partition's kernel: three producers of one value, from two forms.
+    #[test]
+    fn both_layouts_of_a_transposed_operand_are_candidates() -> Result<()> {
+        let (b, s, h, d) = (2, 16, 4, 8);
+        let qkv = Tensor::randn([b, s, 3 * h * d], DType::F32)?
+            .reshape(&[b as i64, s as i64, 3, h as i64, d as i64])?;
+        let heads = |i: i64| -> Result<Tensor> {
+            qkv.narrow(2, i, 1)?
+                .reshape(&[b as i64, s as i64, h as i64, d as i64])?
+                .permute(&[0, 2, 1, 3])
+        };
+        let scores = heads(0)?.matmul(&heads(1)?.transpose(-2, -1)?)?;
+        let (graph, targets) = inspect::graph_of(&[&scores]);
+        let (_, leaves) = signature(&graph, &targets);
+        let parts = partition(&graph, &targets, &leaves, &[Device::cpu()])?;
+        let routines: Vec<(bool, &[usize])> = parts
+            .candidates
+            .iter()
+            .filter_map(|c| match &c.work {
+                Work::Vendor(VendorOp::Matmul(m)) => Some((m.rhs_transposed, &c.writes[..])),
+                _ => None,
+            })
+            .collect();
+        // Each routine writes the product and the reshape of it the matmul records.
+        let writes = |transposed: bool| -> Vec<&[usize]> {
+            routines
+                .iter()
+                .filter(|r| r.0 == transposed)
+                .map(|r| r.1)
+                .collect()
+        };
+        assert_eq!(writes(false).len(), 2, "{routines:?}");
+        assert_eq!(
+            writes(false),
+            writes(true),
+            "the same classes, two producers each"
+        );
+        let target = parts.targets[0];
+        assert!(
+            parts
+                .candidates
+                .iter()
+                .any(|c| c.default && c.writes.contains(&target))
+        );
+        Ok(())
+    }
 
     fn layer_norm(x: &Tensor) -> Result<Tensor> {
         let centered = (x - &x.mean(&[-1], true)?)?;

@@ -23,7 +23,7 @@ use tessel_shape::{Bindings, DType, Shape};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::measure;
-use crate::planner::{self, Place, Plan, PlanSlot, PlanStep};
+use crate::planner::{self, Place, Plan, PlanSlot, PlanStep, PlanView};
 
 /// Plans kept per runtime before the oldest is evicted.
 pub const PLAN_CACHE_LIMIT: usize = 512;
@@ -43,9 +43,16 @@ pub(crate) struct State {
     pub(crate) graph: Graph,
     leaves: FxHashMap<LeafId, LeafData>,
     next_leaf: u64,
-    plans: FxHashMap<(Signature, Device), Arc<Plan>>,
-    plan_order: VecDeque<(Signature, Device)>,
+    plans: FxHashMap<PlanKey, Arc<Plan>>,
+    plan_order: VecDeque<PlanKey>,
 }
+
+/// A plan's cache key: the graph's structure and the device it runs on.
+type PlanKey = (Signature, Device);
+
+/// [`Runtime::plan_for`]'s plan, with the lock it was checked under, the leaves it reads
+/// and its key.
+type Planned<'a> = (MutexGuard<'a, State>, Arc<Plan>, Vec<LeafId>, PlanKey);
 
 /// What one realize did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -295,35 +302,29 @@ impl Runtime {
         Ok(())
     }
 
-    /// Computes `nodes` on `device`, turning each into a leaf; `dims` holds the values of
-    /// the dynamic dims their shapes and inputs name.
-    pub(crate) fn realize(
+    /// The plan computing `targets` (nodes that are not leaves) on `device`: the cached
+    /// one, or a new one (partitioned, compiled without the lock, measured on the
+    /// realize's inputs) put in the cache; programs compiled are counted into `report`.
+    /// Returns it with the lock held (the graph is as the plan was made for), the leaves
+    /// it reads in signature order, and its cache key.
+    fn plan_for(
         &self,
-        nodes: &[NodeId],
+        targets: &[NodeId],
         device: Device,
         dims: &Bindings,
-    ) -> Result<RealizeReport> {
+        report: &mut RealizeReport,
+    ) -> Result<Planned<'_>> {
         let backend = self.backend(device)?;
-        let mut st = self.lock();
-        let targets: Vec<NodeId> = nodes
-            .iter()
-            .copied()
-            .filter(|&n| !matches!(st.graph.node(n).op, Op::Leaf(_)))
-            .collect();
-        if targets.is_empty() {
-            return Ok(RealizeReport::default());
-        }
-        if !dims.is_empty() {
-            Self::check_leaf_sizes(&st, &targets, dims)?;
-        }
-        let (sig, leaves) = signature(&st.graph, &targets);
-        let key = (sig, device);
-        let mut report = RealizeReport::default();
-        let plan = if let Some(plan) = st.plans.get(&key) {
-            plan.clone()
-        } else {
+        loop {
+            let st = self.lock();
+            let (sig, leaves) = signature(&st.graph, targets);
+            let key = (sig, device);
+            if let Some(plan) = st.plans.get(&key) {
+                let plan = plan.clone();
+                return Ok((st, plan, leaves, key));
+            }
             let devices = planner::placement_devices(device);
-            let parts = planner::partition(&st.graph, &targets, &leaves, &devices)?;
+            let parts = planner::partition(&st.graph, targets, &leaves, &devices)?;
             drop(st);
             let mut plan_devices = Vec::with_capacity(devices.len());
             for d in devices {
@@ -347,13 +348,12 @@ impl Runtime {
                 compiled.default_plan()
             };
             let plan = Arc::new(plan);
-            st = self.lock();
+            let mut st = self.lock();
             // Another thread may have realized part of this subgraph meanwhile; the plan is
             // still right for the structure it was built for, but not for the graph now.
-            let (sig_now, _) = signature(&st.graph, &targets);
+            let (sig_now, _) = signature(&st.graph, targets);
             if sig_now != key.0 {
-                drop(st);
-                return self.realize(nodes, device, dims);
+                continue;
             }
             if st.plans.len() >= PLAN_CACHE_LIMIT
                 && let Some(old) = st.plan_order.pop_front()
@@ -362,8 +362,60 @@ impl Runtime {
             }
             st.plan_order.push_back(key.clone());
             st.plans.insert(key.clone(), plan.clone());
-            plan
-        };
+            return Ok((st, plan, leaves, key));
+        }
+    }
+
+    /// What the plan for `nodes` on `device` was chosen from (planning it if no plan is
+    /// cached, without running it): see [`crate::inspect::plan_to_dot`].
+    pub(crate) fn plan_view(
+        &self,
+        nodes: &[NodeId],
+        device: Device,
+        dims: &Bindings,
+    ) -> Result<Option<Arc<PlanView>>> {
+        let st = self.lock();
+        let targets: Vec<NodeId> = nodes
+            .iter()
+            .copied()
+            .filter(|&n| !matches!(st.graph.node(n).op, Op::Leaf(_)))
+            .collect();
+        if targets.is_empty() {
+            return Ok(None);
+        }
+        if !dims.is_empty() {
+            Self::check_leaf_sizes(&st, &targets, dims)?;
+        }
+        drop(st);
+        let (_st, plan, _, _) =
+            self.plan_for(&targets, device, dims, &mut RealizeReport::default())?;
+        Ok(plan.view.clone())
+    }
+
+    /// Computes `nodes` on `device`, turning each into a leaf; `dims` holds the values of
+    /// the dynamic dims their shapes and inputs name.
+    pub(crate) fn realize(
+        &self,
+        nodes: &[NodeId],
+        device: Device,
+        dims: &Bindings,
+    ) -> Result<RealizeReport> {
+        let backend = self.backend(device)?;
+        let st = self.lock();
+        let targets: Vec<NodeId> = nodes
+            .iter()
+            .copied()
+            .filter(|&n| !matches!(st.graph.node(n).op, Op::Leaf(_)))
+            .collect();
+        if targets.is_empty() {
+            return Ok(RealizeReport::default());
+        }
+        if !dims.is_empty() {
+            Self::check_leaf_sizes(&st, &targets, dims)?;
+        }
+        drop(st);
+        let mut report = RealizeReport::default();
+        let (mut st, plan, leaves, key) = self.plan_for(&targets, device, dims, &mut report)?;
 
         // Bind inputs, uploading host leaves on first use.
         let mut bound = Vec::with_capacity(leaves.len());
@@ -639,6 +691,7 @@ mod tests {
                 inputs: plan.inputs.clone(),
                 outputs: plan.outputs.clone(),
                 fallback: Some(runner_up.clone()),
+                view: None,
             };
             st.plans.insert(key.clone(), Arc::new(broken));
             (plan, runner_up)

@@ -44,6 +44,7 @@
 //! it (see `sign_clear` in this file).
 
 mod dot;
+mod forms;
 mod rewrite;
 mod rules;
 mod saturate;
@@ -57,6 +58,7 @@ use tracing::debug;
 
 use crate::graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
 
+pub use forms::{Form, Forms, forms};
 pub use rewrite::{Condition, Match, Rewrite, RewriteError, Subst};
 pub use rules::rules;
 pub use saturate::{Budget, SaturationReport, StopReason};

@@ -152,6 +152,16 @@ impl<'a> Extraction<'a> {
     /// keep their [`LeafId`](crate::LeafId)s, equal nodes hash-cons with the graph's own)
     /// and returns their ids, holding one count per returned id for the caller.
     pub fn to_graph(&self, targets: &[ClassId], graph: &mut Graph) -> Vec<NodeId> {
+        self.to_graph_with_classes(targets, graph).0
+    }
+
+    /// [`to_graph`](Self::to_graph), also returning the canonical class of every node it
+    /// wrote: the identity a value keeps across forms extracted from one e-graph.
+    pub fn to_graph_with_classes(
+        &self,
+        targets: &[ClassId],
+        graph: &mut Graph,
+    ) -> (Vec<NodeId>, FxHashMap<NodeId, ClassId>) {
         // The classes the targets need, written operands first (in settling order).
         let mut needed: Vec<ClassId> = Vec::new();
         let mut seen = FxHashSet::default();
@@ -198,11 +208,13 @@ impl<'a> Extraction<'a> {
         for &id in &out {
             graph.retain(id);
         }
-        for id in written.into_values() {
+        let mut classes = FxHashMap::default();
+        for (class, id) in written {
+            classes.insert(id, class);
             let freed = graph.release(id);
             debug_assert!(freed.is_empty(), "written leaves are held by their users");
         }
-        out
+        (out, classes)
     }
 }
 

@@ -1,11 +1,12 @@
 //! The key property: random graphs, and a deep stack of blocks, compute the same values
-//! before and after `simplify`.
+//! before and after `simplify`, in every form the e-graph extracts and every partition.
 
 use rustc_hash::FxHashMap;
 use tessel_graph::egraph::StopReason;
+use tessel_graph::egraph::forms;
 use tessel_graph::{
-    NodeId, Op, ReduceOp, kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
-    simplify,
+    NodeId, Op, ReduceOp, find_matmuls, kernelize_cooperative, kernelize_rows, kernelize_shared,
+    kernelize_with, materialized_for, signature, simplify,
 };
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, UnaryOp};
 
@@ -121,7 +122,7 @@ impl Gen {
     fn step(&mut self) -> Val {
         let v = self.pick();
         let float = self.float();
-        match self.rng.below(13) {
+        match self.rng.below(14) {
             0 => {
                 let ops: &[UnaryOp] = if float {
                     &[UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Tanh, UnaryOp::Exp]
@@ -224,8 +225,50 @@ impl Gen {
                 Val::new(id, v.bound)
             }
             11 => self.expand(v),
+            12 if float => self.matmul(v),
             _ => self.view(v),
         }
+    }
+
+    /// `v @ w` over `v`'s last two axes (`[.., m, k]`), recorded as `Tensor::matmul` does:
+    /// the sum over `k` of `expand(v[.., m, k, 1]) * expand(w[.., 1, k, n])`. `w` is a new
+    /// leaf read as stored, through a transpose, or a computed value through a rotation
+    /// of its axes (what the transposed-operands form splits).
+    fn matmul(&mut self, v: Val) -> Val {
+        let dims = self.dims(v);
+        if dims.len() < 2 {
+            return v;
+        }
+        let r = dims.len() - 2;
+        let (m, k, n) = (dims[r], dims[r + 1], 1 + self.rng.below(4));
+        let batch = &dims[..r];
+        let with = |tail: &[usize]| -> Vec<usize> { batch.iter().chain(tail).copied().collect() };
+        let w = match self.rng.below(3) {
+            0 => self.env.leaf(F32, &with(&[k, n])),
+            1 => {
+                let leaf = self.env.leaf(F32, &with(&[n, k]));
+                let mut swap: Vec<usize> = (0..r + 2).collect();
+                swap.swap(r, r + 1);
+                self.env.permute(leaf, &swap)
+            }
+            _ => {
+                // y: [n, ..batch, k]; w = y permuted to [..batch, k, n].
+                let y_dims: Vec<usize> = [n].iter().chain(batch).chain(&[k]).copied().collect();
+                let y = self.env.leaf(F32, &y_dims);
+                let y = self.env.unary(UnaryOp::Neg, y);
+                let perm: Vec<usize> = (1..=r + 1).chain([0]).collect();
+                self.env.permute(y, &perm)
+            }
+        };
+        let a = self.env.reshape(v.id, &with(&[m, k, 1]));
+        let b = self.env.reshape(w, &with(&[1, k, n]));
+        let space = with(&[m, k, n]);
+        let a = self.env.expand(a, &space);
+        let b = self.env.expand(b, &space);
+        let p = self.env.binary(BinaryOp::Mul, a, b);
+        let sum = self.env.reduce(ReduceOp::Sum, p, &[r + 1]);
+        let id = self.env.reshape(sum, &with(&[m, n]));
+        Val::new(id, v.bound * 2.0 * k as f64)
     }
 
     /// `v` combined with an identity element: x*1, 1*x, x+0, 0+x, x+(-0), (-0)+x, x-0, x-x.
@@ -399,18 +442,37 @@ fn random_graphs_compute_the_same_values_after_simplify() {
             targets.push(g.pick());
         }
         let ids: Vec<NodeId> = targets.iter().map(|t| t.id).collect();
-        let s = simplify(&g.env.g, &ids, budget());
+        let s = forms(&g.env.g, &ids, budget());
         assert_eq!(s.report.stop_reason, StopReason::Saturated, "case {case}");
         for &(name, n) in &s.report.applied {
             *applied.entry(name).or_default() += n;
         }
-        changed += usize::from(signature(&s.graph, &s.targets) != signature(&g.env.g, &ids));
+        let simplified = &s.forms[0];
+        changed += usize::from(
+            signature(&simplified.graph, &simplified.targets) != signature(&g.env.g, &ids),
+        );
         let want = realize(&g.env.g, &g.env.data, &ids);
-        let got = realize(&s.graph, &g.env.data, &s.targets);
-        for (i, t) in targets.iter().enumerate() {
-            let dtype = g.env.dtype(t.id);
-            let what = format!("case {case} ({dtype}), target {i}");
-            assert_same(&what, dtype, &got[i], &want[i], t.bound);
+        // Every form computes the same values, as its default partition and as the
+        // partition made for library routines (products materialized).
+        for form in &s.forms {
+            *partitions.entry(form.name).or_default() += 1;
+            let (graph, ids) = (&form.graph, &form.targets);
+            let separate = materialized_for(&find_matmuls(graph, &graph.toposort(ids)));
+            let routine = kernelize_with(graph, ids, &separate).unwrap();
+            let got = [
+                realize(graph, &g.env.data, ids),
+                run(graph, &g.env.data, ids, &routine),
+            ];
+            for (got, partition) in got.iter().zip(["default", "routine"]) {
+                for (i, t) in targets.iter().enumerate() {
+                    let dtype = g.env.dtype(t.id);
+                    let what = format!(
+                        "case {case} ({dtype}), {} form, {partition}, target {i}",
+                        form.name
+                    );
+                    assert_same(&what, dtype, &got[i], &want[i], t.bound);
+                }
+            }
         }
         // The alternative partitions compute the same values.
         let graph = &g.env.g;
@@ -435,10 +497,12 @@ fn random_graphs_compute_the_same_values_after_simplify() {
             }
         }
     }
-    assert!(
-        partitions.get("shared").copied().unwrap_or(0) >= 10,
-        "shared partitions: {partitions:?}"
-    );
+    for (name, at_least) in [("shared", 10), ("transposed-operands", 10)] {
+        assert!(
+            partitions.get(name).copied().unwrap_or(0) >= at_least,
+            "partitions and forms: {partitions:?}"
+        );
+    }
     for rule in tessel_graph::rules() {
         let n = applied.get(rule.name()).copied().unwrap_or(0);
         assert!(

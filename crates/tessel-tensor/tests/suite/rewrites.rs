@@ -62,3 +62,66 @@ fn targets_that_simplify_to_an_input_or_to_each_other_get_their_own_buffers() ->
     assert_nd("x*1 after x is dropped", &Nd::of(&same), &xr, 0.0);
     Ok(())
 }
+
+/// Attention scores after a head split: `k.transpose(-2, -1)` composes with the split
+/// into one permute, and the e-graph's transposed-operands form reads `k` transposed
+/// instead. Whatever the measured plan mixes from the two forms gives the scores.
+#[test]
+fn attention_scores_in_either_operand_layout() -> Result<()> {
+    let (b, s, h, d) = (2usize, 16usize, 4usize, 8usize);
+    let (qkv, r) = random(15, &[b, s, 3 * h * d]);
+    let heads = |i: i64| -> Result<Tensor> {
+        qkv.reshape(&[b as i64, s as i64, 3, h as i64, d as i64])?
+            .narrow(2, i, 1)?
+            .reshape(&[b as i64, s as i64, h as i64, d as i64])?
+            .permute(&[0, 2, 1, 3])
+    };
+    let scores = (heads(0)?.matmul(&heads(1)?.transpose(-2, -1)?)? * 0.5)?.softmax(-1)?;
+    // [b, s, 3, h, d] → the element of part `p`, head `hh`, position `t`, channel `c`.
+    let at =
+        |n: usize, p: usize, hh: usize, t: usize, c: usize| r.at(&[n, t, (p * h + hh) * d + c]);
+    let logits = Nd::from_fn(&[b, h, s, s], |i| {
+        let (n, hh, t, u) = (i[0], i[1], i[2], i[3]);
+        0.5 * (0..d)
+            .map(|c| at(n, 0, hh, t, c) * at(n, 1, hh, u, c))
+            .sum::<f64>()
+    });
+    let want = Nd::from_fn(&[b, h, s, s], |i| {
+        let row = |u: usize| logits.at(&[i[0], i[1], i[2], u]);
+        let max = (0..s).map(row).fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = (0..s).map(|u| (row(u) - max).exp()).sum();
+        (row(i[3]) - max).exp() / sum
+    });
+    assert_nd("softmax(q k^T / 2)", &Nd::of(&scores), &want, 1e-5);
+    Ok(())
+}
+
+/// `plan_to_dot` plans without running: it shows the programs the plan was chosen from
+/// (the chosen ones filled), caches the plan, and the realize that follows compiles
+/// nothing and gives the right values.
+#[test]
+fn plan_to_dot_shows_the_plan_the_realize_then_runs() -> Result<()> {
+    let (a, ar) = random(16, &[24, 12]);
+    let (w, wr) = random(17, &[12, 20]);
+    a.realize()?;
+    w.realize()?;
+    let y = a.matmul(&w)?.relu();
+    let dot = tessel_tensor::inspect::plan_to_dot(&[&y])?.expect("y is not realized yet");
+    assert!(dot.starts_with("digraph plan {"), "{dot}");
+    assert!(
+        dot.contains("style=\"filled,bold\""),
+        "a chosen program: {dot}"
+    );
+    assert!(dot.contains("penwidth=3"), "the target value: {dot}");
+    let report = y.realize()?;
+    assert_eq!(report.compiled, 0, "the plan was made by plan_to_dot");
+    let want = Nd::from_fn(&[24, 20], |i| {
+        (0..12)
+            .map(|k| ar.at(&[i[0], k]) * wr.at(&[k, i[1]]))
+            .sum::<f64>()
+            .max(0.0)
+    });
+    assert_nd("relu(a @ w)", &Nd::of(&y), &want, 1e-5);
+    assert!(tessel_tensor::inspect::plan_to_dot(&[&y])?.is_none());
+    Ok(())
+}
