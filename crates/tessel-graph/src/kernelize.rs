@@ -179,12 +179,7 @@ pub fn kernelize_rows(
     separate: &[NodeId],
 ) -> Result<Option<Schedule>, KernelizeError> {
     let order = graph.toposort(targets);
-    let mut materialized = choose_materialized(graph, &order, targets, MAX_INLINE_OPS + 1);
-    materialized.extend(
-        separate
-            .iter()
-            .filter(|n| !matches!(graph.node(**n).op, Op::Leaf(_))),
-    );
+    let materialized = choose_materialized(graph, &order, targets, separate, MAX_INLINE_OPS + 1);
     let mut stats = row_statistics(graph, &order, &materialized, targets);
     let (_, leaves) = signature(graph, targets);
     let leaf_slot: FxHashMap<LeafId, usize> =
@@ -310,12 +305,7 @@ fn kernelize_impl(
     let (_, leaves) = signature(graph, targets);
     let leaf_slot: FxHashMap<LeafId, usize> =
         leaves.iter().enumerate().map(|(i, &l)| (l, i)).collect();
-    let mut materialized = choose_materialized(graph, &order, targets, share_from);
-    materialized.extend(
-        separate
-            .iter()
-            .filter(|n| !matches!(graph.node(**n).op, Op::Leaf(_))),
-    );
+    let materialized = choose_materialized(graph, &order, targets, separate, share_from);
 
     // Absorbing producers into their consumers' kernels (multi-output kernels) can tie two
     // kernels in a cycle that no graph dependency shows (each writes a value the other
@@ -513,24 +503,53 @@ pub fn kernelize_shared(
     min_ops: usize,
 ) -> Result<Option<Schedule>, KernelizeError> {
     let order = graph.toposort(targets);
-    let default = choose_materialized(graph, &order, targets, MAX_INLINE_OPS + 1);
-    let shared = choose_materialized(graph, &order, targets, min_ops);
+    let default = choose_materialized(graph, &order, targets, &[], MAX_INLINE_OPS + 1);
+    let shared = choose_materialized(graph, &order, targets, &[], min_ops);
     if shared == default {
         return Ok(None);
     }
     kernelize_impl(graph, targets, &[], Mode::Serial, min_ops).map(Some)
 }
 
-/// The nodes that get buffers, a value with several consumers once it inlines at least
-/// `share_from` ops. See the module docs for the rules.
+/// Views whose index arithmetic every consumer's kernel carries per element it reads:
+/// pads (a bounds check) and reshapes of permuted, shrunk, flipped, padded or expanded
+/// values (divisions and remainders). Given to [`kernelize_with`] as `separate`, each is
+/// copied once into a contiguous buffer its consumers read plainly: the split-out
+/// alternative to fusing them into their neighbours, for measurement to choose. Leaves'
+/// views and views of constants are left fused (a copy of a leaf is rarely worth it).
+pub fn views_to_split(graph: &Graph, order: &[NodeId]) -> Vec<NodeId> {
+    let computed = |n: NodeId| !matches!(graph.node(n).op, Op::Leaf(_) | Op::Const(_));
+    order
+        .iter()
+        .copied()
+        .filter(|&n| match &graph.node(n).op {
+            Op::Pad(x, ..) => computed(*x),
+            Op::Reshape(x) => {
+                let inner = graph.node(*x);
+                matches!(
+                    inner.op,
+                    Op::Permute(..) | Op::Shrink(..) | Op::Flip(..) | Op::Pad(..) | Op::Expand(_)
+                ) && inner.op.children().into_iter().any(computed)
+            }
+            _ => false,
+        })
+        .collect()
+}
+
+/// The nodes that get buffers, `separate` among them, a value with several consumers once
+/// it inlines at least `share_from` ops. See the module docs for the rules; `separate`
+/// counts from the start, so a bias added to a product a library routine writes is not
+/// taken for a reduction (and materialized for its several consumers).
 fn choose_materialized(
     graph: &Graph,
     order: &[NodeId],
     targets: &[NodeId],
+    separate: &[NodeId],
     share_from: usize,
 ) -> FxHashSet<NodeId> {
     let mut out: FxHashSet<NodeId> = targets
         .iter()
+        .chain(separate)
         .copied()
         .filter(|&t| !matches!(graph.node(t).op, Op::Leaf(_)))
         .collect();

@@ -29,5 +29,6 @@ pub use graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{
     KernelizeError, SHARED_MIN_OPS, Schedule, ScheduledKernel, Signature, Slot, kernelize,
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature,
+    views_to_split,
 };
 pub use vendor::{VendorMatch, find_matmuls, materialized_for};

@@ -15,7 +15,9 @@
 //!    cooperatively (a workgroup per output element, partial results combined in local
 //!    memory; [`kernelize_cooperative`]).
 //!    Where a value shared by several consumers is inlined into each, the shared
-//!    partition computes it once instead ([`kernelize_shared`]).
+//!    partition computes it once instead ([`kernelize_shared`]); where pads or reshapes
+//!    of computed views fuse into their readers, the split partition copies them out
+//!    once ([`views_to_split`]).
 //!    On a GPU the rows partition also fuses row statistics into their readers
 //!    ([`kernelize_rows`]: softmax in one kernel). The other forms add their products'
 //!    partitions (the routine one, and on a GPU the rows one) and routines.
@@ -42,7 +44,7 @@ use tessel_graph::placement::Step;
 use tessel_graph::{
     Graph, LeafId, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot, find_matmuls, kernelize,
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, materialized_for,
-    signature,
+    signature, views_to_split,
 };
 use tessel_ir::{Backend, Kernel, ProgramId, VendorOp};
 use tessel_shape::{DType, Dim};
@@ -388,6 +390,12 @@ pub(crate) fn partition(
             {
                 add_schedule(parts, &shared, &slots, Origin::Shared);
             }
+            // Pads and costly reshapes copied out once instead of fused into each reader.
+            let split = views_to_split(graph, &order);
+            if !split.is_empty() {
+                let schedule = kernelize_with(graph, targets, &split).map_err(internal)?;
+                add_schedule(parts, &schedule, &slots, Origin::Shared);
+            }
         }
         // On a GPU, long reductions may run faster with a workgroup per output; the CPU
         // runs a workgroup's invocations one after another, where that only adds barriers.
@@ -528,7 +536,7 @@ enum Origin {
     Routine,
     /// Made for GPUs.
     Gpu,
-    /// Shared values materialized.
+    /// Shared values or views materialized: on every device, not the reference.
     Shared,
 }
 
@@ -914,6 +922,56 @@ mod tests {
             3,
             "{names:?}"
         );
+        Ok(())
+    }
+
+    /// A pre-norm GPT block between library products: every bias, the scores' scaling and
+    /// causal mask, and the residual adds fuse into the kernels reading them (the head
+    /// copies, the softmax and layer-norm row kernels, GELU), so each kernel writes one
+    /// value and none is a bare elementwise pass over a product.
+    #[test]
+    fn a_blocks_biases_and_masks_fuse_into_their_readers() -> Result<()> {
+        let (n, s, e, heads) = (1i64, 256i64, 256i64, 4i64);
+        let r = |d: &[usize]| Tensor::randn(d, DType::F32);
+        let x = r(&[1, 256, 256])?;
+        let (w_qkv, b_qkv, w_o, b_o) = (r(&[256, 768])?, r(&[768])?, r(&[256, 256])?, r(&[256])?);
+        let (w_up, b_up, w_down, b_down) =
+            (r(&[256, 1024])?, r(&[1024])?, r(&[1024, 256])?, r(&[256])?);
+        Tensor::realize_all(&[
+            &x, &w_qkv, &b_qkv, &w_o, &b_o, &w_up, &b_up, &w_down, &b_down,
+        ])?;
+        let qkv = (&layer_norm(&x)?.matmul(&w_qkv)? + &b_qkv)?;
+        let split = |i: i64| -> Result<Tensor> {
+            qkv.narrow(2, i * e, e)?
+                .reshape(&[n, s, heads, e / heads])?
+                .permute(&[0, 2, 1, 3])
+        };
+        let scores = (split(0)?.matmul(&split(1)?.transpose(-2, -1)?)? * 0.125)?;
+        let hidden = scores.ones_like().cast(DType::Bool).triu(1)?;
+        let probs = scores
+            .masked_fill(&hidden, f64::NEG_INFINITY)?
+            .softmax(-1)?;
+        let merged = probs
+            .matmul(&split(2)?)?
+            .permute(&[0, 2, 1, 3])?
+            .reshape(&[n, s, e])?;
+        let h = (&x + &(&merged.matmul(&w_o)? + &b_o)?)?;
+        let up = (&layer_norm(&h)?.matmul(&w_up)? + &b_up)?.gelu();
+        let out = (&h + &(&up.matmul(&w_down)? + &b_down)?)?;
+        let (graph, targets) = inspect::graph_of(&[&out]);
+        let separate = materialized_for(&find_matmuls(&graph, &graph.toposort(&targets)));
+        let rows = kernelize_rows(&graph, &targets, &separate)
+            .unwrap()
+            .expect("row statistics to fuse");
+        let kernels: Vec<(&str, usize)> = rows
+            .kernels
+            .iter()
+            .map(|k| (k.kernel.name.as_str(), k.writes.len()))
+            .collect();
+        assert!(kernels.iter().all(|k| k.1 == 1), "{kernels:?}");
+        // Six products, three head copies, the head merge, two layer norms, the softmax,
+        // GELU and the output: fifteen kernels.
+        assert_eq!(kernels.len(), 15, "{kernels:?}");
         Ok(())
     }
 }

@@ -6,7 +6,7 @@ use tessel_graph::egraph::StopReason;
 use tessel_graph::egraph::forms;
 use tessel_graph::{
     NodeId, Op, ReduceOp, find_matmuls, kernelize_cooperative, kernelize_rows, kernelize_shared,
-    kernelize_with, materialized_for, signature, simplify,
+    kernelize_with, materialized_for, signature, simplify, views_to_split,
 };
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, UnaryOp};
 
@@ -483,6 +483,10 @@ fn random_graphs_compute_the_same_values_after_simplify() {
             ),
             ("rows", kernelize_rows(graph, &ids, &[]).unwrap()),
             ("shared", kernelize_shared(graph, &ids, 4).unwrap()),
+            ("split views", {
+                let split = views_to_split(graph, &graph.toposort(&ids));
+                (!split.is_empty()).then(|| kernelize_with(graph, &ids, &split).unwrap())
+            }),
         ];
         for (name, schedule) in alternatives {
             let Some(schedule) = schedule else {
@@ -497,7 +501,11 @@ fn random_graphs_compute_the_same_values_after_simplify() {
             }
         }
     }
-    for (name, at_least) in [("shared", 10), ("transposed-operands", 10)] {
+    for (name, at_least) in [
+        ("shared", 10),
+        ("split views", 10),
+        ("transposed-operands", 10),
+    ] {
         assert!(
             partitions.get(name).copied().unwrap_or(0) >= at_least,
             "partitions and forms: {partitions:?}"
