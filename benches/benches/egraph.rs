@@ -3,6 +3,7 @@
 //! compilation):
 //! - `simplify`: the e-graph built from the graph, saturated with the built-in rewrites
 //!   within the runtime's budget, and the cheapest form extracted into a new graph,
+//! - `forms`: `simplify` plus the transposed-operands form, what the planner calls,
 //! - `find_matmuls`: the vendor pattern matcher (matrix products) on the simplified graph,
 //! - `kernelize`: the default partition (fusion and lowering to kernel IR) of it,
 //! - `extract`: the measured-candidate branch and bound on the real candidate structure
@@ -20,7 +21,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tessel_graph::egraph::Budget as RewriteBudget;
+use tessel_graph::egraph::{Budget as RewriteBudget, forms};
 use tessel_graph::extract::{self, ClassId, Problem};
 use tessel_graph::{
     Graph, NodeId, Schedule, Slot, find_matmuls, kernelize, kernelize_with, simplify,
@@ -234,14 +235,15 @@ fn planning(c: &mut Criterion) {
     let (g, t) = (&simplified.graph, simplified.targets.as_slice());
     let report = &simplified.report;
     let matches = find_matmuls(g, &g.toposort(t));
+    let n_forms = forms(&graph, &targets, budget).forms.len();
     let schedule = kernelize(g, t).unwrap();
     let problem = extraction_problem(g, t);
     let extraction = extract::extract(&problem, extract::Budget::default()).unwrap();
     eprintln!(
         "{LAYERS}-layer transformer forward: {size} nodes ({} after simplify); e-graph after \
          saturation: {} classes, {} e-nodes, {} iterations in {:?}, stopped: {:?}; {} matmuls, \
-         {} kernels; extraction problem: {} candidates, chose {} (exhausted: {}, {} search \
-         nodes)",
+         {} kernels; {n_forms} forms; extraction problem: {} candidates, chose {} (exhausted: \
+         {}, {} search nodes)",
         g.toposort(t).len(),
         report.classes,
         report.nodes,
@@ -262,6 +264,11 @@ fn planning(c: &mut Criterion) {
     // 50 ms plus the build and extraction around it.
     group.bench_function("simplify (e-graph build + saturate + extract)", |bench| {
         bench.iter(|| simplify(black_box(&graph), &targets, budget));
+    });
+    // What the planner calls: the same, plus the transposed-operands form (its split,
+    // rebuild and second extraction) where products read permuted computed operands.
+    group.bench_function("forms (simplify + the transposed-operands form)", |bench| {
+        bench.iter(|| forms(black_box(&graph), &targets, budget));
     });
     group.bench_function("find_matmuls", |bench| {
         bench.iter(|| find_matmuls(black_box(g), &g.toposort(t)));

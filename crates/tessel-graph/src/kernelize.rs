@@ -515,10 +515,18 @@ pub fn kernelize_shared(
 /// pads (a bounds check) and reshapes of permuted, shrunk, flipped, padded or expanded
 /// values (divisions and remainders). Given to [`kernelize_with`] as `separate`, each is
 /// copied once into a contiguous buffer its consumers read plainly: the split-out
-/// alternative to fusing them into their neighbours, for measurement to choose. Leaves'
-/// views and views of constants are left fused (a copy of a leaf is rarely worth it).
+/// alternative to fusing them into their neighbours, for measurement to choose. Views of
+/// leaves and constants stay fused: copying one out reads the same bytes the fused
+/// kernel would (`cat` of tensors and their views stays one kernel).
 pub fn views_to_split(graph: &Graph, order: &[NodeId]) -> Vec<NodeId> {
-    let computed = |n: NodeId| !matches!(graph.node(n).op, Op::Leaf(_) | Op::Const(_));
+    let computed = |mut n: NodeId| loop {
+        let op = &graph.node(n).op;
+        match op.children().as_slice() {
+            [inner] if op.is_movement() => n = *inner,
+            [] => return false,
+            _ => return true,
+        }
+    };
     order
         .iter()
         .copied()

@@ -75,6 +75,11 @@ pub struct CStyle {
     /// `vload_half`/`vstore_half_rte`); `None` uses the portable bit-manipulating helpers.
     /// Either way `f16` values are held as bits and computed on in `float`.
     pub f16_builtins: Option<HalfBuiltins>,
+    /// `erf` on `f32` (and `f16`/`bf16`, computed in `float`) is the dialect's own
+    /// (`erff`, OpenCL C's `erf`), within its documented ulp bound, like the dialect's other
+    /// transcendentals; else it is the reference's: fdlibm's `erf` in `double`, rounded once,
+    /// bit-identical to the interpreter but an order of magnitude slower on a GPU (GELU).
+    pub native_f32_erf: bool,
 }
 
 /// The bodies of the two `f16` conversion helpers, for a dialect with built-in conversions.
@@ -113,6 +118,8 @@ pub const C: CStyle = CStyle {
     f32_math_suffix: "f",
     f64_math_suffix: "",
     f16_builtins: None,
+    // The CPU keeps the reference's bits.
+    native_f32_erf: false,
 };
 
 const C_PRELUDE: &str = "\
@@ -189,12 +196,14 @@ pub const OPENCL: CStyle = CStyle {
     f32_math_suffix: "",
     f64_math_suffix: "",
     f16_builtins: Some(OPENCL_HALF),
+    // OpenCL C's `erf` on `float`: 16 ulp at most (OpenCL C 1.2, 7.4), no `double` needed.
+    native_f32_erf: true,
 };
 
 /// [`OPENCL`] for a device without `cl_khr_fp64`: `f64` has no type, so any kernel that
 /// needs `double` fails to render with [`CodegenError::UnsupportedOp`](super::CodegenError)
 /// naming the op and dtype. That includes ops the reference computes through `f64` on other
-/// dtypes: `erf` on `f32`/`f16`/`bf16` and `mad` on `f16`/`bf16`.
+/// dtypes: `mad` on `f16`/`bf16` (`erf` uses OpenCL C's own).
 pub const OPENCL_NO_FP64: CStyle = CStyle {
     name: "opencl-no-fp64",
     prelude: OPENCL_NO_FP64_PRELUDE,
@@ -280,8 +289,8 @@ fn opencl_type_name_no_fp64(dtype: DType) -> Option<&'static str> {
 /// `--ftz=false --prec-div=true --prec-sqrt=true` (NVRTC's defaults) keep subnormals and
 /// correctly rounded `float` `/` and `sqrtf`. Then every op is bit-identical to the
 /// interpreter except CUDA's transcendentals (`exp`, `exp2`, `log`, `log2`, `sin`, `cos`,
-/// `tan`, `tanh`, `pow`, and `erf` through `exp`), which are within the ulp bounds of the
-/// CUDA C++ Programming Guide.
+/// `tan`, `tanh`, `pow`, `erff`, and `f64` `erf` through `exp`), which are within the ulp
+/// bounds of the CUDA C++ Programming Guide.
 pub const CUDA: CStyle = CStyle {
     name: "cuda",
     launch: Launch::Native,
@@ -298,6 +307,8 @@ pub const CUDA: CStyle = CStyle {
     f32_math_suffix: "f",
     f64_math_suffix: "",
     f16_builtins: None,
+    // `erff`: 2 ulp at most (CUDA C++ Programming Guide, mathematical functions).
+    native_f32_erf: true,
 };
 
 /// NVRTC compiles without the C library's headers: the `<stdint.h>` names are defined here

@@ -16,7 +16,8 @@
 //! - `f8e4m3`/`f8e5m2` values are their bytes; they only cast (through `float`, like the
 //!   half types), move and select.
 //! - Float `max`/`min` are helpers (NaN wins, `-0 < +0`), `round` is `rint` (ties to even
-//!   in the default rounding mode), `erf` is fdlibm's, computed in `double`.
+//!   in the default rounding mode), `erf` is fdlibm's, computed in `double` (on `f32`, the
+//!   dialect's own where [`CStyle::native_f32_erf`](super::CStyle::native_f32_erf) says so).
 //! - Float-to-integer casts saturate (NaN gives 0) through helpers, since C leaves
 //!   out-of-range conversions undefined.
 
@@ -169,7 +170,7 @@ impl<'d> Exprs<'d> {
                 _ => return Err(self.unsupported(name, dtype)),
             },
             DType::F16 | DType::BF16 => {
-                if op == UnaryOp::Erf {
+                if op == UnaryOp::Erf && !self.dialect.native_f32_erf {
                     self.require_f64(name, dtype)?;
                 }
                 let x = self.half_to_f32(dtype, a);
@@ -181,7 +182,7 @@ impl<'d> Exprs<'d> {
                 }
             }
             DType::F32 | DType::F64 => {
-                if op == UnaryOp::Erf {
+                if op == UnaryOp::Erf && (dtype == DType::F64 || !self.dialect.native_f32_erf) {
                     self.require_f64(name, dtype)?;
                 }
                 self.float_unary(op, dtype, a)?
@@ -244,6 +245,7 @@ impl<'d> Exprs<'d> {
                 let limit = if dtype == DType::F64 { "20.0" } else { "20.0f" };
                 format!("({abs} > {limit} ? {sign} : {tanh})")
             }
+            UnaryOp::Erf if dtype == DType::F32 && self.dialect.native_f32_erf => call("erf"),
             UnaryOp::Erf => {
                 let erf = self.helpers.call(Helper::Erf);
                 if dtype == DType::F64 {
