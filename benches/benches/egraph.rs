@@ -3,7 +3,7 @@
 //! compilation):
 //! - `simplify`: the e-graph built from the graph, saturated with the built-in rewrites
 //!   within the runtime's budget, and the cheapest form extracted into a new graph,
-//! - `forms`: `simplify` plus the transposed-operands form, what the planner calls,
+//! - `forms`: `simplify` plus the transposed form, what the planner calls,
 //! - `find_matmuls`: the vendor pattern matcher (matrix products) on the simplified graph,
 //! - `kernelize`: the default partition (fusion and lowering to kernel IR) of it,
 //! - `extract`: the measured-candidate branch and bound on the real candidate structure
@@ -265,9 +265,9 @@ fn planning(c: &mut Criterion) {
     group.bench_function("simplify (e-graph build + saturate + extract)", |bench| {
         bench.iter(|| simplify(black_box(&graph), &targets, budget));
     });
-    // What the planner calls: the same, plus the transposed-operands form (its split,
+    // What the planner calls: the same, plus the transposed form (its split,
     // rebuild and second extraction) where products read permuted computed operands.
-    group.bench_function("forms (simplify + the transposed-operands form)", |bench| {
+    group.bench_function("forms (simplify + the transposed form)", |bench| {
         bench.iter(|| forms(black_box(&graph), &targets, budget));
     });
     group.bench_function("find_matmuls", |bench| {

@@ -169,43 +169,71 @@ fn operand(
     };
     let rows_cols = [shape[matrix_axes[0]], shape[matrix_axes[1]]];
 
-    // Reshapes keep row-major order, so they never change which bytes are read.
+    // Reshapes, and permutes that only move size-1 axes, keep row-major order: they never
+    // change which bytes are read. One permute swapping the matrix's two axes is a
+    // transpose, a flag of the routine: it reads the transposed value's buffer, a leaf's or
+    // one materialized for it (`q @ k.t()` never copies `k` into a transpose).
+    let logical = non_unit(shape);
+    let is_matrix = logical.ends_with(&rows_cols);
     let mut base = v;
-    while let Op::Reshape(inner) = graph.node(base).op {
-        base = inner;
-    }
-    if matches!(graph.node(base).op, Op::Leaf(_)) {
-        return Some(Operand {
-            node: base,
-            transposed: false,
-            batched,
-        });
-    }
-    // A transpose is a flag of the routine: it reads the transposed value's buffer, a
-    // leaf's or one materialized for it (`q @ k.t()` never copies `k` into a transpose).
-    if let Op::Permute(inner, perm) = &graph.node(base).op
-        && swaps_last_two(perm)
-        && ends_with(&graph.node(base).shape, rows_cols)
-    {
-        let mut stored = *inner;
-        while let Op::Reshape(below) = graph.node(stored).op {
-            stored = below;
+    let mut transposed = false;
+    loop {
+        match &graph.node(base).op {
+            Op::Reshape(inner) => base = *inner,
+            Op::Permute(inner, perm) => match layout(&graph.node(*inner).shape, perm) {
+                Some(Layout::Same) => base = *inner,
+                Some(Layout::Swapped)
+                    if !transposed && is_matrix && non_unit(&graph.node(base).shape) == logical =>
+                {
+                    transposed = true;
+                    base = *inner;
+                }
+                _ => break,
+            },
+            _ => break,
         }
-        if !matches!(graph.node(stored).op, Op::Leaf(_)) {
-            stored = *inner;
-        }
-        return Some(Operand {
-            node: stored,
-            transposed: true,
-            batched,
-        });
     }
-    // Computed (a cast, an elementwise op, another view): materialized contiguously.
+    // A leaf is read in place; anything else (a cast, an elementwise op, another view) is
+    // materialized contiguously, as the value the routine reads.
     Some(Operand {
         node: base,
-        transposed: false,
+        transposed,
         batched,
     })
+}
+
+/// How a permute orders its operand's elements, size-1 axes (which carry no stride)
+/// ignored.
+enum Layout {
+    /// In the operand's order: a reshape.
+    Same,
+    /// In the operand's order but for its last two axes, exchanged: a transpose.
+    Swapped,
+}
+
+/// The layout of `permute(x, perm)` for `x` of shape `shape`, if it is one of [`Layout`].
+fn layout(shape: &Shape, perm: &[usize]) -> Option<Layout> {
+    let mut order: Vec<usize> = perm
+        .iter()
+        .copied()
+        .filter(|&a| shape.get(a) != Some(&Dim::constant(1)))
+        .collect();
+    let sorted = |o: &[usize]| o.windows(2).all(|w| w[0] < w[1]);
+    if sorted(&order) {
+        return Some(Layout::Same);
+    }
+    let n = order.len();
+    order.swap(n - 2, n - 1);
+    sorted(&order).then_some(Layout::Swapped)
+}
+
+/// The dims of `shape` other than constant 1s, in order.
+fn non_unit(shape: &Shape) -> Vec<Dim> {
+    shape
+        .iter()
+        .copied()
+        .filter(|d| *d != Dim::constant(1))
+        .collect()
 }
 
 /// Whether `perm` exchanges the last two axes and keeps the others.
@@ -215,9 +243,4 @@ pub(crate) fn swaps_last_two(perm: &[usize]) -> bool {
         && perm[..n - 2].iter().enumerate().all(|(i, &p)| i == p)
         && perm[n - 2] == n - 1
         && perm[n - 1] == n - 2
-}
-
-fn ends_with(shape: &Shape, last: [Dim; 2]) -> bool {
-    let d = shape.dims();
-    d.len() >= 2 && d[d.len() - 2..] == last
 }

@@ -526,3 +526,53 @@ fn class_ids_print_short() {
     assert_eq!(format!("{:?}", ClassId(3)), "c3");
     assert_eq!(ClassId(3).to_string(), "c3");
 }
+
+/// `Tensor::matmul`'s recording of `a @ b` over `[batch, m, k, n]`.
+fn matmul(e: &mut Env, a: NodeId, b: NodeId) -> NodeId {
+    let (da, db) = (e.dims(a), e.dims(b));
+    let r = da.len() - 2;
+    let (batch, m, k, n) = (&da[..r], da[r], da[r + 1], db[r + 1]);
+    let with = |tail: &[usize]| -> Vec<usize> { batch.iter().chain(tail).copied().collect() };
+    let a3 = e.reshape(a, &with(&[m, k, 1]));
+    let b3 = e.reshape(b, &with(&[1, k, n]));
+    let a3 = e.expand(a3, &with(&[m, k, n]));
+    let b3 = e.expand(b3, &with(&[m, k, n]));
+    let p = e.binary(BinaryOp::Mul, a3, b3);
+    let s = e.reduce(ReduceOp::Sum, p, &[r + 1]);
+    e.reshape(s, &with(&[m, n]))
+}
+
+/// `(A·B)ᵀ = Bᵀ·Aᵀ`: the rule adds the transposed product to the class of the transposed
+/// one (the static cost keeps the original), and the transposed form extracts it:
+/// `reshape(sum(mul(...)))` with no permute on top, computing the same bits on the
+/// interpreter (same products, same order), for floats and integers, batched or not.
+#[test]
+fn transposed_products_are_products_of_transposes() {
+    for (dtype, dims_a, dims_b) in [
+        (F32, vec![5, 3], vec![3, 4]),
+        (I32, vec![2, 5, 3], vec![2, 3, 4]),
+    ] {
+        let mut e = Env::new();
+        let (a, b) = (e.leaf(dtype, &dims_a), e.leaf(dtype, &dims_b));
+        let c = matmul(&mut e, a, b);
+        let r = dims_a.len();
+        let mut swap: Vec<usize> = (0..r).collect();
+        swap.swap(r - 2, r - 1);
+        let t = e.permute(c, &swap);
+        let f = tessel_graph::egraph::forms(&e.g, &[t], budget());
+        assert!(f.report.applied("matmul-transpose") > 0, "{:?}", f.report);
+        assert_eq!(f.forms.len(), 2, "{f:?}");
+        let form = &f.forms[1];
+        let top = form.graph.node(form.targets[0]);
+        let Op::Reshape(sum) = top.op else {
+            panic!("the transposed form's target is {:?}", top.op)
+        };
+        assert!(matches!(
+            form.graph.node(sum).op,
+            Op::Reduce(ReduceOp::Sum, ..)
+        ));
+        let want = realize(&e.g, &e.data, &[t]);
+        let got = realize(&form.graph, &e.data, &form.targets);
+        assert_eq!(got, want, "{dtype}: the same bits");
+    }
+}

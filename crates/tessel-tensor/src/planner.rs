@@ -837,7 +837,7 @@ mod tests {
 
     /// Attention scores after a head split: `k.transpose(-2, -1)` composes with the split
     /// into one `[0, 2, 3, 1]` permute. The simplified form materializes that layout for
-    /// the product; the transposed-operands form materializes `[0, 2, 1, 3]` and the
+    /// the product; the transposed form materializes `[0, 2, 1, 3]` and the
     /// routine reads it transposed. Both routines write the scores' class, and so does
     /// the default partition's kernel: three producers of one value, from two forms.
     #[test]
@@ -922,6 +922,36 @@ mod tests {
             3,
             "{names:?}"
         );
+        Ok(())
+    }
+
+    /// `(a @ b).t()`: the transposed form computes `bᵀ·aᵀ`, so a routine writes the
+    /// target itself (reading both leaves transposed), besides the routine writing the
+    /// product that a transposing kernel then copies.
+    #[test]
+    fn a_transposed_product_is_written_by_a_routine_directly() -> Result<()> {
+        let a = Tensor::randn([24, 12], DType::F32)?;
+        let b = Tensor::randn([12, 20], DType::F32)?;
+        Tensor::realize_all(&[&a, &b])?;
+        let y = a.matmul(&b)?.t()?;
+        let (graph, targets) = inspect::graph_of(&[&y]);
+        let (_, leaves) = signature(&graph, &targets);
+        let parts = partition(&graph, &targets, &leaves, &[Device::cpu()])?;
+        let target = parts.targets[0];
+        let direct: Vec<_> = parts
+            .candidates
+            .iter()
+            .filter_map(|c| match &c.work {
+                Work::Vendor(VendorOp::Matmul(m)) if c.writes == [target] => Some(m),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(direct.len(), 1, "{direct:?}");
+        assert!(
+            direct[0].lhs_transposed && direct[0].rhs_transposed,
+            "{direct:?}"
+        );
+        assert_eq!((direct[0].m, direct[0].n), (20.into(), 24.into()));
         Ok(())
     }
 

@@ -7,7 +7,7 @@
 //! from another). [`forms`] returns:
 //!
 //! 1. `simplified`: the cheapest form under [`static_cost`] (what [`simplify`] returns);
-//! 2. `transposed-operands`, where some matrix product reads a computed operand through a
+//! 2. `transposed`, where some matrix product reads a computed operand through a
 //!    permute that is not a plain transpose (attention's `k.transpose(-2, -1)` after the
 //!    head split composes into one `[0, 2, 3, 1]` permute): the rule `transpose-split`,
 //!    `permute(x, p) = transpose(permute(x, p∘swap))`, adds the operand's other layout to
@@ -15,7 +15,9 @@
 //!    materialized `permute(x, p∘swap)` transposed (a flag of the GEMM) instead of a
 //!    materialized `permute(x, p)`. The split is made where its copy reads `x` along
 //!    `x`'s last axis and the original's does not (`p[n-2] == n-1`: attention's `k`, not
-//!    its `q` or `v`); which layout is faster is measured, never assumed.
+//!    its `q` or `v`); which layout is faster is measured, never assumed. In the same form,
+//!    a product read transposed, `(A·B)ᵀ`, is computed as `Bᵀ·Aᵀ` (`matmul-transpose`), so
+//!    the routine writes the layout its consumer reads.
 //!
 //! [`simplify`]: super::simplify
 
@@ -23,6 +25,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_shape::Shape;
 use tracing::debug;
 
+use super::rules::transposed_product;
 use super::{Budget, ClassId, EGraph, ENode, Extraction, SaturationReport, rules, static_cost};
 use crate::graph::{Graph, NodeId, Op};
 use crate::kernelize::signature;
@@ -30,7 +33,7 @@ use crate::vendor::{find_matmuls, swaps_last_two};
 
 /// One form of the subgraph: a graph whose every node names its e-class.
 pub struct Form {
-    /// What the form is for (`simplified`, `transposed-operands`), for logs.
+    /// What the form is for (`simplified`, `transposed`), for logs.
     pub name: &'static str,
     /// The form's own graph (leaves keep their ids).
     pub graph: Graph,
@@ -76,7 +79,7 @@ pub fn forms(graph: &Graph, targets: &[NodeId], budget: Budget) -> Forms {
             }
         };
         let form = extract(
-            "transposed-operands",
+            "transposed",
             &Extraction::with_cost(&egraph, cost),
             &classes,
         );
@@ -107,10 +110,11 @@ fn extract(name: &'static str, extraction: &Extraction<'_>, targets: &[ClassId])
     }
 }
 
-/// `transpose-split` on the classes of matrix products' operands in `form` that are
+/// `matmul-transpose` on the products `form` reads transposed, and `transpose-split` on
+/// the classes of matrix products' operands in `form` that are
 /// read through a permute other than a transpose of the last two axes: adds
-/// `transpose(permute(x, p∘swap))` to the class of `permute(x, p)` and returns the two
-/// e-nodes, for extraction to prefer. `p∘swap` is `p` with its last two entries
+/// `transpose(permute(x, p∘swap))` to the class of `permute(x, p)`. Returns the e-nodes
+/// added, for extraction to prefer. `p∘swap` is `p` with its last two entries
 /// exchanged: `permute(permute(x, q), swap)` reads axis `q[swap[k]]` of `x` at axis `k`.
 fn split_transposes(egraph: &mut EGraph, form: &Form) -> FxHashSet<ENode> {
     let graph = &form.graph;
@@ -151,6 +155,20 @@ fn split_transposes(egraph: &mut EGraph, form: &Form) -> FxHashSet<ENode> {
             egraph.union(outer, form.classes[&operand]);
             preferred.insert(permuted);
             preferred.insert(transposed);
+        }
+    }
+    // Products read transposed, computed transposed instead (`matmul-transpose`: the
+    // routine writes `Bᵀ·Aᵀ` where a consumer reads `(A·B)ᵀ`).
+    let used: FxHashSet<ClassId> = form.classes.values().map(|&c| egraph.find(c)).collect();
+    if let Some(rule) = rules().iter().find(|r| r.name() == "matmul-transpose") {
+        for m in rule.search(egraph) {
+            if !used.contains(&egraph.find(m.class)) {
+                continue;
+            }
+            if let Some((class, nodes)) = transposed_product(egraph, &m) {
+                egraph.union(class, m.class);
+                preferred.extend(nodes);
+            }
         }
     }
     if !preferred.is_empty() {

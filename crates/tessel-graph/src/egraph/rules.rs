@@ -6,11 +6,11 @@
 
 use std::sync::LazyLock;
 
-use tessel_shape::{BinaryOp, DType, Scalar, TernaryOp, UnaryOp};
+use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use super::rewrite::is_permutation;
 use super::{ClassId, Condition, EGraph, ENode, Match, Rewrite, RewriteError};
-use crate::graph::{NodeId, Op};
+use crate::graph::{NodeId, Op, ReduceOp};
 
 static RULES: LazyLock<Vec<Rewrite>> = LazyLock::new(build);
 
@@ -30,6 +30,7 @@ static RULES: LazyLock<Vec<Rewrite>> = LazyLock::new(build);
 /// | `reshape-reshape`    | two reshapes → one               | every dtype                   |
 /// | `reshape-id`, `expand-id` | to the operand's shape → operand | every dtype              |
 /// | `sum-add`, `sum-split` | `sum a + sum b` ↔ `sum (a + b)` | every dtype (\*)            |
+/// | `matmul-transpose`   | `(A·B)ᵀ` → `Bᵀ·Aᵀ`               | every dtype                   |
 /// | `const-fold`         | an op on constants → its value   | where devices match `Scalar`  |
 ///
 /// (\*) Exact on integers and bool; on floats exact in real arithmetic only (rounding).
@@ -91,6 +92,12 @@ fn build() -> Vec<Rewrite> {
                         "(reduce-sum $ax (add ?a ?b))",                   &[SameShape("?a", "?b")]),
         rw("sum-split", "(reduce-sum $ax (add ?a ?b))",
                         "(add (reduce-sum $ax ?a) (reduce-sum $ax ?b))",  &[]),
+        // (A·B)ᵀ = Bᵀ·Aᵀ: a product read transposed is the product of the transposed
+        // operands, in the other order. Exact on every dtype: each element sums the same
+        // products (multiplication commutes exactly) over k in the same order.
+        rw_fn("matmul-transpose",
+              "(permute $p (reshape (reduce-sum $ax (mul (expand ?a) (expand ?b)))))",
+              |egraph, m| Some(transposed_product(egraph, m)?.0)),
         // Constant folding through Scalar: see `folded`.
         Ok(Rewrite::custom("const-fold", |egraph, class, node| {
             egraph.class(class).constant().is_none() && folded(egraph, node).is_some()
@@ -134,6 +141,92 @@ fn compose_permutes(egraph: &mut EGraph, m: &Match) -> Option<ClassId> {
         .all(|(&a, d)| inner.shape().get(a) == Some(d));
     debug_assert!(shape_ok, "permute composition {composed:?} of {:?}", m.node);
     shape_ok.then(|| egraph.add(ENode::new(Op::Permute(x.operand(), composed), dtype, shape)))
+}
+
+/// `matmul-transpose`'s right-hand side for a match of its searcher: `Tensor::matmul`
+/// records `reshape(sum_k(expand(a) * expand(b)))` over a space `[..batch, m, k, n]`, with
+/// `a: [.., m, k, 1]`, `b: [.., 1, k, n]`; read through a permute swapping its last two
+/// axes it equals the same recording over `[..batch, n, k, m]` with operands
+/// `rev(b): [.., n, k, 1]` and `rev(a): [.., 1, k, m]`, `rev` reversing the last three axes.
+/// Returns the new form's class and its e-nodes, outermost first (the transposed form
+/// prefers them).
+pub(super) fn transposed_product(egraph: &mut EGraph, m: &Match) -> Option<(ClassId, Vec<ENode>)> {
+    let (p, ax) = (m.subst.axes("$p")?, m.subst.axes("$ax")?);
+    let (a, b) = (m.subst.class("?a")?, m.subst.class("?b")?);
+    let (root, dtype) = (
+        egraph.class(m.class).shape().clone(),
+        egraph.class(m.class).dtype(),
+    );
+    let (sa, sb) = (
+        egraph.class(a).shape().clone(),
+        egraph.class(b).shape().clone(),
+    );
+    let rank = sa.ndim().checked_sub(3)?;
+    let one = Dim::constant(1);
+    let (dm, dk, dn) = (sa[rank], sa[rank + 1], sb[rank + 2]);
+    let is_swap = p.len() >= 2
+        && p[..p.len() - 2].iter().enumerate().all(|(i, &x)| i == x)
+        && p[p.len() - 2..] == [p.len() - 1, p.len() - 2];
+    if !is_swap
+        || ax != [rank + 1]
+        || sb.ndim() != rank + 3
+        || sa[rank + 2] != one
+        || sb[rank] != one
+        || sb[rank + 1] != dk
+        || root.ndim() < 2
+        || root[root.ndim() - 2..] != [dn, dm]
+        || egraph.class(a).dtype() != dtype
+        || egraph.class(b).dtype() != dtype
+    {
+        return None;
+    }
+    // The batch: each axis `a`'s size unless `a` broadcasts it.
+    let batch: Vec<Dim> = (0..rank)
+        .map(|i| if sa[i] == one { sb[i] } else { sa[i] })
+        .collect();
+    let non_unit = |d: &[Dim]| d.iter().filter(|d| **d != one).copied().collect::<Vec<_>>();
+    if non_unit(&batch) != non_unit(&root[..root.ndim() - 2]) {
+        return None;
+    }
+    let rev: Box<[usize]> = (0..rank).chain([rank + 2, rank + 1, rank]).collect();
+    let reversed = |s: &Shape| -> Shape { rev.iter().map(|&i| s[i]).collect() };
+    let space: Shape = batch.iter().copied().chain([dn, dk, dm]).collect();
+    let mut nodes = Vec::new();
+    let mut add = |egraph: &mut EGraph, node: ENode| {
+        nodes.push(node.clone());
+        egraph.add(node)
+    };
+    let mut operand = |egraph: &mut EGraph, c: ClassId, s: &Shape| {
+        let permuted = add(
+            egraph,
+            ENode::new(Op::Permute(c.operand(), rev.clone()), dtype, reversed(s)),
+        );
+        if reversed(s) == space {
+            permuted
+        } else {
+            add(
+                egraph,
+                ENode::new(Op::Expand(permuted.operand()), dtype, space.clone()),
+            )
+        }
+    };
+    let (lhs, rhs) = (operand(egraph, b, &sb), operand(egraph, a, &sa));
+    let product = ENode::new(
+        Op::Binary(BinaryOp::Mul, lhs.operand(), rhs.operand()),
+        dtype,
+        space.clone(),
+    );
+    let product = add(egraph, product);
+    let kept: Shape = batch.iter().copied().chain([dn, one, dm]).collect();
+    let sum = ENode::new(
+        Op::Reduce(ReduceOp::Sum, product.operand(), ax.into()),
+        dtype,
+        kept,
+    );
+    let sum = add(egraph, sum);
+    let out = add(egraph, ENode::new(Op::Reshape(sum.operand()), dtype, root));
+    nodes.reverse();
+    Some((out, nodes))
 }
 
 /// Replaces a foldable e-node by its constant (see [`folded`]).
@@ -228,7 +321,7 @@ mod tests {
     #[test]
     fn every_built_in_rule_builds() {
         let names: Vec<&str> = rules().iter().map(Rewrite::name).collect();
-        assert_eq!(names.len(), 18, "{names:?}");
+        assert_eq!(names.len(), 19, "{names:?}");
         let mut unique = names.clone();
         unique.sort_unstable();
         unique.dedup();

@@ -64,7 +64,7 @@ fn targets_that_simplify_to_an_input_or_to_each_other_get_their_own_buffers() ->
 }
 
 /// Attention scores after a head split: `k.transpose(-2, -1)` composes with the split
-/// into one permute, and the e-graph's transposed-operands form reads `k` transposed
+/// into one permute, and the e-graph's transposed form reads `k` transposed
 /// instead. Whatever the measured plan mixes from the two forms gives the scores.
 #[test]
 fn attention_scores_in_either_operand_layout() -> Result<()> {
@@ -123,5 +123,29 @@ fn plan_to_dot_shows_the_plan_the_realize_then_runs() -> Result<()> {
     });
     assert_nd("relu(a @ w)", &Nd::of(&y), &want, 1e-5);
     assert!(tessel_tensor::inspect::plan_to_dot(&[&y])?.is_none());
+    Ok(())
+}
+
+/// `(a @ b).t()` and a batched `(q @ kᵀ)ᵀ`: `matmul-transpose` computes them as `bᵀ·aᵀ`
+/// (in the transposed form), and whatever the measured plan picks gives the values.
+#[test]
+fn transposed_products_give_the_product_transposed() -> Result<()> {
+    let (a, ar) = random(18, &[7, 5]);
+    let (b, br) = random(19, &[5, 6]);
+    let y = a.matmul(&b)?.t()?;
+    let want = Nd::from_fn(&[6, 7], |i| {
+        (0..5).map(|k| ar.at(&[i[1], k]) * br.at(&[k, i[0]])).sum()
+    });
+    assert_nd("(a @ b).t()", &Nd::of(&y), &want, 1e-5);
+    let (q, qr) = random(20, &[3, 8, 4]);
+    let (k, kr) = random(21, &[3, 8, 4]);
+    let s = q.matmul(&k.transpose(-2, -1)?)?.transpose(-2, -1)?.relu();
+    let want = Nd::from_fn(&[3, 8, 8], |i| {
+        (0..4)
+            .map(|c| qr.at(&[i[0], i[2], c]) * kr.at(&[i[0], i[1], c]))
+            .sum::<f64>()
+            .max(0.0)
+    });
+    assert_nd("relu((q @ kᵀ)ᵀ)", &Nd::of(&s), &want, 1e-5);
     Ok(())
 }
