@@ -119,8 +119,7 @@ impl PlanView {
                 self.devices[p.device].to_string(),
                 p.writes,
                 p.reads,
-                p.time
-                    .map_or("not measured".to_string(), |t| format!("{:.1} µs", t * 1e6)),
+                time_text(p.time),
             );
         }
         for (slot, from, to) in &self.copies {
@@ -154,9 +153,7 @@ impl PlanView {
             );
         }
         for (k, p) in self.programs.iter().enumerate() {
-            let time = p
-                .time
-                .map_or("not measured".to_string(), |t| format!("{:.1} µs", t * 1e6));
+            let time = time_text(p.time);
             let _ = writeln!(
                 out,
                 "  p{k} [shape={}, label=\"{}\\n{}\\n{time}\", style=\"{}\"];",
@@ -189,6 +186,10 @@ impl PlanView {
         out.push_str("}\n");
         out
     }
+}
+
+fn time_text(seconds: Option<f64>) -> String {
+    seconds.map_or("not measured".to_string(), |t| format!("{:.1} µs", t * 1e6))
 }
 
 fn slot_name(slot: PlanSlot) -> String {

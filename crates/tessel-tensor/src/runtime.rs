@@ -366,6 +366,21 @@ impl Runtime {
         }
     }
 
+    /// The nodes among `nodes` that are not computed yet (not leaves), after checking that
+    /// the inputs they read hold as many elements as `dims` gives them.
+    fn to_compute(&self, nodes: &[NodeId], dims: &Bindings) -> Result<Vec<NodeId>> {
+        let st = self.lock();
+        let targets: Vec<NodeId> = nodes
+            .iter()
+            .copied()
+            .filter(|&n| !matches!(st.graph.node(n).op, Op::Leaf(_)))
+            .collect();
+        if !targets.is_empty() && !dims.is_empty() {
+            Self::check_leaf_sizes(&st, &targets, dims)?;
+        }
+        Ok(targets)
+    }
+
     /// What the plan for `nodes` on `device` was chosen from (planning it if no plan is
     /// cached, without running it): see [`crate::inspect::plan_to_dot`].
     pub(crate) fn plan_view(
@@ -374,19 +389,10 @@ impl Runtime {
         device: Device,
         dims: &Bindings,
     ) -> Result<Option<Arc<PlanView>>> {
-        let st = self.lock();
-        let targets: Vec<NodeId> = nodes
-            .iter()
-            .copied()
-            .filter(|&n| !matches!(st.graph.node(n).op, Op::Leaf(_)))
-            .collect();
+        let targets = self.to_compute(nodes, dims)?;
         if targets.is_empty() {
             return Ok(None);
         }
-        if !dims.is_empty() {
-            Self::check_leaf_sizes(&st, &targets, dims)?;
-        }
-        drop(st);
         let (_st, plan, _, _) =
             self.plan_for(&targets, device, dims, &mut RealizeReport::default())?;
         Ok(plan.view.clone())
@@ -401,19 +407,10 @@ impl Runtime {
         dims: &Bindings,
     ) -> Result<RealizeReport> {
         let backend = self.backend(device)?;
-        let st = self.lock();
-        let targets: Vec<NodeId> = nodes
-            .iter()
-            .copied()
-            .filter(|&n| !matches!(st.graph.node(n).op, Op::Leaf(_)))
-            .collect();
+        let targets = self.to_compute(nodes, dims)?;
         if targets.is_empty() {
             return Ok(RealizeReport::default());
         }
-        if !dims.is_empty() {
-            Self::check_leaf_sizes(&st, &targets, dims)?;
-        }
-        drop(st);
         let mut report = RealizeReport::default();
         let (mut st, plan, leaves, key) = self.plan_for(&targets, device, dims, &mut report)?;
 
