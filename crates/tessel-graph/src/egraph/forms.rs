@@ -110,9 +110,9 @@ fn extract(name: &'static str, extraction: &Extraction<'_>, targets: &[ClassId])
     }
 }
 
-/// `matmul-transpose` on the products `form` reads transposed, and `transpose-split` on
-/// the classes of matrix products' operands in `form` that are
-/// read through a permute other than a transpose of the last two axes: adds
+/// `transpose-split` on the classes of matrix products' operands in `form` that are read
+/// through a permute other than a transpose of the last two axes, and `matmul-transpose`
+/// on the products `form` reads transposed. `transpose-split` adds
 /// `transpose(permute(x, p∘swap))` to the class of `permute(x, p)`. Returns the e-nodes
 /// added, for extraction to prefer. `p∘swap` is `p` with its last two entries
 /// exchanged: `permute(permute(x, q), swap)` reads axis `q[swap[k]]` of `x` at axis `k`.
@@ -158,7 +158,11 @@ fn split_transposes(egraph: &mut EGraph, form: &Form) -> FxHashSet<ENode> {
         }
     }
     // Products read transposed, computed transposed instead (`matmul-transpose`: the
-    // routine writes `Bᵀ·Aᵀ` where a consumer reads `(A·B)ᵀ`).
+    // routine writes `Bᵀ·Aᵀ` where a consumer reads `(A·B)ᵀ`). Searching needs the
+    // invariants back after the unions above.
+    if !preferred.is_empty() {
+        egraph.rebuild();
+    }
     let used: FxHashSet<ClassId> = form.classes.values().map(|&c| egraph.find(c)).collect();
     if let Some(rule) = rules().iter().find(|r| r.name() == "matmul-transpose") {
         for m in rule.search(egraph) {
