@@ -2,7 +2,8 @@
 //!
 //! - [`egraph`]: every equivalent form of a value in one class ([`EGraph`]), rewrites as
 //!   data ([`Rewrite`], [`rules()`]), saturation within an [`egraph::Budget`], and
-//!   extraction of the cheapest form back into a graph ([`simplify()`]).
+//!   extraction of the cheapest form back into a graph ([`simplify()`]), and of several
+//!   forms whose nodes name their e-class, for the planner to measure ([`egraph::forms`]).
 //! - [`extract`](mod@extract): the cheapest closed, acyclic set of measured candidates
 //!   that produces the wanted values ([`extract::extract`]).
 //! - [`placement`]: extraction over several devices, with measured transfers inserted
