@@ -310,9 +310,11 @@ fn short_scans_fuse_and_long_ones_take_few_kernels() -> Result<()> {
     let n = x.tensor(DType::F32).cumsum(-1)?.realize()?.kernels;
     assert_eq!(n, 1, "cumsum of a 100-long axis: {n} kernels");
     let x = Nd::random(&mut rng, DType::F32, &[2, 1000], common::DEFAULT);
-    // Two levels: the block scans, the scan of block totals, and the combination.
+    // Two levels: the block scans, the scan of block totals, and the combination; the
+    // measured plan may instead copy one of the views between them out on its own (the
+    // split-views partition, chosen on PoCL once), one kernel more.
     let n = x.tensor(DType::F32).cumsum(-1)?.realize()?.kernels;
-    assert!(n <= 3, "cumsum of a 1000-long axis: {n} kernels");
+    assert!(n <= 4, "cumsum of a 1000-long axis: {n} kernels");
     Ok(())
 }
 
