@@ -163,7 +163,13 @@ fn split_transposes(egraph: &mut EGraph, form: &Form) -> FxHashSet<ENode> {
     if !preferred.is_empty() {
         egraph.rebuild();
     }
-    let used: FxHashSet<ClassId> = form.classes.values().map(|&c| egraph.find(c)).collect();
+    // Only where this form reads a product through a permute.
+    let used: FxHashSet<ClassId> = form
+        .classes
+        .iter()
+        .filter(|(n, _)| matches!(graph.node(**n).op, Op::Permute(..)))
+        .map(|(_, &c)| egraph.find(c))
+        .collect();
     if let Some(rule) = rules().iter().find(|r| r.name() == "matmul-transpose") {
         for m in rule.search(egraph) {
             if !used.contains(&egraph.find(m.class)) {
