@@ -492,8 +492,16 @@ impl Numbering {
             pos.insert(n, *self.values.entry(form.classes[&n]).or_insert(next));
         }
         let (_, own) = signature(graph, &form.targets);
+        // Each leaf's node, for its dtype and size.
+        let leaf_nodes: FxHashMap<LeafId, NodeId> = order
+            .iter()
+            .filter_map(|&n| match graph.node(n).op {
+                Op::Leaf(l) => Some((l, n)),
+                _ => None,
+            })
+            .collect();
         let mut by_leaf: FxHashMap<LeafId, usize> = FxHashMap::default();
-        for leaf in own {
+        for &leaf in &own {
             let realized = leaves
                 .iter()
                 .position(|x| *x == leaf)
@@ -502,16 +510,14 @@ impl Numbering {
                 by_leaf.insert(leaf, k);
                 continue;
             }
-            let node = order
-                .iter()
+            let node = leaf_nodes
+                .get(&leaf)
                 .map(|&n| graph.node(n))
-                .find(|n| n.op == Op::Leaf(leaf))
                 .ok_or_else(|| Error::Internal("a leaf outside its graph".into()))?;
             self.inputs.push(realized);
             self.input_sizes.push((node.dtype, node.shape.numel()));
             by_leaf.insert(leaf, self.inputs.len() - 1);
         }
-        let (_, own) = signature(graph, &form.targets);
         let inputs = own.iter().map(|l| by_leaf[l]).collect();
         let leaf_inputs = order
             .iter()
