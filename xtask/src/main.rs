@@ -10,7 +10,7 @@ mod test_gpu;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: cargo xtask <task> [options]
+const USAGE: &str = "usage: cargo xtask <task> [options]   (any task with --help prints this)
 
 tasks:
   ci          cargo fmt --check, cargo clippy -D warnings, cargo test --workspace,
@@ -36,6 +36,13 @@ fn main() -> ExitCode {
         .parent()
         .expect("xtask lives one level below the workspace root")
         .to_path_buf();
+    // Every task answers `--help` (or `-h`) with the usage, and runs nothing.
+    if args.iter().any(|a| a == "--help" || a == "-h")
+        || args.first().map(String::as_str) == Some("help")
+    {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let result = match args.first().map(String::as_str) {
         Some("ci") if args.len() == 1 => ci::run(&root),
         Some("test-gpu") => test_gpu::main(&root, &args[1..]),

@@ -16,7 +16,11 @@ pub struct Device {
 }
 
 impl Device {
-    /// The host CPU, through the embedded C backend (always compiled in).
+    /// The host CPU, through the embedded C backend: the `cpu` feature, on by default.
+    /// Without that feature, running work on this device is an [`Error::NoDevice`] that
+    /// names the feature.
+    ///
+    /// [`Error::NoDevice`]: crate::Error::NoDevice
     pub const fn cpu() -> Device {
         Device {
             backend: "cpu",

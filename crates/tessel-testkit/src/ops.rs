@@ -231,9 +231,10 @@ impl Conformance<'_> {
         }
         assert!(
             failures.is_empty(),
-            "{}: {} mismatches with the interpreter, first ones:\n{}",
+            "{}: {} mismatches with the interpreter ({}), first ones:\n{}",
             self.label(),
             failures.len(),
+            mismatches_by_op(&failures),
             failures[..failures.len().min(20)].join("\n")
         );
     }
@@ -283,4 +284,21 @@ impl Conformance<'_> {
             }
         }
     }
+}
+
+/// How many of `failures` each op has, in first-seen order: `round on f64 -> f64: 1331`.
+fn mismatches_by_op(failures: &[String]) -> String {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for line in failures {
+        let op = line.split(": inputs").next().unwrap_or(line);
+        match counts.iter_mut().find(|(o, _)| *o == op) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((op, 1)),
+        }
+    }
+    counts
+        .iter()
+        .map(|(op, n)| format!("{op}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

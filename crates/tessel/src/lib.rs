@@ -37,7 +37,7 @@
 pub use tessel_tensor::{
     BackendError, Conv1d, Conv2d, Conv3d, ConvOptions, DType, Device, DeviceInfo, Dim, Element,
     Error, Features, Operand, PLAN_CACHE_LIMIT, Padding, PoolOptions, RealizeReport, Result,
-    RuntimeStats, ScalarOperand, Shape, Tensor, Var, bf16, f16, inspect, stats,
+    RuntimeStats, ScalarOperand, Shape, Tensor, Var, bf16, f16, inspect, set_placement, stats,
 };
 
 /// Layers, losses, optimizers and weight files.

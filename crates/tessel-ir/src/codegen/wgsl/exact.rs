@@ -1,8 +1,9 @@
 //! Helpers that are exact because they work on the bits: integer-to-float conversions
-//! rounded to nearest even, the `f64` to `f32` narrowing (subnormals included), and musl's
-//! `fmod`. WGSL leaves all three to the implementation's rounding or precision.
+//! rounded to nearest even, the `f64` to `f32` narrowing (subnormals included), musl's
+//! `fmod`, and rounding to an integral value (`floor`, `ceil`, `round`, `trunc`). WGSL
+//! leaves all of them to the implementation's rounding or precision.
 
-use tessel_shape::DType;
+use tessel_shape::{DType, UnaryOp};
 
 use super::helpers::{Helper, wgsl};
 
@@ -228,5 +229,82 @@ pub(super) fn fmod_definition(d: DType) -> String {
 }}
 ",
         ebits = width - shift,
+    )
+}
+
+/// `tsl_<op>_<d>`: `floor`, `ceil`, `round` (half to even) or `trunc` on the bits. The
+/// result keeps the operand's sign (`round(-0.3)` is -0), which lavapipe's built-ins drop,
+/// and on a CPU without AVX-512 lavapipe's `f64` `round` and `trunc` also return operands of
+/// 2^23 and more unchanged, fraction included.
+pub(super) fn integral_definition(op: UnaryOp, d: DType) -> String {
+    let name = Helper::Integral(op, d).name();
+    // (float type, bits type, literal suffix, fraction bits, exponent bias, exponent mask,
+    // the sign bit, the bits of 1.0, the bits of 0.5)
+    let (t, u, s, m, bias, emask, sign, one, half) = if d == DType::F64 {
+        (
+            "f64",
+            "u64",
+            "lu",
+            52,
+            1023,
+            "0x7ffu",
+            "0x8000000000000000lu",
+            "0x3ff0000000000000lu",
+            "0x3fe0000000000000lu",
+        )
+    } else {
+        (
+            "f32",
+            "u32",
+            "u",
+            23,
+            127,
+            "0xffu",
+            "0x80000000u",
+            "0x3f800000u",
+            "0x3f000000u",
+        )
+    };
+    // The result below 1 in magnitude (`a` the magnitude's bits), and whether the truncated
+    // magnitude `t` (at least 1) goes up by one: `unit` is 1's place, `f` the nonzero
+    // fraction's bits.
+    let (small, up) = match op {
+        UnaryOp::Floor => (
+            format!("select(sign, sign | {one}, sign != 0{s} && a != 0{s})"),
+            format!("sign != 0{s}"),
+        ),
+        UnaryOp::Ceil => (
+            format!("select(sign, {one}, sign == 0{s} && a != 0{s})"),
+            format!("sign == 0{s}"),
+        ),
+        UnaryOp::Round => (
+            format!("select(sign, sign | {one}, a > {half})"),
+            format!("f > (unit >> 1u) || (f == (unit >> 1u) && (t & unit) != 0{s})"),
+        ),
+        _ => ("sign".to_owned(), "false".to_owned()),
+    };
+    format!(
+        "fn {name}(x: {t}) -> {t} {{
+    let b = bitcast<{u}>(x);
+    let sign = b & {sign};
+    let a = b ^ sign;
+    let e = i32(u32(b >> {m}u) & {emask}) - {bias}i;
+    if e >= {m}i {{
+        // Integral already, or infinite, or NaN.
+        return x;
+    }}
+    if e < 0i {{
+        return bitcast<{t}>({small});
+    }}
+    let unit = 1{s} << u32({m}i - e);
+    let f = b & (unit - 1{s});
+    if f == 0{s} {{
+        return x;
+    }}
+    let t = b ^ f;
+    // Adding `unit` to the bits adds one to the magnitude (a carry moves into the exponent).
+    return bitcast<{t}>(select(t, t + unit, {up}));
+}}
+"
     )
 }

@@ -11,7 +11,7 @@
 //! constant evaluation away from operations that would fail on constant operands
 //! (`1 / 0`, overflowing `MIN / -1`).
 
-use tessel_shape::DType;
+use tessel_shape::{DType, UnaryOp};
 
 /// One helper a shader needs. Integer helpers take the WGSL representation's dtype (`I32`,
 /// `U32`, `I64`, `U64`).
@@ -57,6 +57,9 @@ pub(super) enum Helper {
     FloatMin(DType),
     /// C's `fmod`, exactly (musl's algorithm on the bits).
     Fmod(DType),
+    /// `floor`, `ceil`, `round` (half to even) or `trunc` of an `F32` or `F64`, on the bits
+    /// (drivers differ in the sign of a zero result and in `f64` rounding).
+    Integral(UnaryOp, DType),
     /// C's `pow` on `f32`: the special cases explicitly, WGSL's `pow` on `|x|` otherwise.
     PowF32,
     /// Float `/` (`F32` or `F64`) with IEEE 754's results for a zero divisor made explicit
@@ -141,6 +144,7 @@ impl Helper {
             Helper::FloatMax(d) => format!("tsl_max_{d}"),
             Helper::FloatMin(d) => format!("tsl_min_{d}"),
             Helper::Fmod(d) => format!("tsl_fmod_{d}"),
+            Helper::Integral(op, d) => format!("tsl_{}_{d}", op.name()),
             Helper::PowF32 => "tsl_pow_f32".into(),
             Helper::FloatDiv(d) => format!("tsl_fdiv_{d}"),
             Helper::ErfF32 => "tsl_erf_f32".into(),
@@ -542,6 +546,7 @@ fn definition(helper: Helper) -> String {
             )
         }
         Helper::Fmod(d) => super::exact::fmod_definition(d),
+        Helper::Integral(op, d) => super::exact::integral_definition(op, d),
         Helper::PowF32 => format!(
             "fn {name}(x: f32, y: f32) -> f32 {{
     // C's pow: the special cases on the bits, exp2(y * log2(x)) otherwise.

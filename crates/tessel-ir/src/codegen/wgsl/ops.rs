@@ -287,11 +287,10 @@ impl<'k> Ops<'k> {
             // There is no f64 `exp` to compute fdlibm's erf with (see the module docs).
             UnaryOp::Erf if f64 => return Err(self.unsupported(op.name(), dtype)),
             UnaryOp::Erf => self.call(Helper::ErfF32, &[a]),
-            UnaryOp::Floor => call("floor"),
-            UnaryOp::Ceil => call("ceil"),
-            // WGSL's round rounds half to even.
-            UnaryOp::Round => call("round"),
-            UnaryOp::Trunc => call("trunc"),
+            // On the bits (see the helper): WGSL's built-ins need not keep a zero's sign.
+            UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc => {
+                self.call(Helper::Integral(op, dtype), &[a])
+            }
             UnaryOp::IsNan => self.isnan(dtype, a),
             UnaryOp::IsInf => format!("((bitcast<{bits_t}>({a}) & {abs_mask}) == {inf_bits})"),
             UnaryOp::Not => return Err(self.unsupported(op.name(), dtype)),
