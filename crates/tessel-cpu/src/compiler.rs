@@ -42,15 +42,33 @@ pub(crate) struct Compiler {
     /// Its `--version` output: part of the cache key, since a different compiler may
     /// generate different code from the same source.
     version: String,
+    /// The macros it predefines with [`FLAGS`]: part of the cache key, because
+    /// `-march=native` means this machine's instruction set (`__AVX512F__` or not), and a
+    /// library built for another machine's may not run here (a cache directory shared
+    /// between machines, a container image).
+    target: String,
 }
 
 impl Compiler {
     /// `path` if it runs `--version` successfully.
     pub(crate) fn probe(path: &Path) -> Option<Compiler> {
         let out = Command::new(path).arg("--version").output().ok()?;
-        out.status.success().then(|| Compiler {
+        if !out.status.success() {
+            return None;
+        }
+        // `-E -dM` on an empty file prints the predefined macros, with gcc and clang alike.
+        let target = Command::new(path)
+            .args(FLAGS.iter().filter(|f| **f != "-shared"))
+            .args(["-E", "-dM", "-x", "c", "/dev/null"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        Some(Compiler {
             path: path.to_owned(),
             version: String::from_utf8_lossy(&out.stdout).into_owned(),
+            target,
         })
     }
 
@@ -71,6 +89,7 @@ impl Compiler {
         hash.field(source.as_bytes());
         hash.field(self.path.as_os_str().as_encoded_bytes());
         hash.field(self.version.as_bytes());
+        hash.field(self.target.as_bytes());
         for flag in FLAGS.iter().chain(LIBS) {
             hash.field(flag.as_bytes());
         }

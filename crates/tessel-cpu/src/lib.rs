@@ -24,9 +24,10 @@
 //!   ([`tessel_ir::interp`]): correct, much slower, and announced once with
 //!   `tracing::warn!`.
 //! - **Caches.** Libraries are cached on disk under [`CpuConfig::cache_dir`], keyed by
-//!   source, compiler identity, flags and this crate's version, so a second process
-//!   compiles nothing; loaded libraries are also kept in memory (bounded, see
-//!   [`LIBRARY_CACHE`]). [`CpuBackend::stats`] counts compiles and hits.
+//!   source, compiler identity, flags, the instruction set `-march=native` selects and
+//!   this crate's version, so a second process compiles nothing; loaded libraries are
+//!   also kept in memory (bounded, see [`LIBRARY_CACHE`]). [`CpuBackend::stats`] counts
+//!   compiles and hits.
 //! - **Memory.** 64-byte-aligned host buffers with a bounded cache of freed ones, each
 //!   buffer behind its own lock (see `memory.rs`).
 //! - **Launches** are synchronous: workgroups are split into contiguous ranges run on a
@@ -55,7 +56,7 @@ use tessel_ir::codegen::{self, CodegenError};
 use tessel_ir::handles::{check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
-    VendorOp, handles, interp, verify,
+    ProgramOrigin, VendorOp, handles, interp, verify,
 };
 use tessel_shape::Bindings;
 
@@ -131,6 +132,7 @@ struct KernelProgram {
     kernel: Kernel,
     /// The compiled entry point; `None` runs the interpreter.
     native: Option<Native>,
+    origin: ProgramOrigin,
 }
 
 struct Native {
@@ -246,17 +248,17 @@ impl CpuBackend {
         self.config.cache_dir.join("cpu")
     }
 
-    /// The loaded library for `source`, from memory, disk, or a fresh compile.
+    /// The loaded library for `source`, from memory, disk, or a fresh compile, and which.
     fn library(
         &self,
         compiler: &Compiler,
         kernel: &Kernel,
         source: &str,
-    ) -> Result<Arc<Library>, BackendError> {
+    ) -> Result<(Arc<Library>, ProgramOrigin), BackendError> {
         let key = compiler.key(source);
         if let Some(library) = lock(&self.libraries).map.get(&key) {
             self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Arc::clone(library));
+            return Ok((Arc::clone(library), ProgramOrigin::Cached));
         }
         let compile_error = |log: String| BackendError::Compile {
             kernel: kernel.name.clone(),
@@ -294,7 +296,12 @@ impl CpuBackend {
                 cache.map.remove(&old);
             }
         }
-        Ok(library)
+        let origin = if compiled {
+            ProgramOrigin::Compiled
+        } else {
+            ProgramOrigin::Cached
+        };
+        Ok((library, origin))
     }
 
     fn check_device(&self, device: usize) -> Result<(), BackendError> {
@@ -393,7 +400,7 @@ impl Backend for CpuBackend {
                         what: other.to_string(),
                     },
                 })?;
-                let library = self.library(compiler, kernel, &source)?;
+                let (library, origin) = self.library(compiler, kernel, &source)?;
                 let symbol = codegen::entry_name(kernel);
                 // SAFETY: `codegen::render` defines `symbol` with the `Launch::Serial`
                 // signature, which `KernelFn` spells exactly.
@@ -404,15 +411,23 @@ impl Backend for CpuBackend {
                         code: source.clone(),
                         log: format!("the compiled library lacks `{symbol}`: {e}"),
                     })?;
-                Some(Native {
-                    entry,
-                    _library: library,
-                })
+                Some((
+                    Native {
+                        entry,
+                        _library: library,
+                    },
+                    origin,
+                ))
             }
+        };
+        let (native, origin) = match native {
+            Some((native, origin)) => (Some(native), origin),
+            None => (None, ProgramOrigin::Interpreted),
         };
         Ok(self.programs.insert(Program::Kernel(KernelProgram {
             kernel: kernel.clone(),
             native,
+            origin,
         })))
     }
 
@@ -513,6 +528,14 @@ impl Backend for CpuBackend {
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
         self.programs.remove(program).map(drop)
+    }
+
+    fn origin(&self, program: ProgramId) -> Result<ProgramOrigin, BackendError> {
+        Ok(match &*self.programs.get(program)? {
+            Program::Kernel(kernel) => kernel.origin,
+            // A library routine: nothing of it is compiled.
+            Program::Vendor(_) => ProgramOrigin::Cached,
+        })
     }
 
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tessel_cpu::{CpuBackend, CpuConfig};
-use tessel_ir::{Backend, BackendError, samples};
+use tessel_ir::{Backend, BackendError, ProgramOrigin, samples};
 use tessel_shape::DType;
 use tessel_testkit::{Check, Conformance, Tolerance};
 
@@ -131,14 +131,24 @@ fn disk_cache_is_shared_between_instances() {
     let dir = temp_dir("disk-cache");
     let kernel = samples::vector_add(DType::F32, 1000, 64).unwrap();
     let first = compiled_in(dir.clone());
-    first.compile(0, &kernel).unwrap();
+    let program = first.compile(0, &kernel).unwrap();
     assert_eq!((first.stats().compiles, first.stats().disk_hits), (1, 0));
+    assert_eq!(first.origin(program).unwrap(), ProgramOrigin::Compiled);
     // A new instance has an empty memory cache, but the same disk cache.
     let second = compiled_in(dir);
-    second.compile(0, &kernel).unwrap();
+    let program = second.compile(0, &kernel).unwrap();
     assert_eq!((second.stats().compiles, second.stats().disk_hits), (0, 1));
-    second.compile(0, &kernel).unwrap();
+    assert_eq!(second.origin(program).unwrap(), ProgramOrigin::Cached);
+    let program = second.compile(0, &kernel).unwrap();
     assert_eq!(second.stats().memory_hits, 1);
+    assert_eq!(second.origin(program).unwrap(), ProgramOrigin::Cached);
+    // Without a compiler nothing is compiled: the interpreter runs the kernel.
+    let fallback = interpreted("disk-cache-interpreted");
+    let program = fallback.compile(0, &kernel).unwrap();
+    assert_eq!(
+        fallback.origin(program).unwrap(),
+        ProgramOrigin::Interpreted
+    );
     // A different kernel is a different library.
     second
         .compile(0, &samples::vector_add(DType::F64, 1000, 64).unwrap())

@@ -115,7 +115,7 @@ use tessel_ir::codegen::{self, CUDA, CodegenError};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Matmul, Param,
-    ProgramId, VendorOp, verify,
+    ProgramId, ProgramOrigin, VendorOp, verify,
 };
 use tessel_shape::Bindings;
 
@@ -222,6 +222,7 @@ struct KernelProgram {
     kernel: Kernel,
     device: Arc<CudaDevice>,
     module: Arc<Module>,
+    origin: ProgramOrigin,
     /// The most threads per block this kernel runs with.
     max_threads: u32,
 }
@@ -395,13 +396,13 @@ impl CudaBackend {
         dev: &CudaDevice,
         kernel: &Kernel,
         source: &str,
-    ) -> Result<Arc<Module>, BackendError> {
+    ) -> Result<(Arc<Module>, ProgramOrigin), BackendError> {
         let nvrtc = self.nvrtc()?;
         let options = nvrtc::options(dev.capability);
         let key = nvrtc::cache_key(source, &options, nvrtc.version, self.driver_version);
         if let Some(module) = lock(&self.modules).get(&(dev.index, key)) {
             self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Arc::clone(module));
+            return Ok((Arc::clone(module), ProgramOrigin::Cached));
         }
         let entry = codegen::entry_name(kernel);
         let dir = self.config.cache_dir.as_deref();
@@ -416,9 +417,9 @@ impl CudaBackend {
                     None
                 }
             });
-        let module = if let Some(module) = cached {
+        let (module, origin) = if let Some(module) = cached {
             self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
-            module
+            (module, ProgramOrigin::Cached)
         } else {
             // No lock is held while NVRTC compiles, which may take a second.
             let started = std::time::Instant::now();
@@ -443,11 +444,14 @@ impl CudaBackend {
             if let Some(dir) = dir {
                 nvrtc::write_cached(dir, key, &cubin, source);
             }
-            Module::load(&dev.ctx, &cubin, &entry).map_err(fail)?
+            (
+                Module::load(&dev.ctx, &cubin, &entry).map_err(fail)?,
+                ProgramOrigin::Compiled,
+            )
         };
         let module = Arc::new(module);
         lock(&self.modules).insert((dev.index, key), Arc::clone(&module));
-        Ok(module)
+        Ok((module, origin))
     }
 
     /// Checks a launch and queues it; the timing events when `timed` and something was
@@ -809,7 +813,7 @@ impl Backend for CudaBackend {
             log: e.to_string(),
         })?;
         let source = render(kernel)?;
-        let module = self.module(dev, kernel, &source)?;
+        let (module, origin) = self.module(dev, kernel, &source)?;
         let max_threads = module
             .max_threads_per_block()
             .map_or(dev.info.max_workgroup_size, |n| {
@@ -819,6 +823,7 @@ impl Backend for CudaBackend {
             kernel: kernel.clone(),
             device: Arc::clone(dev),
             module,
+            origin,
             max_threads,
         })))
     }
@@ -859,6 +864,14 @@ impl Backend for CudaBackend {
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
         self.programs.remove(program).map(drop)
+    }
+
+    fn origin(&self, program: ProgramId) -> Result<ProgramOrigin, BackendError> {
+        Ok(match &*self.programs.get(program)? {
+            Program::Kernel(kernel) => kernel.origin,
+            // A cuBLAS call: nothing of it is compiled.
+            Program::Matmul(_) => ProgramOrigin::Cached,
+        })
     }
 
     /// `f32` and `f64` [`Matmul`]s run on cuBLAS; other dtypes, or no cuBLAS installed,

@@ -137,6 +137,18 @@ pub enum BackendError {
     InvalidArgument(String),
 }
 
+/// Where [`Backend::compile`] got a program from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProgramOrigin {
+    /// The device's compiler built it in that call.
+    Compiled,
+    /// A cache of built programs had it, on disk or in memory: nothing was compiled.
+    Cached,
+    /// The backend runs it with the reference interpreter: nothing was compiled (the CPU
+    /// backend without a C compiler).
+    Interpreted,
+}
+
 /// A compute backend: devices, memory, programs and launches. See the module docs.
 pub trait Backend: Send + Sync {
     /// The backend's name (`"cpu"`, `"cuda"`, ...).
@@ -184,6 +196,13 @@ pub trait Backend: Send + Sync {
 
     /// Drops a compiled program.
     fn release(&self, program: ProgramId) -> Result<(), BackendError>;
+
+    /// Where [`Backend::compile`] got `program` from; [`ProgramOrigin::Compiled`] for a
+    /// backend that does not say.
+    fn origin(&self, program: ProgramId) -> Result<ProgramOrigin, BackendError> {
+        let _ = program;
+        Ok(ProgramOrigin::Compiled)
+    }
 
     /// A program running the library routine `op` on device `device`, or `None` where the
     /// backend has no library for it (see [`crate::vendor`]). The program launches, times

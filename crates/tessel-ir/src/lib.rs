@@ -27,7 +27,9 @@ pub mod samples;
 pub mod vendor;
 pub mod verify;
 
-pub use backend::{Backend, BackendError, BufferId, DeviceInfo, Features, ProgramId};
+pub use backend::{
+    Backend, BackendError, BufferId, DeviceInfo, Features, ProgramId, ProgramOrigin,
+};
 pub use builder::{Buf, KernelBuilder};
 pub use display::inst_text;
 pub use handles::Handles;

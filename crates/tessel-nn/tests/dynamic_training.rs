@@ -38,9 +38,9 @@ fn training_steps_over_changing_batch_sizes_compile_once() -> Result<()> {
                 (x, y)
             };
             let loss = cross_entropy(&model.forward(&x)?, &y, &CrossEntropyOptions::default())?;
-            let before = tessel_tensor::stats().kernels_compiled;
+            let before = tessel_tensor::stats().kernels_prepared();
             opt.step(&loss)?;
-            compiled.push((tessel_tensor::stats().kernels_compiled - before) as usize);
+            compiled.push((tessel_tensor::stats().kernels_prepared() - before) as usize);
         }
         let params = model
             .parameters()

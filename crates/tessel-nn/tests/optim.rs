@@ -622,7 +622,7 @@ fn apply_compiles_only_on_the_first_step_and_keeps_memory_flat() {
     )
     .unwrap();
     let mut sched = LrScheduler::new(CosineAnnealingLr::new(6, 0.0).unwrap(), &mut opt);
-    let before = stats().kernels_compiled;
+    let before = stats().kernels_prepared();
     let mut compiled = Vec::new();
     let mut memory = Vec::new();
     for grads in &pb.grads {
@@ -630,7 +630,7 @@ fn apply_compiles_only_on_the_first_step_and_keeps_memory_flat() {
             .unwrap();
         sched.step(&mut opt);
         let s = stats();
-        compiled.push(s.kernels_compiled);
+        compiled.push(s.kernels_prepared());
         memory.push((s.buffers, s.graph_nodes, s.plans));
     }
     // The old parameters and states are freed as the new ones replace them.
@@ -713,7 +713,7 @@ fn training_steps_lower_the_loss_and_compile_once() {
             let loss = err.mul(&err).unwrap().mean_all().unwrap();
             opt.step(&loss).unwrap();
             losses.push(f64::from(loss.item::<f32>().unwrap()));
-            compiled.push(stats().kernels_compiled);
+            compiled.push(stats().kernels_prepared());
         }
         assert!(
             losses[19] < 0.25 * losses[0],

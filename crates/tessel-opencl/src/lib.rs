@@ -107,7 +107,7 @@ use tessel_ir::codegen::{OPENCL, OPENCL_NO_FP64};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
-    verify,
+    ProgramOrigin, verify,
 };
 use tessel_shape::Bindings;
 
@@ -197,6 +197,7 @@ struct Program {
     _built: Arc<Built>,
     /// The largest workgroup this kernel may run on its device.
     max_workgroup: u64,
+    origin: ProgramOrigin,
 }
 
 /// The OpenCL backend. See the [crate docs](crate).
@@ -290,16 +291,16 @@ impl OpenClBackend {
         dev: &ClDevice,
         name: &str,
         source: &str,
-    ) -> Result<Arc<Built>, BackendError> {
+    ) -> Result<(Arc<Built>, ProgramOrigin), BackendError> {
         if let Some(built) = lock(&self.cache).get(device, source) {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(built);
+            return Ok((built, ProgramOrigin::Cached));
         }
         // No lock is held while the driver builds, which may take a second.
         let built = Arc::new(programs::build(dev, name, source)?);
         self.counters.builds.fetch_add(1, Ordering::Relaxed);
         lock(&self.cache).insert(device, Arc::clone(&built));
-        Ok(built)
+        Ok((built, ProgramOrigin::Compiled))
     }
 
     /// Checks a launch and queues it; returns its event and device, or `None` when the
@@ -538,7 +539,7 @@ impl Backend for OpenClBackend {
         })?;
         let source = render(dev, kernel)?;
         programs::check_limits(dev, kernel)?;
-        let built = self.built(device, dev, &kernel.name, &source)?;
+        let (built, origin) = self.built(device, dev, &kernel.name, &source)?;
         let entry = codegen::entry_name(kernel);
         let cl = opencl3::kernel::Kernel::create(&built.program, &entry).map_err(|e| {
             BackendError::Compile {
@@ -556,6 +557,7 @@ impl Backend for OpenClBackend {
             cl: Mutex::new(Handle::new(cl)),
             _built: built,
             max_workgroup,
+            origin,
         }))
     }
 
@@ -600,6 +602,10 @@ impl Backend for OpenClBackend {
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
         self.programs.remove(program).map(drop)
+    }
+
+    fn origin(&self, program: ProgramId) -> Result<ProgramOrigin, BackendError> {
+        Ok(self.programs.get(program)?.origin)
     }
 }
 

@@ -132,7 +132,7 @@ impl Tensor {
     ///     let y = x.matmul(&w)?;
     ///     assert_eq!(y.dims(), vec![n, 1]);
     ///     let report = y.realize()?;
-    ///     assert!(n == 2 || report.compiled == 0, "the second size compiles nothing");
+    ///     assert!(n == 2 || report.kernels_prepared() == 0, "the second size compiles nothing");
     ///     assert_eq!(y.to_vec::<f32>()?, vec![6.0; n]);
     /// }
     /// # Ok(())

@@ -46,7 +46,7 @@ use tessel_graph::{
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, materialized_for,
     signature, views_to_split,
 };
-use tessel_ir::{Backend, Kernel, ProgramId, VendorOp};
+use tessel_ir::{Backend, Kernel, ProgramId, ProgramOrigin, VendorOp};
 use tessel_shape::{DType, Dim};
 
 use crate::device::Device;
@@ -594,8 +594,26 @@ pub(crate) struct Compiled {
     pub(crate) targets: Vec<usize>,
     pub(crate) inputs: Vec<usize>,
     outputs: Vec<(usize, usize)>,
-    /// Programs compiled (kernels and routines).
-    pub(crate) built: usize,
+    /// Kernels by where their programs came from (routines are not counted).
+    pub(crate) origins: Origins,
+}
+
+/// Kernels counted by [`ProgramOrigin`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Origins {
+    pub(crate) compiled: usize,
+    pub(crate) cached: usize,
+    pub(crate) interpreted: usize,
+}
+
+impl Origins {
+    fn count(&mut self, origin: ProgramOrigin) {
+        match origin {
+            ProgramOrigin::Compiled => self.compiled += 1,
+            ProgramOrigin::Cached => self.cached += 1,
+            ProgramOrigin::Interpreted => self.interpreted += 1,
+        }
+    }
 }
 
 /// Compiles every candidate for every device (see the module docs for what failures mean).
@@ -610,7 +628,7 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
         targets: parts.targets,
         inputs: parts.inputs,
         outputs: parts.outputs,
-        built: 0,
+        origins: Origins::default(),
     };
     for d in 0..out.devices.len() {
         let (device, backend) = out.devices[d].clone();
@@ -643,14 +661,18 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
             }
             tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
             match backend.compile(device.ordinal, kernel) {
-                Ok(id) => built.push((i, id)),
+                Ok(id) => {
+                    // `id` was just made, so the backend knows it.
+                    let origin = backend.origin(id).unwrap_or(ProgramOrigin::Compiled);
+                    out.origins.count(origin);
+                    built.push((i, id));
+                }
                 Err(e) if c.default && d == 0 => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(target: "tessel::plan", "{device}: dropping kernel {}: {e}", kernel.name);
                 }
             }
         }
-        out.built += built.len();
         for (candidate, id) in built {
             out.programs.push(Built {
                 candidate,

@@ -60,11 +60,25 @@ type Planned<'a> = (MutexGuard<'a, State>, Arc<Plan>, Vec<LeafId>, PlanKey);
 pub struct RealizeReport {
     /// Kernels launched.
     pub kernels: usize,
-    /// Kernels compiled (0 when a cached plan replayed).
+    /// Kernels the device's compiler built (0 when a cached plan replayed).
     pub compiled: usize,
+    /// Kernels of a new plan whose programs a backend's cache of built programs had (on
+    /// disk or in memory), so nothing was compiled for them.
+    pub cached: usize,
+    /// Kernels of a new plan left to the reference interpreter (the CPU backend without a
+    /// C compiler): neither compiled nor cached.
+    pub interpreted: usize,
     /// Values copied between devices by a plan that places work on several devices (see
     /// [`set_placement`](crate::set_placement)).
     pub copies: usize,
+}
+
+impl RealizeReport {
+    /// Kernels a new plan got programs for, compiled, cached or interpreted: 0 when a
+    /// cached plan replayed.
+    pub fn kernels_prepared(&self) -> usize {
+        self.compiled + self.cached + self.interpreted
+    }
 }
 
 /// Counters over the life of the process.
@@ -72,8 +86,13 @@ pub struct RealizeReport {
 pub struct RuntimeStats {
     /// Kernels launched.
     pub kernels_launched: u64,
-    /// Kernels compiled.
+    /// Kernels the device's compiler built.
     pub kernels_compiled: u64,
+    /// Kernels whose programs came from a backend's cache of built programs (on disk or
+    /// in memory).
+    pub kernels_cached: u64,
+    /// Kernels left to the reference interpreter (the CPU backend without a C compiler).
+    pub kernels_interpreted: u64,
     /// Live graph nodes.
     pub graph_nodes: usize,
     /// Cached plans.
@@ -87,9 +106,18 @@ pub(crate) struct Runtime {
     backends: Vec<Arc<dyn Backend>>,
     launched: AtomicU64,
     compiled: AtomicU64,
+    cached: AtomicU64,
+    interpreted: AtomicU64,
 }
 
 static RUNTIME: LazyLock<Runtime> = LazyLock::new(Runtime::new);
+
+impl RuntimeStats {
+    /// Kernels new plans got programs for, compiled, cached or interpreted.
+    pub fn kernels_prepared(&self) -> u64 {
+        self.kernels_compiled + self.kernels_cached + self.kernels_interpreted
+    }
+}
 
 /// The process-wide runtime.
 pub(crate) fn runtime() -> &'static Runtime {
@@ -103,6 +131,8 @@ pub fn stats() -> RuntimeStats {
     RuntimeStats {
         kernels_launched: rt.launched.load(Ordering::Relaxed),
         kernels_compiled: rt.compiled.load(Ordering::Relaxed),
+        kernels_cached: rt.cached.load(Ordering::Relaxed),
+        kernels_interpreted: rt.interpreted.load(Ordering::Relaxed),
         graph_nodes: st.graph.len(),
         plans: st.plans.len(),
         buffers: st.leaves.len(),
@@ -133,6 +163,8 @@ impl Runtime {
             backends,
             launched: AtomicU64::new(0),
             compiled: AtomicU64::new(0),
+            cached: AtomicU64::new(0),
+            interpreted: AtomicU64::new(0),
         }
     }
 
@@ -332,9 +364,17 @@ impl Runtime {
             }
             // Compile without the lock: other threads keep recording.
             let compiled = planner::compile(parts, plan_devices)?;
-            report.compiled += compiled.built;
-            self.compiled
-                .fetch_add(compiled.built as u64, Ordering::Relaxed);
+            let origins = compiled.origins;
+            report.compiled += origins.compiled;
+            report.cached += origins.cached;
+            report.interpreted += origins.interpreted;
+            for (counter, n) in [
+                (&self.compiled, origins.compiled),
+                (&self.cached, origins.cached),
+                (&self.interpreted, origins.interpreted),
+            ] {
+                counter.fetch_add(n as u64, Ordering::Relaxed);
+            }
             let plan = if compiled.needs_choice() {
                 // Candidates are measured on this realize's own inputs.
                 let mut st = self.lock();

@@ -293,6 +293,8 @@ impl Tensor {
             let r = runtime().realize(&nodes, device, &values.bindings())?;
             total.kernels += r.kernels;
             total.compiled += r.compiled;
+            total.cached += r.cached;
+            total.interpreted += r.interpreted;
             total.copies += r.copies;
         }
         Ok(total)

@@ -121,6 +121,7 @@ use tessel_ir::codegen::{self, CodegenError, WgslShader};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, ProgramId,
+    ProgramOrigin,
 };
 use tessel_shape::{Bindings, Expr};
 
@@ -207,6 +208,8 @@ struct Program {
     kernel: Kernel,
     device: usize,
     pipelines: Pipelines,
+    /// `Compiled` for symbolic local sizes, whose pipelines are built at their launches.
+    origin: ProgramOrigin,
 }
 
 /// The pipelines of a program.
@@ -326,11 +329,12 @@ impl WgpuBackend {
     ) -> Result<ProgramId, BackendError> {
         let dev = self.device(device)?;
         programs::check_limits(dev, &kernel.name, &shader)?;
-        let pipeline = self.pipeline(device, dev, &kernel.name, shader)?;
+        let (pipeline, origin) = self.pipeline(device, dev, &kernel.name, shader)?;
         Ok(self.programs.insert(Program {
             kernel: kernel.clone(),
             device,
             pipelines: Pipelines::Fixed(pipeline),
+            origin,
         }))
     }
 
@@ -345,16 +349,16 @@ impl WgpuBackend {
         dev: &GpuDevice,
         name: &str,
         shader: WgslShader,
-    ) -> Result<Arc<Pipeline>, BackendError> {
+    ) -> Result<(Arc<Pipeline>, ProgramOrigin), BackendError> {
         if let Some(pipeline) = lock(&self.cache).get(device, &shader.source) {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(pipeline);
+            return Ok((pipeline, ProgramOrigin::Cached));
         }
         // No lock is held while the driver builds, which may take a while.
         let pipeline = Arc::new(programs::build(dev, name, shader)?);
         self.counters.builds.fetch_add(1, Ordering::Relaxed);
         lock(&self.cache).insert(device, Arc::clone(&pipeline));
-        Ok(pipeline)
+        Ok((pipeline, ProgramOrigin::Compiled))
     }
 
     /// Checks a launch and submits it; `None` when the grid is empty (nothing runs).
@@ -394,7 +398,7 @@ impl WgpuBackend {
                     let fixed = with_local(kernel, local);
                     let shader = render(dev, &fixed)?;
                     programs::check_limits(dev, &kernel.name, &shader)?;
-                    let pipeline = self.pipeline(program.device, dev, &kernel.name, shader)?;
+                    let (pipeline, _) = self.pipeline(program.device, dev, &kernel.name, shader)?;
                     lock(built).insert(local, Arc::clone(&pipeline));
                     pipeline
                 }
@@ -489,6 +493,7 @@ impl Backend for WgpuBackend {
             kernel: kernel.clone(),
             device,
             pipelines: Pipelines::PerLocal(Mutex::default()),
+            origin: ProgramOrigin::Compiled,
         }))
     }
 
@@ -519,5 +524,9 @@ impl Backend for WgpuBackend {
 
     fn release(&self, program: ProgramId) -> Result<(), BackendError> {
         self.programs.remove(program).map(drop)
+    }
+
+    fn origin(&self, program: ProgramId) -> Result<ProgramOrigin, BackendError> {
+        Ok(self.programs.get(program)?.origin)
     }
 }

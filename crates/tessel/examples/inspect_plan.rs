@@ -45,10 +45,10 @@ fn main() -> Result<()> {
     println!("{dot}");
     let report = out.realize()?;
     eprintln!(
-        "attention on {}: {} kernels, {} compiled by the realize (the plan was cached)",
+        "attention on {}: {} kernels, {} prepared by the realize (the plan was cached)",
         out.device(),
         report.kernels,
-        report.compiled
+        report.kernels_prepared()
     );
     Ok(())
 }

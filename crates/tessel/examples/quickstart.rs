@@ -33,8 +33,8 @@ fn main() -> Result<()> {
         &probs.argmax(-1, false)?.to_vec::<i64>()?[..8]
     );
     println!(
-        "kernels run: {} ({} compiled)",
-        report.kernels, report.compiled
+        "kernels run: {} ({} compiled, {} from the kernel cache)",
+        report.kernels, report.compiled, report.cached
     );
     Ok(())
 }

@@ -370,7 +370,7 @@ fn a_gradient_step_assigned_to_a_parameter_replays_one_plan() {
         let report = Tensor::realize_all(&[&loss, &next]).unwrap();
         w.assign(&next).unwrap();
         losses.push(loss.item::<f32>().unwrap());
-        compiled.push(report.compiled);
+        compiled.push(report.kernels_prepared());
     }
     // w ← w - 0.5 (w - 1): the distance to 1 halves each step, so the loss quarters.
     assert_close(
