@@ -7,6 +7,7 @@
 mod ci;
 mod test_gpu;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -40,7 +41,8 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--help" || a == "-h")
         || args.first().map(String::as_str) == Some("help")
     {
-        println!("{USAGE}");
+        // A closed pipe (`| head`) is not an error worth a panic.
+        let _ = writeln!(std::io::stdout(), "{USAGE}");
         return ExitCode::SUCCESS;
     }
     let result = match args.first().map(String::as_str) {

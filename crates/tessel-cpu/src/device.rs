@@ -38,6 +38,8 @@ pub(crate) fn host(threads: usize) -> DeviceInfo {
             subgroup_size: None,
             matrix_units: false,
             subnormals_may_flush: false,
+            // One thread runs a workgroup's invocations in turn.
+            cooperative_workgroups: false,
         },
     }
 }

@@ -204,6 +204,7 @@ fn set_up(index: usize, ordinal: usize, driver_version: i32) -> Result<CudaDevic
             // Tensor cores arrived with Volta (sm_70).
             matrix_units: capability.0 >= 7,
             subnormals_may_flush: false,
+            cooperative_workgroups: true,
         },
     };
     let stream = Stream::new(&ctx)?;

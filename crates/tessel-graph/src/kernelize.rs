@@ -50,6 +50,9 @@ pub struct ScheduledKernel {
     pub args: Vec<Slot>,
     /// The nodes this kernel writes.
     pub writes: Vec<NodeId>,
+    /// A workgroup computes each output (a cooperative reduction) or each row (a row
+    /// kernel) together, rather than one invocation each output.
+    pub cooperative: bool,
 }
 
 /// Kernels in an order that respects their dependencies, and the buffers they need.

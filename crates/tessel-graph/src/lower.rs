@@ -124,6 +124,7 @@ pub(crate) fn lower_kernel(
     }
     let outputs = graph.node(root).shape.numel().bounds().hi;
     let lanes = lanes.filter(|&l| outputs.saturating_mul(l) <= MAX_COOPERATIVE_INVOCATIONS);
+    let cooperative = lanes.is_some();
     let nothing = FxHashSet::default();
     let absorbable = if lanes.is_some() {
         &nothing
@@ -230,6 +231,7 @@ pub(crate) fn lower_kernel(
         kernel,
         args,
         writes,
+        cooperative,
     }))
 }
 
@@ -362,6 +364,7 @@ fn lower_row_kernel(
         kernel,
         args,
         writes: vec![root],
+        cooperative: true,
     })))
 }
 

@@ -44,6 +44,11 @@ pub struct Features {
     /// (WGSL allows it; NVIDIA's Vulkan driver does). Bit-level operations, loads, stores
     /// and selects still move subnormals unchanged.
     pub subnormals_may_flush: bool,
+    /// The invocations of a workgroup run concurrently (a GPU's), so a kernel that gives
+    /// each output or row a whole workgroup (cooperative reductions, row kernels) can pay
+    /// off and the planner measures such kernels. The CPU backend runs a workgroup's
+    /// invocations one after another, where they only add barriers.
+    pub cooperative_workgroups: bool,
 }
 
 impl Features {

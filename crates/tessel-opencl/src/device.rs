@@ -36,6 +36,9 @@ pub struct OpenClDeviceDetails {
     pub correctly_rounded_divide_sqrt: bool,
     /// Whether `float` subnormals are kept; without it they flush to zero.
     pub denormals: bool,
+    /// Why kernels are built with `-cl-opt-disable`, where they are (see
+    /// [`miscompiling_driver`]).
+    pub optimizations_off: Option<&'static str>,
 }
 
 /// One device in use, with what this backend keeps for it.
@@ -179,6 +182,37 @@ pub(crate) fn discover(selector: Option<&str>, disable_f64: bool) -> Vec<ClDevic
         .collect()
 }
 
+/// Why kernels must be built unoptimized on a device, if they must: PoCL's CPU device
+/// compiling for an x86 target without AVX-512 (the LLVM target in its name, such as
+/// `pthread-haswell-...` on AMD Zen 3). There, LLVM's vectorization of PoCL's work-item
+/// loops miscompiles integer remainders by a constant that feed comparisons (checked with
+/// PoCL 3.1 on LLVM 15: `cummax` of a `[4, 7, 3]` bool tensor along axis 1, whose window
+/// guard is `j <= i % 7`, gets wrong indices in 4 lanes; the same source is right on the
+/// `skylake-avx512` target, unvectorized, and built with `-cl-opt-disable`). Rewriting the
+/// remainder in the source does not help: LLVM folds `a - a / b * b` back into it.
+fn miscompiling_driver(version: &str, cpu: bool, name: &str) -> Option<&'static str> {
+    /// LLVM's x86 targets with AVX2 and without AVX-512 (PoCL's distribution builds use
+    /// `haswell` for every such CPU).
+    const AVX2_TARGETS: [&str; 7] = [
+        "haswell",
+        "broadwell",
+        "skylake",
+        "alderlake",
+        "znver1",
+        "znver2",
+        "znver3",
+    ];
+    let pocl = version.contains("PoCL");
+    // PoCL names its CPU device `pthread-<LLVM target>-<CPU model>`.
+    let target = name.strip_prefix("pthread-").unwrap_or("");
+    let x86_without_avx512 =
+        !target.contains("avx512") && AVX2_TARGETS.iter().any(|t| target.starts_with(t));
+    (pocl && cpu && x86_without_avx512).then_some(
+        "LLVM's vectorized work-item loops on this x86 target (no AVX-512) miscompile integer \
+         remainders that feed comparisons",
+    )
+}
+
 /// Why a device cannot run Tessel's kernels, if it cannot.
 fn unusable(device: Device) -> Option<String> {
     if !device.available().unwrap_or(false) {
@@ -242,7 +276,18 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
         driver: device.driver_version().unwrap_or_default(),
         correctly_rounded_divide_sqrt: single & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT != 0,
         denormals: single & CL_FP_DENORM != 0,
+        optimizations_off: miscompiling_driver(
+            &device.version().unwrap_or_default(),
+            device.dev_type().unwrap_or(0) & CL_DEVICE_TYPE_CPU != 0,
+            &c.name,
+        ),
     };
+    if let Some(why) = details.optimizations_off {
+        tracing::info!(
+            "tessel-opencl: `{}`: kernels are built with -cl-opt-disable: {why}",
+            c.name
+        );
+    }
     if !details.correctly_rounded_divide_sqrt {
         tracing::warn!(
             "tessel-opencl: `{}` cannot round float division and sqrt correctly; results \
@@ -265,7 +310,17 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
     };
     let info = DeviceInfo {
         name: c.name.clone(),
-        driver: format!("{} / {}", details.platform, details.driver),
+        // Unoptimized builds run at other speeds: their measured times are kept apart.
+        driver: format!(
+            "{} / {}{}",
+            details.platform,
+            details.driver,
+            if details.optimizations_off.is_some() {
+                " / -cl-opt-disable"
+            } else {
+                ""
+            }
+        ),
         memory_bytes: device.global_mem_size()?,
         compute_units: device.max_compute_units()?,
         max_workgroup_size: u32::try_from(device.max_work_group_size()?).unwrap_or(u32::MAX),
@@ -283,12 +338,17 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
             subgroup_size: None,
             matrix_units: false,
             subnormals_may_flush: false,
+            cooperative_workgroups: true,
         },
     };
-    let mut build_options = String::new();
+    let mut options = Vec::new();
     if details.correctly_rounded_divide_sqrt {
-        build_options.push_str("-cl-fp32-correctly-rounded-divide-sqrt");
+        options.push("-cl-fp32-correctly-rounded-divide-sqrt");
     }
+    if details.optimizations_off.is_some() {
+        options.push("-cl-opt-disable");
+    }
+    let build_options = options.join(" ");
     let context = Context::from_device(device)?;
     let queue = create_queue(c.platform, &context)?;
     Ok(ClDevice {
@@ -318,7 +378,27 @@ fn create_queue(platform: Platform, context: &Context) -> Result<CommandQueue, C
 
 #[cfg(test)]
 mod tests {
-    use super::{opencl_c_version, select};
+    use super::{miscompiling_driver, opencl_c_version, select};
+
+    #[test]
+    fn unoptimized_builds_only_for_pocl_on_avx2_targets() {
+        let pocl = "OpenCL 3.0 PoCL 3.1+debian  Linux, None+Asserts, RELOC, LLVM 15.0.6";
+        assert!(miscompiling_driver(pocl, true, "pthread-haswell-AMD EPYC 7B13").is_some());
+        assert!(miscompiling_driver(pocl, true, "pthread-znver3-AMD EPYC").is_some());
+        assert!(miscompiling_driver(pocl, true, "pthread-skylake-Intel Core i7").is_some());
+        for fine in [
+            "pthread-skylake-avx512-AMD EPYC",
+            "pthread-znver4-AMD EPYC",
+            "pthread-cascadelake-Intel Xeon",
+        ] {
+            assert_eq!(miscompiling_driver(pocl, true, fine), None, "{fine}");
+        }
+        assert_eq!(
+            miscompiling_driver("OpenCL 3.0 CUDA 13.0.98", false, "NVIDIA H200"),
+            None
+        );
+        assert_eq!(miscompiling_driver(pocl, false, "pthread-haswell-x"), None);
+    }
 
     #[test]
     fn versions_parse() {

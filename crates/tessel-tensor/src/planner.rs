@@ -255,9 +255,9 @@ pub(crate) struct Candidate {
     /// From the partition made for library routines: worth compiling only if the backend
     /// has one.
     for_routine: bool,
-    /// From a partition for GPUs (workgroups cooperating through local memory): not
-    /// compiled for the CPU, which runs a workgroup's invocations one after another.
-    gpu_only: bool,
+    /// From a partition whose workgroups cooperate through local memory: compiled only
+    /// for devices with `Features::cooperative_workgroups`.
+    cooperative: bool,
 }
 
 impl Candidate {
@@ -397,23 +397,19 @@ pub(crate) fn partition(
                 add_schedule(parts, &schedule, &slots, Origin::Shared);
             }
         }
-        // On a GPU, long reductions may run faster with a workgroup per output; the CPU
-        // runs a workgroup's invocations one after another, where that only adds barriers.
-        if devices.iter().any(|d| d.backend != "cpu") {
+        // Where a workgroup's invocations run concurrently (GPUs), long reductions may run
+        // faster with a workgroup per output; elsewhere that only adds barriers.
+        if devices.iter().any(|d| cooperative_workgroups(*d)) {
             if f == 0 {
                 let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
-                if cooperative
-                    .kernels
-                    .iter()
-                    .any(|k| k.kernel.name.ends_with("_g"))
-                {
-                    add_schedule(parts, &cooperative, &slots, Origin::Gpu);
+                if cooperative.kernels.iter().any(|k| k.cooperative) {
+                    add_schedule(parts, &cooperative, &slots, Origin::Cooperative);
                 }
             }
             // And row statistics fused into the kernels reading them (one-kernel softmax),
             // between matrix products materialized for the library routines.
             if let Some(rows) = kernelize_rows(graph, targets, &separate).map_err(internal)? {
-                add_schedule(parts, &rows, &slots, Origin::Gpu);
+                add_schedule(parts, &rows, &slots, Origin::Cooperative);
             }
         }
         if matches.is_empty() {
@@ -438,7 +434,7 @@ pub(crate) fn partition(
                     writes: vec![slots.pos[&w]],
                     default: false,
                     for_routine: true,
-                    gpu_only: false,
+                    cooperative: false,
                 };
                 if !parts.candidates.iter().any(|c| c.same_as(&candidate)) {
                     parts.candidates.push(candidate);
@@ -540,8 +536,8 @@ enum Origin {
     Default,
     /// Made for library routines.
     Routine,
-    /// Made for GPUs.
-    Gpu,
+    /// Cooperative or row kernels, for devices with cooperative workgroups.
+    Cooperative,
     /// Shared values or views materialized: on every device, not the reference.
     Shared,
 }
@@ -565,7 +561,7 @@ fn add_schedule(parts: &mut Partitions, schedule: &Schedule, slots: &FormSlots, 
             work: Work::Kernel(k.kernel.clone()),
             default: origin == Origin::Default,
             for_routine: origin == Origin::Routine,
-            gpu_only: origin == Origin::Gpu,
+            cooperative: origin == Origin::Cooperative,
         };
         if !parts.candidates.iter().any(|c| c.same_as(&candidate)) {
             parts.candidates.push(candidate);
@@ -616,6 +612,14 @@ impl Origins {
     }
 }
 
+/// Whether `device` runs a workgroup's invocations concurrently
+/// ([`Features::cooperative_workgroups`](tessel_ir::Features::cooperative_workgroups)).
+fn cooperative_workgroups(device: Device) -> bool {
+    device
+        .info()
+        .is_ok_and(|info| info.features.cooperative_workgroups)
+}
+
 /// Compiles every candidate for every device (see the module docs for what failures mean).
 pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Compiled> {
     let mut out = Compiled {
@@ -655,7 +659,7 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
                 continue;
             };
             let wanted = (c.default || !c.for_routine || any_vendor)
-                && (!c.gpu_only || device.backend != "cpu");
+                && (!c.cooperative || cooperative_workgroups(device));
             if !wanted {
                 continue;
             }

@@ -408,6 +408,7 @@ fn open(c: &Candidate) -> Result<GpuDevice, String> {
             // WGSL lets an implementation flush f32 subnormals (NVIDIA's Vulkan driver
             // does), and wgpu cannot query a driver's float controls.
             subnormals_may_flush: true,
+            cooperative_workgroups: true,
         },
     };
     let details = WgpuDeviceDetails {
