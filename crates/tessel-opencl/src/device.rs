@@ -36,8 +36,8 @@ pub struct OpenClDeviceDetails {
     pub correctly_rounded_divide_sqrt: bool,
     /// Whether `float` subnormals are kept; without it they flush to zero.
     pub denormals: bool,
-    /// Why kernels are built with `-cl-opt-disable`, where they are (see
-    /// [`miscompiling_driver`]).
+    /// Why kernels are built with `-cl-opt-disable`, where they are: PoCL's CPU device on
+    /// an x86 target without AVX-512, whose LLVM miscompiles vectorized integer remainders.
     pub optimizations_off: Option<&'static str>,
 }
 
