@@ -375,11 +375,14 @@ fn long_axes_scan_in_log_steps() -> Result<()> {
     );
     let s = x.tensor(DType::F32).cumsum(1)?;
     let report = s.realize()?;
-    // The default partition makes 4 kernels; a measured alternative may compute a shared
-    // value once in a kernel of its own.
+    // The default partition fuses the 13 steps into 4 kernels; a measured alternative may
+    // compute shared values once in kernels of their own, up to one kernel per step where
+    // recomputing is dear (PoCL building unoptimized on an AVX2 target chooses 13). Never
+    // more kernels than steps.
+    let steps = n.next_power_of_two().trailing_zeros() as usize;
     assert!(
-        report.kernels <= 6,
-        "cumsum {what}: {} kernels",
+        report.kernels <= steps,
+        "cumsum {what}: {} kernels for {steps} steps",
         report.kernels
     );
     assert_nd(
