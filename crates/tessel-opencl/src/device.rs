@@ -269,18 +269,19 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
     let has = |ext: &str| extensions.split_whitespace().any(|e| e == ext);
     let f64 = has("cl_khr_fp64") && !disable_f64;
     let single = device.single_fp_config()?;
+    let version = device.version().unwrap_or_default();
     let details = OpenClDeviceDetails {
         platform: c.platform_name.clone(),
-        version: device.version().unwrap_or_default(),
+        optimizations_off: miscompiling_driver(
+            &version,
+            device.dev_type().unwrap_or(0) & CL_DEVICE_TYPE_CPU != 0,
+            &c.name,
+        ),
+        version,
         opencl_c: device.opencl_c_version().unwrap_or_default(),
         driver: device.driver_version().unwrap_or_default(),
         correctly_rounded_divide_sqrt: single & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT != 0,
         denormals: single & CL_FP_DENORM != 0,
-        optimizations_off: miscompiling_driver(
-            &device.version().unwrap_or_default(),
-            device.dev_type().unwrap_or(0) & CL_DEVICE_TYPE_CPU != 0,
-            &c.name,
-        ),
     };
     if let Some(why) = details.optimizations_off {
         tracing::info!(
