@@ -1,12 +1,12 @@
 //! Saving and loading a module's weights as `.safetensors` files, named by the module's
 //! dotted paths as in PyTorch's `state_dict`, so weights move between the two.
 
-use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use tessel_tensor::{Device, Error, Result, load_safetensors, save_safetensors};
+use tessel_tensor::{Result, save_safetensors};
 
 use crate::module::Module;
+use crate::weights::Weights;
 
 /// Writes every parameter and buffer of `module` ([`Module::state`]) to a `.safetensors`
 /// file at `path`, computing any that is not yet realized.
@@ -36,73 +36,15 @@ pub fn save(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
     save_safetensors(path, &module.state())
 }
 
-/// Loads a `.safetensors` file into `module`'s parameters and buffers, in place: every
-/// handle to them (an optimizer's included) sees the loaded values.
+/// Loads weights into `module`'s parameters and buffers, in place (every handle to them,
+/// an optimizer's included, sees the loaded values): `path` is a `.safetensors` file, a
+/// sharded checkpoint's index, or a model directory ([`Weights::open`]).
 ///
-/// The file must hold exactly the module's names, each with the module tensor's shape and
-/// dtype; otherwise nothing is changed and the error lists every missing and unexpected
-/// name and every mismatch.
+/// The weights must hold exactly the module's names, each with the module tensor's shape;
+/// float values are cast to the module's dtype, as PyTorch's `load_state_dict` does.
+/// Otherwise nothing is changed and the error lists every missing and unexpected name and
+/// every mismatch. For a non-strict load, a prefix or a device, use
+/// `Weights::open(path)?.strict(false).pp("prefix").load_into(&module)`.
 pub fn load(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
-    const OP: &str = "load";
-    let path = path.as_ref();
-    let state = module.state();
-    let loaded: HashMap<String, _> = load_safetensors(path, &Device::cpu())?
-        .into_iter()
-        .collect();
-    let expected: HashSet<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
-
-    let mut problems = Vec::new();
-    let missing: Vec<&str> = state
-        .iter()
-        .map(|(n, _)| n.as_str())
-        .filter(|n| !loaded.contains_key(*n))
-        .collect();
-    if !missing.is_empty() {
-        problems.push(format!("missing from the file: {}", missing.join(", ")));
-    }
-    let mut unexpected: Vec<&str> = loaded
-        .keys()
-        .map(String::as_str)
-        .filter(|n| !expected.contains(n))
-        .collect();
-    unexpected.sort_unstable();
-    if !unexpected.is_empty() {
-        problems.push(format!(
-            "in the file but not in the module: {}",
-            unexpected.join(", ")
-        ));
-    }
-    for (name, target) in &state {
-        if let Some(value) = loaded.get(name)
-            && (value.shape() != target.shape() || value.dtype() != target.dtype())
-        {
-            problems.push(format!(
-                "`{name}` is {} {} in the file but {} {} in the module",
-                value.shape(),
-                value.dtype(),
-                target.shape(),
-                target.dtype()
-            ));
-        }
-    }
-    if !problems.is_empty() {
-        return Err(Error::InvalidArgument {
-            op: OP,
-            reason: format!(
-                "{} does not match the module: {}",
-                path.display(),
-                problems.join("; ")
-            ),
-        });
-    }
-
-    // Move everything first, so a failing device leaves the module unchanged.
-    let mut values = Vec::with_capacity(state.len());
-    for (name, target) in &state {
-        values.push(loaded[name].to(&target.device())?);
-    }
-    for ((_, target), value) in state.iter().zip(&values) {
-        target.assign(value)?;
-    }
-    Ok(())
+    Weights::open(path)?.load_into(module).map(|_| ())
 }

@@ -9,12 +9,19 @@
 
 mod module;
 
-pub use module::{Module, ParamKind, Visitor};
+// The derive's generated code names `::tessel_nn`, also inside this crate.
+extern crate self as tessel_nn;
+
+pub use module::{Module, ParamKind, VisitField, Visitor};
+/// `#[derive(Module)]`: [`Module::visit`] from the struct's fields (see [`VisitField`]).
+pub use tessel_nn_derive::Module;
 
 mod io;
 pub mod optim;
+mod weights;
 
 pub use io::{load, save};
+pub use weights::{LoadReport, Weights};
 
 pub mod init;
 mod layers;

@@ -43,7 +43,7 @@ impl<'a> Visitor<'a> {
         self.tensor(name, ParamKind::Buffer, tensor);
     }
 
-    fn tensor(&mut self, name: &str, kind: ParamKind, tensor: &Tensor) {
+    pub(crate) fn tensor(&mut self, name: &str, kind: ParamKind, tensor: &Tensor) {
         let full = format!("{}{name}", self.prefix);
         (self.f)(&full, kind, tensor);
     }
@@ -58,6 +58,42 @@ impl<'a> Visitor<'a> {
         }
         module.visit(self);
         self.prefix.truncate(len);
+    }
+}
+
+/// A field of a module that [`derive(Module)`](macro@crate::Module) visits: a tensor, a
+/// module, or an `Option` or `Vec` of those (`Vec` elements are named `name.0`, `name.1`,
+/// ... as in PyTorch's `ModuleList`).
+pub trait VisitField {
+    /// Reports this field to `v` under `name`; `kind` applies to tensors.
+    fn visit_field(&self, name: &str, kind: ParamKind, v: &mut Visitor<'_>);
+}
+
+impl VisitField for Tensor {
+    fn visit_field(&self, name: &str, kind: ParamKind, v: &mut Visitor<'_>) {
+        v.tensor(name, kind, self);
+    }
+}
+
+impl<M: Module> VisitField for M {
+    fn visit_field(&self, name: &str, _: ParamKind, v: &mut Visitor<'_>) {
+        v.module(name, self);
+    }
+}
+
+impl<T: VisitField> VisitField for Option<T> {
+    fn visit_field(&self, name: &str, kind: ParamKind, v: &mut Visitor<'_>) {
+        if let Some(x) = self {
+            x.visit_field(name, kind, v);
+        }
+    }
+}
+
+impl<T: VisitField> VisitField for Vec<T> {
+    fn visit_field(&self, name: &str, kind: ParamKind, v: &mut Visitor<'_>) {
+        for (i, x) in self.iter().enumerate() {
+            x.visit_field(&format!("{name}.{i}"), kind, v);
+        }
     }
 }
 

@@ -299,7 +299,8 @@ fn load_mismatches_list_every_problem_and_change_nothing() {
     let a = model(&mut rng);
     let file = TempFile::new("mismatch");
 
-    // The file lacks `scale`, has an extra tensor, one wrong shape and one wrong dtype.
+    // The file lacks `scale`, has an extra tensor, one wrong shape and one integer tensor
+    // where the module has a float (float to float is a cast, as in PyTorch).
     let mut state = a.state();
     state.retain(|(n, _)| n != "scale");
     state.push((
@@ -311,7 +312,7 @@ fn load_mismatches_list_every_problem_and_change_nothing() {
             *t = random_tensor(DType::F32, &[2, 3], &mut rng).0;
         }
         if n == "layers.1.bias" {
-            *t = random_tensor(DType::F32, &[3], &mut rng).0;
+            *t = random_tensor(DType::I32, &[3], &mut rng).0;
         }
     }
     save_safetensors(&file.0, &state).unwrap();
@@ -329,7 +330,7 @@ fn load_mismatches_list_every_problem_and_change_nothing() {
         "{e}"
     );
     assert!(
-        e.contains("`layers.1.bias` is [3] f32 in the file but [3] bf16 in the module"),
+        e.contains("`layers.1.bias` is [3] i32 in the file but [3] bf16 in the module"),
         "{e}"
     );
     let after: Vec<Vec<u64>> = b.state().iter().map(|(_, t)| bits_of(t)).collect();

@@ -22,6 +22,7 @@ use tessel_shape::{Bindings, DType, Shape};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::host::HostBytes;
 use crate::measure;
 use crate::planner::{self, Place, Plan, PlanSlot, PlanStep, PlanView};
 
@@ -30,7 +31,7 @@ pub const PLAN_CACHE_LIMIT: usize = 512;
 
 pub(crate) enum LeafData {
     /// Bytes waiting for their first use on a device.
-    Host(Arc<Vec<u8>>),
+    Host(HostBytes),
     /// A device buffer of `bytes` bytes.
     Device {
         device: Device,
@@ -217,11 +218,11 @@ impl Runtime {
     }
 
     /// Adds a leaf holding host bytes; the caller owns one count.
-    pub(crate) fn add_host_leaf(&self, bytes: Vec<u8>, dtype: DType, shape: Shape) -> NodeId {
+    pub(crate) fn add_host_leaf(&self, bytes: HostBytes, dtype: DType, shape: Shape) -> NodeId {
         let mut st = self.lock();
         let leaf = LeafId(st.next_leaf);
         st.next_leaf += 1;
-        st.leaves.insert(leaf, LeafData::Host(Arc::new(bytes)));
+        st.leaves.insert(leaf, LeafData::Host(bytes));
         st.graph.add(Node {
             op: Op::Leaf(leaf),
             dtype,

@@ -266,7 +266,7 @@ impl Tensor {
         shape: Shape,
         device: Device,
     ) -> Tensor {
-        let node = runtime().add_host_leaf(bytes, dtype, shape.clone());
+        let node = runtime().add_host_leaf(bytes.into(), dtype, shape.clone());
         Tensor::from_node(node, shape, dtype, device)
     }
 
@@ -357,7 +357,7 @@ impl Tensor {
         }
         runtime().backend(*device)?;
         let bytes = self.bytes()?;
-        let node = runtime().add_host_leaf(bytes, self.dtype(), self.shape().clone());
+        let node = runtime().add_host_leaf(bytes.into(), self.dtype(), self.shape().clone());
         Ok(Tensor::from_node_with(
             node,
             self.shape().clone(),
