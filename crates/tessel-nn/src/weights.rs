@@ -348,6 +348,19 @@ impl Weights {
         invalid("Weights::get", reason)
     }
 
+    /// Marks `name` (under the prefix) as read without reading it, if it exists: a tensor a
+    /// model recomputes instead (an old checkpoint's causal-mask buffer, `position_ids`).
+    pub fn skip(&self, name: &str) {
+        let full = self.full(name);
+        if self.store.index.contains_key(&full) {
+            self.store
+                .used
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(full);
+        }
+    }
+
     /// The names nobody has read yet, sorted (over all prefixes).
     pub fn unused(&self) -> Vec<String> {
         let used = self

@@ -89,6 +89,21 @@ impl DimValues {
         }
     }
 
+    /// These values less `var`'s.
+    fn without(&self, var: Var) -> DimValues {
+        let entries: Vec<(Var, i64)> = self
+            .entries()
+            .iter()
+            .copied()
+            .filter(|&(v, _)| v != var)
+            .collect();
+        if entries.is_empty() {
+            DimValues::default()
+        } else {
+            DimValues(Some(Arc::new(entries)))
+        }
+    }
+
     pub(crate) fn bindings(&self) -> Bindings {
         self.entries().iter().copied().collect()
     }
@@ -118,6 +133,10 @@ impl Tensor {
     /// to ops must then be consistent with `var` (reshape the dynamic axis with `-1`);
     /// [`Tensor::dims`] still returns numbers. Ops that need a concrete size on a dynamic
     /// axis (convolutions, pooling, sorting along it, ...) return an error saying so.
+    ///
+    /// An axis that is already a dynamic expression (`past + 1`, the length of a KV cache
+    /// after a `cat`) is renamed `var` with its value: decoding re-marks its cache each step
+    /// so the next step records the same graph as the last.
     ///
     /// The data is realized, and shared with `self` (host data) or copied once on its
     /// device.
@@ -150,15 +169,42 @@ impl Tensor {
                 ),
             });
         };
-        let Some(value) = dim.as_const() else {
+        // A symbolic axis (a KV cache's `past + 1` after a `cat`) is renamed by its value.
+        let value = match dim.as_const() {
+            Some(value) => value,
+            None if dim.as_var() == Some(var) => {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: format!(
+                        "axis {axis} of shape {} is already the dynamic dim `{dim}`",
+                        self.shape()
+                    ),
+                });
+            }
+            None => {
+                dim.eval(&self.dim_values().bindings())
+                    .map_err(|e| Error::InvalidArgument {
+                        op: OP,
+                        reason: format!("axis {axis} of shape {}: {e}", self.shape()),
+                    })?
+            }
+        };
+        let others_name_var = self
+            .shape()
+            .dims()
+            .iter()
+            .enumerate()
+            .any(|(i, d)| i != axis && d.vars().contains(&var));
+        if others_name_var {
             return Err(Error::InvalidArgument {
                 op: OP,
                 reason: format!(
-                    "axis {axis} of shape {} is already the dynamic dim `{dim}`",
-                    self.shape()
+                    "another axis of shape {} names `{}`; mark one axis per variable",
+                    self.shape(),
+                    var.name()
                 ),
             });
-        };
+        }
         let bounds = var.bounds();
         if !bounds.contains(value) {
             return Err(Error::InvalidArgument {
@@ -173,7 +219,7 @@ impl Tensor {
                 ),
             });
         }
-        let values = self.dim_values().with(var, value, OP)?;
+        let values = self.dim_values().without(var).with(var, value, OP)?;
         let mut dims = self.shape().dims().to_vec();
         dims[axis] = Dim::from(var);
         let shape = Shape::new(dims);

@@ -258,7 +258,12 @@ impl SafetensorsFile {
 
 impl std::fmt::Debug for SafetensorsFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SafetensorsFile({}, {} tensors)", self.path.display(), self.entries.len())
+        write!(
+            f,
+            "SafetensorsFile({}, {} tensors)",
+            self.path.display(),
+            self.entries.len()
+        )
     }
 }
 
@@ -286,7 +291,8 @@ fn invalid_file(path: &Path, bytes: &[u8], e: &SafeTensorError) -> Error {
 /// The first tensor (by data offset) that ends past the file's end, and where it ends.
 fn first_cut_tensor(bytes: &[u8]) -> Option<(String, usize)> {
     let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
-    let header: serde_json::Value = serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+    let header: serde_json::Value =
+        serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
     let base = 8 + n;
     let mut ends: Vec<(usize, String)> = header
         .as_object()?

@@ -99,6 +99,41 @@ impl LayerNorm {
         })
     }
 
+    /// A layer holding the given tensors (a checkpoint's), normalizing over their shape:
+    /// `weight` and `bias` are `normalized_shape`, either may be absent.
+    pub fn from_tensors(
+        weight: Option<Tensor>,
+        bias: Option<Tensor>,
+        eps: f64,
+    ) -> Result<LayerNorm> {
+        const OP: &str = "LayerNorm::from_tensors";
+        let Some(shape) = weight.as_ref().or(bias.as_ref()).map(Tensor::dims) else {
+            return Err(invalid(
+                OP,
+                "give a weight or a bias; for a layer without either, use LayerNorm::with_options",
+            ));
+        };
+        for t in weight.iter().chain(&bias) {
+            if t.dims() != shape || !t.dtype().is_float() {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "weight and bias must be float tensors of one shape, got {} {} beside {shape:?}",
+                        t.shape(),
+                        t.dtype()
+                    ),
+                ));
+            }
+        }
+        check_shape(OP, &shape)?;
+        Ok(LayerNorm {
+            normalized_shape: shape,
+            eps,
+            weight,
+            bias,
+        })
+    }
+
     /// The learned scale, if any.
     pub fn weight(&self) -> Option<&Tensor> {
         self.weight.as_ref()
@@ -194,6 +229,27 @@ impl RMSNorm {
             normalized_shape: normalized_shape.to_vec(),
             eps,
             weight,
+        })
+    }
+
+    /// A layer holding `weight` (a checkpoint's), normalizing over its shape.
+    pub fn from_tensors(weight: Tensor, eps: Option<f64>) -> Result<RMSNorm> {
+        const OP: &str = "RMSNorm::from_tensors";
+        if !weight.dtype().is_float() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "weight must be a float tensor, got {} {}",
+                    weight.shape(),
+                    weight.dtype()
+                ),
+            ));
+        }
+        check_shape(OP, &weight.dims())?;
+        Ok(RMSNorm {
+            normalized_shape: weight.dims(),
+            eps,
+            weight: Some(weight),
         })
     }
 

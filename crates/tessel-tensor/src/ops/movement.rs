@@ -348,14 +348,31 @@ impl Tensor {
         }
         let mut res = pad_at(last, offset);
         for (p, end) in padded.iter().rev() {
-            let end = end.as_const().ok_or_else(|| Error::InvalidArgument {
-                op: OP,
-                reason: format!(
-                    "the offset {end} along axis {a} is symbolic; cat needs known sizes"
-                ),
-            })?;
-            let bound = index.full_like_scalar(Scalar::I64(end), DType::I64);
-            let mask = index.binary_aligned(&bound, BinaryOp::Lt, OP, "")?;
+            let mask = match end.as_const() {
+                Some(end) => {
+                    let bound = index.full_like_scalar(Scalar::I64(end), DType::I64);
+                    index.binary_aligned(&bound, BinaryOp::Lt, OP, "")?
+                }
+                // A symbolic offset (a KV cache's length) has no constant to compare the
+                // index with: `true` over the first `end` positions, padded with `false`.
+                None => {
+                    let mut dims = out.dims().to_vec();
+                    dims[a] = *end;
+                    let head = Tensor::record_on(
+                        first.device(),
+                        Op::Const(Scalar::Bool(true)),
+                        DType::Bool,
+                        Shape::new(dims),
+                    );
+                    pad_axis(
+                        &head,
+                        a,
+                        Dim::constant(0),
+                        total - *end,
+                        Scalar::Bool(false),
+                    )
+                }
+            };
             res = mask.record_with(
                 &[p, &res],
                 Op::Ternary(TernaryOp::Where, mask.node(), p.node(), res.node()),

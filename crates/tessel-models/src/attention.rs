@@ -1,0 +1,54 @@
+//! The pieces of attention the decoders share: splitting heads, attending through a KV
+//! cache with the cache's mask, and merging heads.
+
+use tessel_nn::scaled_dot_product_attention;
+use tessel_tensor::{Result, Tensor};
+
+use crate::cache::KvCache;
+
+/// `[B, T, heads * head_dim]` to `[B, heads, T, head_dim]`.
+pub(crate) fn split_heads(x: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
+    let d = x.dims();
+    x.reshape(&[d[0] as i64, d[1] as i64, heads as i64, head_dim as i64])?
+        .transpose(1, 2)
+}
+
+/// `[B, heads, T, head_dim]` to `[B, T, heads * head_dim]`.
+pub(crate) fn merge_heads(x: &Tensor) -> Result<Tensor> {
+    let d = x.dims();
+    x.transpose(1, 2)?
+        .reshape(&[d[0] as i64, d[2] as i64, (d[1] * d[3]) as i64])
+}
+
+/// `softmax(q kᵀ / √d + mask) v` over the cached and new positions of `layer`; keys and
+/// values with fewer heads than the queries (grouped-query attention) serve
+/// `heads / kv_heads` query heads each, as `transformers`' `repeat_kv`.
+pub(crate) fn attend(
+    cache: &mut KvCache,
+    layer: usize,
+    q: &Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Option<&Tensor>,
+) -> Result<Tensor> {
+    let (k, v) = cache.append(layer, k, v)?;
+    let (heads, kv_heads) = (q.dims()[1], k.dims()[1]);
+    let (k, v) = if heads == kv_heads {
+        (k, v)
+    } else {
+        let groups = (heads / kv_heads) as i64;
+        (repeat_kv(&k, groups)?, repeat_kv(&v, groups)?)
+    };
+    scaled_dot_product_attention(q, &k, &v, mask, false, None)
+}
+
+/// `[B, kv_heads, S, D]` to `[B, kv_heads * groups, S, D]`, each head repeated `groups`
+/// times in place (`repeat_interleave` on dim 1). The length may be dynamic, so it is
+/// never spelled as a number.
+fn repeat_kv(x: &Tensor, groups: i64) -> Result<Tensor> {
+    let d = x.dims();
+    let (b, h, dd) = (d[0] as i64, d[1] as i64, d[3] as i64);
+    x.unsqueeze(2)?
+        .expand(&[b, h, groups, -1, dd])?
+        .reshape(&[b, h * groups, -1, dd])
+}
