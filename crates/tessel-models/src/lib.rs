@@ -29,9 +29,12 @@ mod gpt2;
 mod llama;
 mod resnet;
 
+pub use bert::{Bert, BertConfig, BertOutput};
 pub use cache::KvCache;
 pub use config::Config;
 pub use generate::{CausalLm, GenerateOptions, Sampler, generate};
 pub use gpt2::{Gpt2, Gpt2Config};
+pub use llama::{Llama, LlamaConfig};
+pub use resnet::{ResNet, ResNetBlock, ResNetConfig};
 
 pub use tessel_nn::Weights;

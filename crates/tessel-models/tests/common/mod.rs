@@ -50,3 +50,33 @@ pub(crate) fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
         "{what}: largest difference {worst:e} against values up to {scale:e} (tolerance {tol:e} relative)"
     );
 }
+
+/// The largest absolute difference.
+pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    read(a)
+        .iter()
+        .zip(&read(b))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// A half-precision result judged against PyTorch's in the same dtype: its error from the
+/// f32 reference may be at most `factor` times PyTorch's own (half-precision rounding
+/// differs in where it happens, never by much), plus `1e-2` of the values' range.
+#[track_caller]
+pub(crate) fn assert_half_close(
+    what: &str,
+    got: &Tensor,
+    torch_half: &Tensor,
+    reference: &Tensor,
+    factor: f64,
+) {
+    assert_eq!(got.dims(), reference.dims(), "{what}: shapes differ");
+    let scale = read(reference).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let ours = max_diff(got, reference);
+    let torch = max_diff(torch_half, reference);
+    assert!(
+        ours <= factor * torch + 1e-2 * scale,
+        "{what}: {ours:e} from the f32 reference, PyTorch's own {torch:e} (values up to {scale:e})"
+    );
+}
