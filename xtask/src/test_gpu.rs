@@ -1,8 +1,8 @@
 //! `cargo xtask test-gpu`: the conformance suite once per backend present, one table.
 //!
-//! The suite is every test binary of `tessel-tensor` (run once per backend, with
-//! `TESSEL_DEVICE` naming it) plus each backend crate's own tests (run in that backend's
-//! row). Which backends exist is learnt at run time from the suite's device listing
+//! The suite is every test binary of `tessel-tensor` and `tessel-models` (run once per
+//! backend, with `TESSEL_DEVICE` naming it) plus each backend crate's own tests (run in that
+//! backend's row). Which backends exist is learnt at run time from the suite's device listing
 //! (`tessel-device:` lines), so the same binaries serve every machine. A dtype a device
 //! cannot compute is skipped by the tests with a `tessel-skip:` line, counted here.
 //!
@@ -20,8 +20,12 @@ use std::time::Instant;
 /// Every backend, in table order.
 const BACKENDS: [&str; 4] = ["cpu", "wgpu", "opencl", "cuda"];
 
-/// The package whose tests run on every backend.
+/// The package whose tests run on every backend, and whose features select the backends.
 const SUITE: &str = "tessel-tensor";
+
+/// The packages built on the suite whose tests also run on every backend: real models
+/// against PyTorch's outputs.
+const ON_EVERY_BACKEND: [&str; 1] = ["tessel-models"];
 
 /// One test executable.
 #[derive(Clone, Debug)]
@@ -148,6 +152,9 @@ fn build(root: &Path, backends: &[String], release: bool) -> Result<Vec<Binary>,
             "--message-format=json-render-diagnostics",
         ])
         .args(["-p", SUITE]);
+    for package in ON_EVERY_BACKEND {
+        cmd.args(["-p", package]);
+    }
     let mut features = Vec::new();
     for backend in backends {
         cmd.args(["-p", &format!("tessel-{backend}")]);
@@ -430,10 +437,9 @@ fn run_backend(
     let mut log =
         fs::File::create(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
     let start = Instant::now();
-    for b in binaries
-        .iter()
-        .filter(|b| b.package == SUITE || b.package == own)
-    {
+    for b in binaries.iter().filter(|b| {
+        b.package == SUITE || ON_EVERY_BACKEND.contains(&b.package.as_str()) || b.package == own
+    }) {
         let (passed, failed, skipped) = (row.passed, row.failed, row.skipped);
         let binary_start = Instant::now();
         for output in run_binary(b, backend, jobs)? {

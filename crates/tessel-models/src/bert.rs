@@ -69,6 +69,7 @@ impl BertConfig {
 }
 
 #[derive(Module)]
+#[allow(clippy::struct_field_names)] // Hugging Face's names.
 struct Embeddings {
     word_embeddings: Tensor,
     position_embeddings: Tensor,

@@ -102,6 +102,7 @@ impl LlamaConfig {
 }
 
 #[derive(Module)]
+#[allow(clippy::struct_field_names)] // Hugging Face's names.
 struct Attention {
     q_proj: Linear,
     k_proj: Linear,
@@ -110,6 +111,7 @@ struct Attention {
 }
 
 #[derive(Module)]
+#[allow(clippy::struct_field_names)] // Hugging Face's names.
 struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
@@ -174,7 +176,9 @@ impl Llama {
             c.num_attention_heads * c.head_dim,
             c.num_key_value_heads * c.head_dim,
         );
-        if c.num_key_value_heads == 0 || c.num_attention_heads % c.num_key_value_heads != 0 {
+        if c.num_key_value_heads == 0
+            || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads)
+        {
             return Err(unsupported(
                 "Llama",
                 format!(

@@ -276,7 +276,7 @@ impl ResNet {
     }
 
     /// The class logits `[N, num_classes]` of images `[N, 3, H, W]` (normalized as the
-    /// weights expect; torchvision's ImageNet weights: mean `[0.485, 0.456, 0.406]`, std
+    /// weights expect; torchvision's `ImageNet` weights: mean `[0.485, 0.456, 0.406]`, std
     /// `[0.229, 0.224, 0.225]`).
     pub fn forward(&self, images: &Tensor) -> Result<Tensor> {
         let x = self.bn1.forward(&self.conv1.forward(images)?)?.relu();

@@ -191,7 +191,7 @@ fn derived_modules_name_every_field_as_pytorch_does() {
     let names: Vec<(String, ParamKind)> = {
         let mut out = Vec::new();
         m.visit(&mut tessel_nn::Visitor::new(&mut |n, k, _| {
-            out.push((n.to_string(), k))
+            out.push((n.to_string(), k));
         }));
         out
     };

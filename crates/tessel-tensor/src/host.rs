@@ -45,7 +45,7 @@ impl HostBytes {
             return Ok(self.clone());
         }
         let (fs, ts) = (from.size_bytes(), to.size_bytes());
-        if self.len() % fs != 0 {
+        if !self.len().is_multiple_of(fs) {
             return Err(Error::InvalidArgument {
                 op: "HostBytes::cast",
                 reason: format!(

@@ -40,6 +40,8 @@ pub use tessel_tensor::{
     RuntimeStats, ScalarOperand, Shape, Tensor, Var, bf16, f16, inspect, set_placement, stats,
 };
 
+/// GPT-2, BERT, Llama and ResNet from Hugging Face and torchvision files; generation.
+pub use tessel_models as models;
 /// Layers, losses, optimizers and weight files.
 pub use tessel_nn as nn;
 pub use tessel_tensor::{grad, load_safetensors, save_safetensors};

@@ -90,7 +90,7 @@ pub trait Optimizer {
             return Err(Error::InvalidArgument {
                 op: "Optimizer::step",
                 reason: format!(
-                    "the loss must be a single value, but it has shape {}; reduce it with .mean(&[], false) or .sum(&[], false) first",
+                    "the loss must be a single value, but it has shape {}; reduce it with .mean_all() or .sum_all() first",
                     loss.shape()
                 ),
             });

@@ -348,30 +348,27 @@ impl Tensor {
         }
         let mut res = pad_at(last, offset);
         for (p, end) in padded.iter().rev() {
-            let mask = match end.as_const() {
-                Some(end) => {
-                    let bound = index.full_like_scalar(Scalar::I64(end), DType::I64);
-                    index.binary_aligned(&bound, BinaryOp::Lt, OP, "")?
-                }
-                // A symbolic offset (a KV cache's length) has no constant to compare the
-                // index with: `true` over the first `end` positions, padded with `false`.
-                None => {
-                    let mut dims = out.dims().to_vec();
-                    dims[a] = *end;
-                    let head = Tensor::record_on(
-                        first.device(),
-                        Op::Const(Scalar::Bool(true)),
-                        DType::Bool,
-                        Shape::new(dims),
-                    );
-                    pad_axis(
-                        &head,
-                        a,
-                        Dim::constant(0),
-                        total - *end,
-                        Scalar::Bool(false),
-                    )
-                }
+            // A symbolic offset (a KV cache's length) has no constant to compare the index
+            // with: `true` over the first `end` positions, padded with `false`.
+            let mask = if let Some(end) = end.as_const() {
+                let bound = index.full_like_scalar(Scalar::I64(end), DType::I64);
+                index.binary_aligned(&bound, BinaryOp::Lt, OP, "")?
+            } else {
+                let mut dims = out.dims().to_vec();
+                dims[a] = *end;
+                let head = Tensor::record_on(
+                    first.device(),
+                    Op::Const(Scalar::Bool(true)),
+                    DType::Bool,
+                    Shape::new(dims),
+                );
+                pad_axis(
+                    &head,
+                    a,
+                    Dim::constant(0),
+                    total - *end,
+                    Scalar::Bool(false),
+                )
             };
             res = mask.record_with(
                 &[p, &res],
