@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use tessel_tensor::{Conv2d, Device, Padding, PoolOptions, Result, Tensor};
+use tessel_tensor::{Conv2dOptions, Device, Padding, PoolOptions, Result, Tensor};
 
 /// One workload: builds its output from its inputs, and says how much work it is.
 struct Workload {
@@ -85,9 +85,9 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * (batch * 64 * 56 * 56 * 64 * 9) as f64,
             inputs: vec![vec![batch, 64, 56, 56], vec![64, 64, 3, 3]],
             run: |x| {
-                let opts = Conv2d {
+                let opts = Conv2dOptions {
                     padding: Padding::Explicit([1, 1]),
-                    ..Conv2d::default()
+                    ..Conv2dOptions::default()
                 };
                 x[0].conv2d(&x[1], None, &opts)
             },
@@ -176,6 +176,7 @@ fn block(t: &[Tensor]) -> Result<Tensor> {
         None,
         true,
         None,
+        false,
     )?;
     let merged = attn.permute(&[0, 2, 1, 3])?.reshape(&[n, s, e])?;
     let h = (x + &(&merged.matmul(w_o)? + b_o)?)?;

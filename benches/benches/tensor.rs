@@ -12,7 +12,7 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use tessel_tensor::{Conv2d, DType, Padding, PoolOptions, Tensor};
+use tessel_tensor::{Conv2dOptions, DType, Padding, PoolOptions, Tensor};
 
 fn chain(x: &Tensor, fuse: bool) -> Tensor {
     let step = |t: Tensor, i: usize| -> Tensor {
@@ -136,9 +136,9 @@ fn conv2d(c: &mut Criterion) {
     let x = Tensor::randn([1, 64, 56, 56], DType::F32).unwrap();
     let w = Tensor::randn([64, 64, 3, 3], DType::F32).unwrap();
     Tensor::realize_all(&[&x, &w]).unwrap();
-    let opts = Conv2d {
+    let opts = Conv2dOptions {
         padding: Padding::Explicit([1, 1]),
-        ..Conv2d::default()
+        ..Conv2dOptions::default()
     };
     let mut group = c.benchmark_group("conv2d f32 [1,64,56,56] 64->64 3x3 p1");
     group.throughput(Throughput::Elements(2 * 64 * 56 * 56 * 64 * 9));

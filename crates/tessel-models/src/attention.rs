@@ -32,23 +32,5 @@ pub(crate) fn attend(
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (k, v) = cache.append(layer, k, v)?;
-    let (heads, kv_heads) = (q.dims()[1], k.dims()[1]);
-    let (k, v) = if heads == kv_heads {
-        (k, v)
-    } else {
-        let groups = (heads / kv_heads) as i64;
-        (repeat_kv(&k, groups)?, repeat_kv(&v, groups)?)
-    };
-    scaled_dot_product_attention(q, &k, &v, mask, false, None)
-}
-
-/// `[B, kv_heads, S, D]` to `[B, kv_heads * groups, S, D]`, each head repeated `groups`
-/// times in place (`repeat_interleave` on dim 1). The length may be dynamic, so it is
-/// never spelled as a number.
-fn repeat_kv(x: &Tensor, groups: i64) -> Result<Tensor> {
-    let d = x.dims();
-    let (b, h, dd) = (d[0] as i64, d[1] as i64, d[3] as i64);
-    x.unsqueeze(2)?
-        .expand(&[b, h, groups, -1, dd])?
-        .reshape(&[b, h * groups, -1, dd])
+    scaled_dot_product_attention(q, &k, &v, mask, false, None, true)
 }

@@ -301,6 +301,7 @@ impl Bert {
                 mask.as_ref(),
                 false,
                 None,
+                false,
             )?)?;
             let a = layer.attention.output.forward(&y, &x)?;
             let h = layer.intermediate.dense.forward(&a)?;

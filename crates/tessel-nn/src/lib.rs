@@ -18,6 +18,7 @@ pub use tessel_nn_derive::Module;
 
 mod io;
 pub mod optim;
+mod pending;
 mod weights;
 
 pub use io::{load, save};
@@ -32,5 +33,5 @@ pub use layers::{
     AttentionMasks, AvgPool1d, AvgPool2d, BatchNorm1d, BatchNorm2d, BatchNormOptions, Conv1d,
     Conv2d, Dropout, Embedding, Flatten, Forward, GELU, GeluApproximate, LayerNorm, Linear,
     MaxPool1d, MaxPool2d, MultiHeadAttention, MultiheadAttention, RMSNorm, ReLU, Sequential, SiLU,
-    Sigmoid, Tanh, scaled_dot_product_attention,
+    Sigmoid, Tanh, layer_norm, rms_norm, scaled_dot_product_attention,
 };

@@ -20,7 +20,7 @@ impl Block {
         Tensor::manual_seed(11);
         Ok(Block {
             norm1: LayerNorm::new(&[width])?,
-            attn: MultiheadAttention::new(width, heads)?,
+            attn: MultiheadAttention::new(width, heads)?.batch_first(true),
             norm2: LayerNorm::new(&[width])?,
             up: Linear::new(width, 4 * width)?,
             down: Linear::new(4 * width, width)?,

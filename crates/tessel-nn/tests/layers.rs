@@ -813,7 +813,8 @@ fn sdpa_matches_reference_with_masks_and_causal() {
     ];
     for (ci, (mask, causal, sc)) in cases.iter().enumerate() {
         let got = read(
-            &scaled_dot_product_attention(&qt, &kt, &vt, mask.as_ref(), *causal, *sc).unwrap(),
+            &scaled_dot_product_attention(&qt, &kt, &vt, mask.as_ref(), *causal, *sc, false)
+                .unwrap(),
         );
         let mut want = Vec::new();
         for bi in 0..b {
@@ -832,12 +833,38 @@ fn sdpa_matches_reference_with_masks_and_causal() {
         }
         assert_close(&got, &want, 1e-12);
     }
-    let r = scaled_dot_product_attention(&qt, &kt, &vt, Some(&t64(&add, &[l, s])), true, None);
+    let r =
+        scaled_dot_product_attention(&qt, &kt, &vt, Some(&t64(&add, &[l, s])), true, None, false);
     assert_invalid(r, "scaled_dot_product_attention", "not both");
-    let r = scaled_dot_product_attention(&qt, &vt, &vt, None, false, None);
+    let r = scaled_dot_product_attention(&qt, &vt, &vt, None, false, None, false);
     assert_invalid(r, "scaled_dot_product_attention", "disagree");
-    let r = scaled_dot_product_attention(&qt, &kt, &vt.cast(DType::F32), None, false, None);
+    let r = scaled_dot_product_attention(&qt, &kt, &vt.cast(DType::F32), None, false, None, false);
     assert_invalid(r, "scaled_dot_product_attention", "one float dtype");
+}
+
+/// Grouped-query attention (`enable_gqa`): 6 query heads over 2 key/value heads give what
+/// attention over the key/value heads repeated for their 3 query heads each gives.
+#[test]
+fn sdpa_with_grouped_query_heads_repeats_each_kv_head() {
+    let mut rng = Rng(41);
+    let (b, l, s, e) = (2, 5, 7, 4);
+    let q = t64(&rng.vec(b * 6 * l * e), &[b, 6, l, e]);
+    let k = t64(&rng.vec(b * 2 * s * e), &[b, 2, s, e]);
+    let v = t64(&rng.vec(b * 2 * s * e), &[b, 2, s, e]);
+    let heads = |t: &Tensor| -> Tensor {
+        let parts: Vec<Tensor> = (0..6).map(|h| t.narrow(1, h / 3, 1).unwrap()).collect();
+        Tensor::cat(&parts.iter().collect::<Vec<_>>(), 1).unwrap()
+    };
+    for causal in [false, true] {
+        let got = scaled_dot_product_attention(&q, &k, &v, None, causal, None, true).unwrap();
+        let want =
+            scaled_dot_product_attention(&q, &heads(&k), &heads(&v), None, causal, None, false)
+                .unwrap();
+        assert_close(&read(&got), &read(&want), 1e-12);
+    }
+    let k4 = t64(&rng.vec(b * 4 * s * e), &[b, 4, s, e]);
+    let r = scaled_dot_product_attention(&q, &k4, &k4, None, false, None, true);
+    assert_invalid(r, "scaled_dot_product_attention", "divides q's");
 }
 
 /// `x [T, E] · W[rows]ᵀ + b[rows]` for the projection block `part` of `in_proj`.
@@ -857,7 +884,9 @@ fn multihead_attention_matches_hand_written_reference() {
     let mut rng = Rng(140);
     let (n, l, s, e, h) = (2, 4, 3, 8, 2);
     let d = e / h;
-    let mha = MultiheadAttention::with_options(e, h, true, &f64_params()).unwrap();
+    let mha = MultiheadAttention::with_options(e, h, true, &f64_params())
+        .unwrap()
+        .batch_first(true);
     assert_eq!(
         names(&mha),
         [
@@ -984,6 +1013,30 @@ fn multihead_attention_matches_hand_written_reference() {
         "MultiheadAttention",
         "key_padding_mask must be [2, 3]",
     );
+}
+
+/// PyTorch's default layout is sequence first: `[L, N, E]` in, `[L, N, E]` out, the same
+/// values as the batch-first layout of the transposed input.
+#[test]
+fn multihead_attention_is_sequence_first_unless_batch_first() {
+    let _g = seeded(13);
+    let mut rng = Rng(141);
+    Tensor::manual_seed(5);
+    let seq_first = MultiheadAttention::with_options(8, 2, true, &f64_params()).unwrap();
+    Tensor::manual_seed(5);
+    let batch_first = MultiheadAttention::with_options(8, 2, true, &f64_params())
+        .unwrap()
+        .batch_first(true);
+    let x = t64(&rng.vec(4 * 3 * 8), &[4, 3, 8]); // [L = 4, N = 3, E]
+    let masks = AttentionMasks {
+        is_causal: true,
+        ..AttentionMasks::default()
+    };
+    let got = seq_first.forward(&x, &x, &x, &masks).unwrap();
+    assert_eq!(got.dims(), vec![4, 3, 8]);
+    let xt = x.transpose(0, 1).unwrap();
+    let want = batch_first.forward(&xt, &xt, &xt, &masks).unwrap();
+    assert_close(&read(&got.transpose(0, 1).unwrap()), &read(&want), 1e-12);
 }
 
 // =====================================================================================
@@ -1190,7 +1243,9 @@ fn layers_are_differentiable() {
         weighted_sum(emb.forward(&idx).unwrap(), 6)
     });
 
-    let mha = MultiheadAttention::with_options(4, 2, true, &p64).unwrap();
+    let mha = MultiheadAttention::with_options(4, 2, true, &p64)
+        .unwrap()
+        .batch_first(true);
     randomize(mha.in_proj_bias().unwrap(), &mut rng);
     let q = t64(&rng.vec(2 * 3 * 4), &[2, 3, 4]);
     let masks = AttentionMasks {
@@ -1234,4 +1289,40 @@ fn half_precision_layers_stay_close_to_f64() {
         }
         assert_close(&y, &want, 1e-2);
     }
+}
+
+/// The functional norms against an f64 reference, and their shape errors.
+#[test]
+fn functional_layer_norm_and_rms_norm_match_the_reference() {
+    let mut rng = Rng(177);
+    let (rows, n) = (3, 5);
+    let x = rng.vec(rows * n);
+    let (w, b) = (rng.vec(n), rng.vec(n));
+    let xt = t64(&x, &[rows, n]);
+    let (wt, bt) = (t64(&w, &[n]), t64(&b, &[n]));
+    let mut want_ln = Vec::new();
+    let mut want_rms = Vec::new();
+    for row in x.chunks(n) {
+        let mean = row.iter().sum::<f64>() / n as f64;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / n as f64;
+        for (i, v) in row.iter().enumerate() {
+            want_ln.push((v - mean) / (var + 1e-5).sqrt() * w[i] + b[i]);
+            want_rms.push(v / (ms + 1e-6).sqrt() * w[i]);
+        }
+    }
+    let ln = tessel_nn::layer_norm(&xt, &[n], Some(&wt), Some(&bt), 1e-5).unwrap();
+    assert_close(&read(&ln), &want_ln, 1e-12);
+    let rms = tessel_nn::rms_norm(&xt, &[n], Some(&wt), Some(1e-6)).unwrap();
+    assert_close(&read(&rms), &want_rms, 1e-12);
+    assert_invalid(
+        tessel_nn::layer_norm(&xt, &[n], Some(&t64(&w[..4], &[4])), None, 1e-5),
+        "layer_norm",
+        "weight and bias must be [5]",
+    );
+    assert_invalid(
+        tessel_nn::rms_norm(&xt, &[4], None, None),
+        "rms_norm",
+        "must end with normalized_shape [4]",
+    );
 }

@@ -8,6 +8,7 @@ use tessel_nn::optim::{
     Adam, AdamConfig, AdamW, AdamWConfig, ConstantLr, CosineAnnealingLr, LinearLr, LrSchedule,
     LrScheduler, Optimizer, SequentialLr, Sgd, SgdConfig, StepLr,
 };
+use tessel_nn::{BatchNorm1d, Linear, Module};
 use tessel_tensor::{DType, Tensor, bf16, f16, stats};
 
 /// The compile counters are process-wide: tests that read them must not overlap with
@@ -821,4 +822,54 @@ fn scheduler_drives_the_optimizer() {
     assert_eq!(seen, vec![0.4, 0.4, 0.2, 0.2, 0.1, 0.1]);
     assert_eq!(sched.steps(), 5);
     assert_eq!(sched.base_lr(), 0.4);
+}
+
+/// `BatchNorm`'s running statistics, updated lazily by each training forward, are realized
+/// by the optimizer's step itself: the buffers stay buffers (the statistics follow
+/// PyTorch's momentum formula step after step) and step 3 compiles nothing.
+#[test]
+fn steps_realize_batch_norm_statistics_without_being_told() {
+    let _guard = serial();
+    let mut rng = Lcg(21);
+    let lin = Linear::new(3, 2).unwrap();
+    let bn = BatchNorm1d::new(2).unwrap();
+    let mut params = lin.parameters();
+    params.extend(bn.parameters());
+    let mut opt = Sgd::new(
+        params,
+        SgdConfig {
+            lr: 0.1,
+            ..SgdConfig::default()
+        },
+    )
+    .unwrap();
+    let mut want_mean = [0.0f64; 2];
+    for step in 0..4 {
+        let x: Vec<f32> = (0..12).map(|_| rng.next() as f32).collect();
+        let x = Tensor::from_vec(x, [4, 3]).unwrap();
+        let h = lin.forward(&x).unwrap();
+        // The batch mean the statistics take in, before this step changes the weights.
+        let batch: Vec<f32> = h.mean(&[0], false).unwrap().to_vec().unwrap();
+        for (m, b) in want_mean.iter_mut().zip(&batch) {
+            *m = 0.9 * *m + 0.1 * f64::from(*b);
+        }
+        let h = lin.forward(&x).unwrap();
+        let loss = bn.forward(&h).unwrap().relu().sum_all().unwrap();
+        let before = stats().kernels_prepared();
+        opt.step(&loss).unwrap();
+        if step >= 2 {
+            assert_eq!(
+                stats().kernels_prepared(),
+                before,
+                "step {step} prepared kernels"
+            );
+        }
+        let got: Vec<f32> = bn.running_mean().unwrap().to_vec().unwrap();
+        for (g, w) in got.iter().zip(&want_mean) {
+            assert!(
+                (f64::from(*g) - w).abs() < 1e-5,
+                "step {step}: running mean {g} vs {w}"
+            );
+        }
+    }
 }

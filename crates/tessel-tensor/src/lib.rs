@@ -27,7 +27,10 @@ pub use device::Device;
 pub use element::Element;
 pub use error::{Error, Result};
 pub use host::HostBytes;
-pub use ops::{Conv1d, Conv2d, Conv3d, ConvOptions, Operand, Padding, PoolOptions, ScalarOperand};
+pub use ops::{
+    Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, Operand, Padding, PoolOptions,
+    ScalarOperand,
+};
 pub use planner::set_placement;
 pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
 pub use safetensors::{SafetensorsFile, load_safetensors, save_safetensors};

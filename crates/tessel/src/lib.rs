@@ -35,9 +35,10 @@
 //! created on.
 
 pub use tessel_tensor::{
-    BackendError, Conv1d, Conv2d, Conv3d, ConvOptions, DType, Device, DeviceInfo, Dim, Element,
-    Error, Features, Operand, PLAN_CACHE_LIMIT, Padding, PoolOptions, RealizeReport, Result,
-    RuntimeStats, ScalarOperand, Shape, Tensor, Var, bf16, f16, inspect, set_placement, stats,
+    BackendError, Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, DType, Device,
+    DeviceInfo, Dim, Element, Error, Features, Operand, PLAN_CACHE_LIMIT, Padding, PoolOptions,
+    RealizeReport, Result, RuntimeStats, ScalarOperand, Shape, Tensor, Var, bf16, f16, inspect,
+    set_placement, stats,
 };
 
 /// GPT-2, BERT, Llama and ResNet from Hugging Face and torchvision files; generation.

@@ -56,6 +56,9 @@ fn attention_probs(
 /// (PyTorch's convention here, the opposite of [`MultiheadAttention`]'s), a float mask is
 /// added to the scores. `is_causal` hides key `j > i` from query `i`; it cannot be combined
 /// with `attn_mask` (as in PyTorch). A query row that sees no key gives NaN.
+/// `enable_gqa`: `k` and `v` may have fewer heads (dim -3) than `q`, each serving
+/// `q_heads / kv_heads` consecutive query heads (grouped-query attention, PyTorch's
+/// `enable_gqa=True`).
 ///
 /// ```
 /// # use tessel_nn::scaled_dot_product_attention;
@@ -63,7 +66,7 @@ fn attention_probs(
 /// # fn main() -> tessel_tensor::Result<()> {
 /// let q = Tensor::randn([2, 4, 8], DType::F32)?;
 /// let v = Tensor::randn([2, 4, 8], DType::F32)?;
-/// let y = scaled_dot_product_attention(&q, &q, &v, None, true, None)?;
+/// let y = scaled_dot_product_attention(&q, &q, &v, None, true, None, false)?;
 /// // The first query sees only the first key.
 /// assert_eq!(y.narrow(1, 0, 1)?.to_vec::<f32>()?[..8], v.narrow(1, 0, 1)?.to_vec::<f32>()?[..8]);
 /// # Ok(())
@@ -76,6 +79,7 @@ pub fn scaled_dot_product_attention(
     attn_mask: Option<&Tensor>,
     is_causal: bool,
     scale: Option<f64>,
+    enable_gqa: bool,
 ) -> Result<Tensor> {
     const OP: &str = "scaled_dot_product_attention";
     if q.ndim() < 2 || k.ndim() < 2 || v.ndim() < 2 {
@@ -123,7 +127,44 @@ pub fn scaled_dot_product_attention(
     {
         return Err(invalid(OP, format!("scale must be finite, got {s}")));
     }
-    attention_probs(OP, q, k, attn_mask, is_causal, scale)?.matmul(v)
+    let (k, v) = if enable_gqa {
+        grouped_heads(OP, q, k, v)?
+    } else {
+        (k.clone(), v.clone())
+    };
+    attention_probs(OP, q, &k, attn_mask, is_causal, scale)?.matmul(&v)
+}
+
+/// `k` and `v` with each of their heads (dim -3) repeated for the query heads it serves.
+fn grouped_heads(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    let heads = |t: &Tensor| (t.ndim() >= 3).then(|| t.dims()[t.ndim() - 3]);
+    let (Some(hq), Some(hk), Some(hv)) = (heads(q), heads(k), heads(v)) else {
+        return Err(invalid(
+            op,
+            format!(
+                "enable_gqa needs q, k and v with a head dim ([..., heads, L, E]), got {}, {} and {}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    };
+    if hk != hv || hk == 0 || !hq.is_multiple_of(hk) {
+        return Err(invalid(
+            op,
+            format!(
+                "with enable_gqa, k and v need one head count that divides q's: got {hq} query heads, {hk} key and {hv} value heads"
+            ),
+        ));
+    }
+    let groups = hq / hk;
+    if groups == 1 {
+        return Ok((k.clone(), v.clone()));
+    }
+    Ok((
+        k.repeat_interleave(groups, -3)?,
+        v.repeat_interleave(groups, -3)?,
+    ))
 }
 
 /// The masks of a [`MultiheadAttention`] call; `Default` is none.
@@ -142,8 +183,11 @@ pub struct AttentionMasks<'a> {
     pub is_causal: bool,
 }
 
-/// Multi-head attention (`torch.nn.MultiheadAttention` with `batch_first=True`, the same
-/// embedding size for queries, keys and values, no dropout).
+/// Multi-head attention (`torch.nn.MultiheadAttention`, the same embedding size for
+/// queries, keys and values, no dropout).
+///
+/// Batched inputs are `[L, N, E]` (sequence first) as PyTorch's default is;
+/// [`MultiheadAttention::batch_first`]`(true)` takes `[N, L, E]`.
 ///
 /// Parameters, named as in PyTorch's `state_dict`: `in_proj_weight` `[3E, E]` (Glorot
 /// uniform) and `in_proj_bias` `[3E]` (zeros) project queries, keys and values, stacked in
@@ -153,7 +197,7 @@ pub struct AttentionMasks<'a> {
 /// # use tessel_nn::{AttentionMasks, MultiheadAttention};
 /// # use tessel_tensor::{DType, Tensor};
 /// # fn main() -> tessel_tensor::Result<()> {
-/// let mha = MultiheadAttention::new(16, 4)?;
+/// let mha = MultiheadAttention::new(16, 4)?.batch_first(true);
 /// let x = Tensor::randn([2, 5, 16], DType::F32)?;
 /// let masks = AttentionMasks { is_causal: true, ..AttentionMasks::default() };
 /// assert_eq!(mha.forward(&x, &x, &x, &masks)?.dims(), vec![2, 5, 16]);
@@ -162,6 +206,7 @@ pub struct AttentionMasks<'a> {
 /// ```
 pub struct MultiheadAttention {
     num_heads: usize,
+    batch_first: bool,
     in_proj_weight: Tensor,
     in_proj_bias: Option<Tensor>,
     out_proj: Linear,
@@ -210,10 +255,18 @@ impl MultiheadAttention {
         };
         Ok(MultiheadAttention {
             num_heads,
+            batch_first: false,
             in_proj_weight,
             in_proj_bias,
             out_proj,
         })
+    }
+
+    /// `true`: batched inputs and outputs are `[N, L, E]` (batch first); `false` (the
+    /// default, as in PyTorch): `[L, N, E]`.
+    pub fn batch_first(mut self, batch_first: bool) -> MultiheadAttention {
+        self.batch_first = batch_first;
+        self
     }
 
     /// The embedding size `E`.
@@ -241,8 +294,9 @@ impl MultiheadAttention {
         &self.out_proj
     }
 
-    /// The attention output for `query` `[N, L, E]`, `key` and `value` `[N, S, E]` (or
-    /// unbatched `[L, E]`, `[S, E]`): `[N, L, E]` (or `[L, E]`).
+    /// The attention output for `query` `[L, N, E]`, `key` and `value` `[S, N, E]` (with
+    /// [`MultiheadAttention::batch_first`]: `[N, L, E]`, `[N, S, E]`; or unbatched `[L, E]`,
+    /// `[S, E]`): `[L, N, E]` (`[N, L, E]` batch first, `[L, E]` unbatched).
     pub fn forward(
         &self,
         query: &Tensor,
@@ -282,7 +336,13 @@ impl MultiheadAttention {
         let ranks_ok = matches!(query.ndim(), 2 | 3)
             && key.ndim() == query.ndim()
             && value.ndim() == query.ndim();
-        let (q, k, v) = if batched {
+        let (q, k, v) = if batched && !self.batch_first {
+            (
+                query.transpose(0, 1)?,
+                key.transpose(0, 1)?,
+                value.transpose(0, 1)?,
+            )
+        } else if batched {
             (query.clone(), key.clone(), value.clone())
         } else {
             (query.unsqueeze(0)?, key.unsqueeze(0)?, value.unsqueeze(0)?)
@@ -299,7 +359,17 @@ impl MultiheadAttention {
             return Err(invalid(
                 OP,
                 format!(
-                    "expected query [N, L, {e}], key and value [N, S, {e}] (or unbatched [L, {e}], [S, {e}]), got {}, {} and {}",
+                    "expected query {}, key and value {} (or unbatched [L, {e}], [S, {e}]), got {}, {} and {}",
+                    if self.batch_first {
+                        format!("[N, L, {e}]")
+                    } else {
+                        format!("[L, N, {e}]")
+                    },
+                    if self.batch_first {
+                        format!("[N, S, {e}]")
+                    } else {
+                        format!("[S, N, {e}]")
+                    },
                     query.shape(),
                     key.shape(),
                     value.shape()
@@ -337,7 +407,9 @@ impl MultiheadAttention {
             Dim::from(e),
         ])?;
         let out = self.out_proj.forward(&merged)?;
-        if batched {
+        if batched && !self.batch_first {
+            Ok((out.transpose(0, 1)?, probs))
+        } else if batched {
             Ok((out, probs))
         } else {
             Ok((out.squeeze(Some(&[0]))?, probs.squeeze(Some(&[0]))?))

@@ -1,6 +1,7 @@
 //! `BatchNorm1d` and `BatchNorm2d`: normalization over the batch, with running
 //! statistics for evaluation.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tessel_tensor::{DType, Result, Tensor};
@@ -47,6 +48,8 @@ struct BatchNorm {
     /// `running_mean`, `running_var`, `num_batches_tracked`.
     stats: Option<(Tensor, Tensor, Tensor)>,
     training: AtomicBool,
+    /// Whether the statistics' lazy update is listed for the next optimizer step.
+    listed: Arc<AtomicBool>,
 }
 
 impl BatchNorm {
@@ -97,6 +100,7 @@ impl BatchNorm {
             bias,
             stats,
             training: AtomicBool::new(true),
+            listed: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -197,6 +201,7 @@ impl BatchNorm {
             running_mean.assign(&new_mean)?;
             running_var.assign(&new_var)?;
             count.assign(&new_count)?;
+            crate::pending::register(&[running_mean, running_var, count], &self.listed);
         }
         Ok(y)
     }

@@ -24,7 +24,7 @@ pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use flatten::Flatten;
 pub use linear::Linear;
-pub use norm::{LayerNorm, RMSNorm};
+pub use norm::{LayerNorm, RMSNorm, layer_norm, rms_norm};
 pub use pool::{AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d};
 pub use sequential::Sequential;
 

@@ -146,29 +146,14 @@ impl LayerNorm {
 
     /// `x` normalized over its trailing `normalized_shape` dims.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        const OP: &str = "LayerNorm";
-        let axes = trailing_axes(OP, x, &self.normalized_shape)?;
-        if let Some(w) = &self.weight {
-            check_dtype(OP, x, w.dtype())?;
-        } else if !x.dtype().is_float() {
-            return Err(invalid(
-                OP,
-                format!("the input must be a float tensor, got {}", x.dtype()),
-            ));
-        }
-        let y = in_opmath(x, |x| {
-            let centered = (x - &x.mean(&axes, true)?)?;
-            let var = (&centered * &centered)?.mean(&axes, true)?;
-            &centered * &(&var + self.eps)?.rsqrt()
-        })?;
-        let y = match &self.weight {
-            Some(w) => (&y * w)?,
-            None => y,
-        };
-        match &self.bias {
-            Some(b) => &y + b,
-            None => Ok(y),
-        }
+        layer_norm_op(
+            "LayerNorm",
+            x,
+            &self.normalized_shape,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
     }
 }
 
@@ -260,32 +245,13 @@ impl RMSNorm {
 
     /// `x` divided by its root mean square over the trailing `normalized_shape` dims.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        const OP: &str = "RMSNorm";
-        let axes = trailing_axes(OP, x, &self.normalized_shape)?;
-        if let Some(w) = &self.weight {
-            check_dtype(OP, x, w.dtype())?;
-        }
-        let eps = match (self.eps, x.dtype()) {
-            (Some(eps), _) => eps,
-            (None, DType::F64) => f64::EPSILON,
-            (None, DType::F32) => f64::from(f32::EPSILON),
-            (None, DType::F16) => 0.0009765625,
-            (None, DType::BF16) => 0.0078125,
-            (None, other) => {
-                return Err(invalid(
-                    OP,
-                    format!("the input must be a float tensor, got {other}"),
-                ));
-            }
-        };
-        let y = in_opmath(x, |x| {
-            let ms = (x * x)?.mean(&axes, true)?;
-            x * &(&ms + eps)?.rsqrt()
-        })?;
-        match &self.weight {
-            Some(w) => &y * w,
-            None => Ok(y),
-        }
+        rms_norm_op(
+            "RMSNorm",
+            x,
+            &self.normalized_shape,
+            self.weight.as_ref(),
+            self.eps,
+        )
     }
 }
 
@@ -298,3 +264,138 @@ impl Module for RMSNorm {
 }
 
 impl_forward!(LayerNorm, RMSNorm);
+
+/// Layer normalization as a function (`torch.nn.functional.layer_norm`): `x` normalized
+/// over its trailing `normalized_shape` dims (biased variance, `eps` inside the root), then
+/// scaled by `weight` and shifted by `bias` where given (each `normalized_shape`).
+/// Half-precision inputs are normalized in f32 and rounded once, as PyTorch's kernel does.
+///
+/// ```
+/// # use tessel_nn::layer_norm;
+/// # use tessel_tensor::Tensor;
+/// # fn main() -> tessel_tensor::Result<()> {
+/// let y = layer_norm(&Tensor::from([[1.0f32, 3.0]]), &[2], None, None, 1e-5)?.to_vec::<f32>()?;
+/// assert!((y[0] + 1.0).abs() < 1e-4 && (y[1] - 1.0).abs() < 1e-4);
+/// # Ok(())
+/// # }
+/// ```
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    const OP: &str = "layer_norm";
+    check_shape(OP, normalized_shape)?;
+    for t in weight.iter().chain(&bias) {
+        if t.dims() != normalized_shape {
+            return Err(invalid(
+                OP,
+                format!(
+                    "weight and bias must be {normalized_shape:?}, got {}",
+                    t.shape()
+                ),
+            ));
+        }
+    }
+    layer_norm_op(OP, x, normalized_shape, weight, bias, eps)
+}
+
+fn layer_norm_op(
+    op: &'static str,
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let axes = trailing_axes(op, x, normalized_shape)?;
+    if let Some(w) = weight.or(bias) {
+        check_dtype(op, x, w.dtype())?;
+    } else if !x.dtype().is_float() {
+        return Err(invalid(
+            op,
+            format!("the input must be a float tensor, got {}", x.dtype()),
+        ));
+    }
+    let y = in_opmath(x, |x| {
+        let centered = (x - &x.mean(&axes, true)?)?;
+        let var = (&centered * &centered)?.mean(&axes, true)?;
+        &centered * &(&var + eps)?.rsqrt()
+    })?;
+    let y = match weight {
+        Some(w) => (&y * w)?,
+        None => y,
+    };
+    match bias {
+        Some(b) => &y + b,
+        None => Ok(y),
+    }
+}
+
+/// Root-mean-square normalization as a function (`torch.nn.functional.rms_norm`):
+/// `x / sqrt(mean(x²) + eps) * weight` over the trailing `normalized_shape` dims; `eps`
+/// `None` is the input dtype's machine epsilon, as in PyTorch.
+///
+/// ```
+/// # use tessel_nn::rms_norm;
+/// # use tessel_tensor::Tensor;
+/// # fn main() -> tessel_tensor::Result<()> {
+/// let y = rms_norm(&Tensor::from([[3.0f32, 4.0]]), &[2], None, Some(0.0))?.to_vec::<f32>()?;
+/// assert!((y[0] - 3.0 / 12.5f32.sqrt()).abs() < 1e-6);
+/// # Ok(())
+/// # }
+/// ```
+pub fn rms_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    eps: Option<f64>,
+) -> Result<Tensor> {
+    const OP: &str = "rms_norm";
+    check_shape(OP, normalized_shape)?;
+    if let Some(w) = weight
+        && w.dims() != normalized_shape
+    {
+        return Err(invalid(
+            OP,
+            format!("weight must be {normalized_shape:?}, got {}", w.shape()),
+        ));
+    }
+    rms_norm_op(OP, x, normalized_shape, weight, eps)
+}
+
+fn rms_norm_op(
+    op: &'static str,
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    eps: Option<f64>,
+) -> Result<Tensor> {
+    let axes = trailing_axes(op, x, normalized_shape)?;
+    if let Some(w) = weight {
+        check_dtype(op, x, w.dtype())?;
+    }
+    let eps = match (eps, x.dtype()) {
+        (Some(eps), _) => eps,
+        (None, DType::F64) => f64::EPSILON,
+        (None, DType::F32) => f64::from(f32::EPSILON),
+        (None, DType::F16) => 0.0009765625,
+        (None, DType::BF16) => 0.0078125,
+        (None, other) => {
+            return Err(invalid(
+                op,
+                format!("the input must be a float tensor, got {other}"),
+            ));
+        }
+    };
+    let y = in_opmath(x, |x| {
+        let ms = (x * x)?.mean(&axes, true)?;
+        x * &(&ms + eps)?.rsqrt()
+    })?;
+    match weight {
+        Some(w) => &y * w,
+        None => Ok(y),
+    }
+}

@@ -63,9 +63,14 @@ pub trait Optimizer {
     /// Updates the parameters from user-supplied gradients (one per parameter, in
     /// [`Optimizer::params`] order, each of its parameter's shape, dtype and device),
     /// computing `also_realize` (a loss, a metric) in the same plan.
+    ///
+    /// Buffers that forward passes updated since the last step (`BatchNorm`'s running
+    /// statistics in training mode) are computed in the same plan too.
     fn apply(&mut self, grads: &[Tensor], also_realize: &[&Tensor]) -> Result<()> {
         let updates = self.record_update(grads)?;
+        let buffers = crate::pending::take();
         let mut outputs: Vec<&Tensor> = also_realize.to_vec();
+        outputs.extend(&buffers);
         outputs.extend(updates.iter().map(|(_, value)| value));
         Tensor::realize_all(&outputs)?;
         for (target, value) in &updates {
@@ -81,10 +86,9 @@ pub trait Optimizer {
         self.step_with(loss, &[])
     }
 
-    /// [`Optimizer::step`], also computing `also_realize` in the same plan: a metric, or a
-    /// model's buffers (`BatchNorm`'s running statistics, updated lazily by its forward
-    /// pass), which should be realized every step so they stay buffers rather than a
-    /// growing chain of updates.
+    /// [`Optimizer::step`], also computing `also_realize` (a metric) in the same plan.
+    /// Buffers a forward pass updated (`BatchNorm`'s running statistics) need not be listed:
+    /// every step realizes them.
     fn step_with(&mut self, loss: &Tensor, also_realize: &[&Tensor]) -> Result<()> {
         if loss.numel() != 1 {
             return Err(Error::InvalidArgument {

@@ -51,11 +51,11 @@ impl<const N: usize> Default for ConvOptions<N> {
 }
 
 /// Options of [`Tensor::conv1d`].
-pub type Conv1d = ConvOptions<1>;
+pub type Conv1dOptions = ConvOptions<1>;
 /// Options of [`Tensor::conv2d`].
-pub type Conv2d = ConvOptions<2>;
+pub type Conv2dOptions = ConvOptions<2>;
 /// Options of [`Tensor::conv3d`].
-pub type Conv3d = ConvOptions<3>;
+pub type Conv3dOptions = ConvOptions<3>;
 
 pub(super) fn invalid(op: &'static str, reason: String) -> Error {
     Error::InvalidArgument { op, reason }
@@ -67,16 +67,21 @@ impl Tensor {
     /// optional bias `[C_out]`. See [`Tensor::conv2d`].
     ///
     /// ```
-    /// # use tessel_tensor::{Conv1d, Padding, Tensor};
+    /// # use tessel_tensor::{Conv1dOptions, Padding, Tensor};
     /// # fn main() -> tessel_tensor::Result<()> {
     /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [1, 1, 4])?;
     /// let w = Tensor::from_vec(vec![1.0f32, -1.0], [1, 1, 2])?;
-    /// let y = x.conv1d(&w, None, &Conv1d { padding: Padding::Explicit([1]), ..Conv1d::default() })?;
+    /// let y = x.conv1d(&w, None, &Conv1dOptions { padding: Padding::Explicit([1]), ..Conv1dOptions::default() })?;
     /// assert_eq!(y.to_vec::<f32>()?, vec![-1.0, -1.0, -1.0, -1.0, 4.0]);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn conv1d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: &Conv1d) -> Result<Tensor> {
+    pub fn conv1d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: &Conv1dOptions,
+    ) -> Result<Tensor> {
         conv_nd(self, weight, bias, opts, "conv1d")
     }
 
@@ -87,18 +92,23 @@ impl Tensor {
     /// Input, weight and bias must share one float dtype. One fused kernel.
     ///
     /// ```
-    /// # use tessel_tensor::{Conv2d, Padding, Tensor};
+    /// # use tessel_tensor::{Conv2dOptions, Padding, Tensor};
     /// # fn main() -> tessel_tensor::Result<()> {
     /// let x = Tensor::from_vec((0..16).map(|v| v as f32).collect(), [1, 1, 4, 4])?;
     /// let w = Tensor::ones([2, 1, 3, 3], tessel_tensor::DType::F32);
-    /// let y = x.conv2d(&w, None, &Conv2d { stride: [2, 2], padding: Padding::Explicit([1, 1]), ..Conv2d::default() })?;
+    /// let y = x.conv2d(&w, None, &Conv2dOptions { stride: [2, 2], padding: Padding::Explicit([1, 1]), ..Conv2dOptions::default() })?;
     /// assert_eq!(y.dims(), vec![1, 2, 2, 2]);
     /// assert_eq!(y.to_vec::<f32>()?[..4], [10.0, 24.0, 51.0, 90.0]);
-    /// assert!(x.conv2d(&Tensor::ones([1, 2, 3, 3], tessel_tensor::DType::F32), None, &Conv2d::default()).is_err());
+    /// assert!(x.conv2d(&Tensor::ones([1, 2, 3, 3], tessel_tensor::DType::F32), None, &Conv2dOptions::default()).is_err());
     /// # Ok(())
     /// # }
     /// ```
-    pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: &Conv2d) -> Result<Tensor> {
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: &Conv2dOptions,
+    ) -> Result<Tensor> {
         conv_nd(self, weight, bias, opts, "conv2d")
     }
 
@@ -106,16 +116,21 @@ impl Tensor {
     /// unbatched), weight `[C_out, C_in / groups, kD, kH, kW]`. See [`Tensor::conv2d`].
     ///
     /// ```
-    /// # use tessel_tensor::{Conv3d, DType, Tensor};
+    /// # use tessel_tensor::{Conv3dOptions, DType, Tensor};
     /// # fn main() -> tessel_tensor::Result<()> {
     /// let x = Tensor::ones([1, 2, 3, 3, 3], DType::F32);
     /// let w = Tensor::ones([1, 2, 2, 2, 2], DType::F32);
-    /// let y = x.conv3d(&w, None, &Conv3d::default())?;
+    /// let y = x.conv3d(&w, None, &Conv3dOptions::default())?;
     /// assert_eq!(y.to_vec::<f32>()?, vec![16.0; 8]);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn conv3d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: &Conv3d) -> Result<Tensor> {
+    pub fn conv3d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: &Conv3dOptions,
+    ) -> Result<Tensor> {
         conv_nd(self, weight, bias, opts, "conv3d")
     }
 }
@@ -448,11 +463,11 @@ impl Tensor {
     /// [`Tensor::conv_transpose2d`].
     ///
     /// ```
-    /// # use tessel_tensor::{Conv1d, Tensor};
+    /// # use tessel_tensor::{Conv1dOptions, Tensor};
     /// # fn main() -> tessel_tensor::Result<()> {
     /// let x = Tensor::from_vec(vec![1.0f32, 2.0], [1, 1, 2])?;
     /// let w = Tensor::from_vec(vec![1.0f32, 10.0], [1, 1, 2])?;
-    /// let y = x.conv_transpose1d(&w, None, &Conv1d { stride: [2], ..Conv1d::default() }, [0])?;
+    /// let y = x.conv_transpose1d(&w, None, &Conv1dOptions { stride: [2], ..Conv1dOptions::default() }, [0])?;
     /// assert_eq!(y.to_vec::<f32>()?, vec![1.0, 10.0, 2.0, 20.0]);
     /// # Ok(())
     /// # }
@@ -461,7 +476,7 @@ impl Tensor {
         &self,
         weight: &Tensor,
         bias: Option<&Tensor>,
-        opts: &Conv1d,
+        opts: &Conv1dOptions,
         output_padding: [usize; 1],
     ) -> Result<Tensor> {
         conv_transpose_nd(self, weight, bias, opts, output_padding, "conv_transpose1d")
@@ -476,11 +491,11 @@ impl Tensor {
     /// the flipped, transposed weight.
     ///
     /// ```
-    /// # use tessel_tensor::{Conv2d, DType, Padding, Tensor};
+    /// # use tessel_tensor::{Conv2dOptions, DType, Padding, Tensor};
     /// # fn main() -> tessel_tensor::Result<()> {
     /// let x = Tensor::ones([1, 2, 3, 3], DType::F32);
     /// let w = Tensor::ones([2, 4, 3, 3], DType::F32);
-    /// let opts = Conv2d { stride: [2, 2], padding: Padding::Explicit([1, 1]), ..Conv2d::default() };
+    /// let opts = Conv2dOptions { stride: [2, 2], padding: Padding::Explicit([1, 1]), ..Conv2dOptions::default() };
     /// assert_eq!(x.conv_transpose2d(&w, None, &opts, [1, 1])?.dims(), vec![1, 4, 6, 6]);
     /// # Ok(())
     /// # }
@@ -489,7 +504,7 @@ impl Tensor {
         &self,
         weight: &Tensor,
         bias: Option<&Tensor>,
-        opts: &Conv2d,
+        opts: &Conv2dOptions,
         output_padding: [usize; 2],
     ) -> Result<Tensor> {
         conv_transpose_nd(self, weight, bias, opts, output_padding, "conv_transpose2d")
@@ -499,11 +514,11 @@ impl Tensor {
     /// [`Tensor::conv_transpose2d`].
     ///
     /// ```
-    /// # use tessel_tensor::{Conv3d, DType, Tensor};
+    /// # use tessel_tensor::{Conv3dOptions, DType, Tensor};
     /// # fn main() -> tessel_tensor::Result<()> {
     /// let x = Tensor::ones([1, 1, 2, 2, 2], DType::F32);
     /// let w = Tensor::ones([1, 3, 2, 2, 2], DType::F32);
-    /// let y = x.conv_transpose3d(&w, None, &Conv3d { stride: [2, 2, 2], ..Conv3d::default() }, [0; 3])?;
+    /// let y = x.conv_transpose3d(&w, None, &Conv3dOptions { stride: [2, 2, 2], ..Conv3dOptions::default() }, [0; 3])?;
     /// assert_eq!(y.dims(), vec![1, 3, 4, 4, 4]);
     /// assert_eq!(y.to_vec::<f32>()?, vec![1.0; 192]);
     /// # Ok(())
@@ -513,7 +528,7 @@ impl Tensor {
         &self,
         weight: &Tensor,
         bias: Option<&Tensor>,
-        opts: &Conv3d,
+        opts: &Conv3dOptions,
         output_padding: [usize; 3],
     ) -> Result<Tensor> {
         conv_transpose_nd(self, weight, bias, opts, output_padding, "conv_transpose3d")

@@ -229,6 +229,28 @@ impl Tensor {
             .binary_aligned(&b.to_float(), BinaryOp::Div, "div", "")
     }
 
+    /// `self * self` (`torch.square`), in the tensor's dtype (integers wrap). Not defined
+    /// for `bool`, as in PyTorch.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// assert_eq!(Tensor::from([-3.0f32, 0.5]).square()?.to_vec::<f32>()?, vec![9.0, 0.25]);
+    /// assert_eq!(Tensor::from([-3i32, 4]).square()?.to_vec::<i32>()?, vec![9, 16]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn square(&self) -> Result<Tensor> {
+        if self.dtype() == DType::Bool {
+            return Err(Error::UnsupportedDType {
+                op: "square",
+                dtype: DType::Bool,
+                hint: "cast to an integer or float dtype first",
+            });
+        }
+        self.mul(self)
+    }
+
     /// `self ^ exponent` (`torch.pow`): `powf` on floats; on integers exact with wrapping,
     /// so `i64 ^ 2` stays `i64` while `i64 ^ 0.5` is `f32`.
     ///

@@ -16,7 +16,7 @@ mod reduce;
 mod scan;
 mod sort;
 
-pub use conv::{Conv1d, Conv2d, Conv3d, ConvOptions, Padding};
+pub use conv::{Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, Padding};
 pub use elementwise::Operand;
 pub use pool::PoolOptions;
 

@@ -457,6 +457,38 @@ impl Tensor {
             .broadcast_to_shape(&Shape::new(tiled));
         Ok(tiled.reshape_to(out))
     }
+
+    /// Each element repeated `repeats` times in place along `dim`
+    /// (`torch.repeat_interleave(x, repeats, dim)` with an int): `[a, b]` becomes
+    /// `[a, a, b, b]`. A view (unsqueeze, expand, reshape), so it fuses into its reader;
+    /// grouped-query attention's `repeat_kv` is this on the head dim.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![1i32, 2, 3, 4], [2, 2])?;
+    /// assert_eq!(t.repeat_interleave(2, 0)?.to_vec::<i32>()?, vec![1, 2, 1, 2, 3, 4, 3, 4]);
+    /// assert_eq!(t.repeat_interleave(3, -1)?.dims(), vec![2, 6]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn repeat_interleave(&self, repeats: usize, dim: i64) -> Result<Tensor> {
+        const OP: &str = "repeat_interleave";
+        let a = rules::normalize_axis(OP, dim, self.shape())?;
+        let dims = self.shape().dims();
+        let mut split = dims.to_vec();
+        split.insert(a + 1, Dim::constant(1));
+        let mut tiled = split.clone();
+        tiled[a + 1] = Dim::from(repeats);
+        let mut out = dims.to_vec();
+        out[a] = dims[a] * Dim::from(repeats);
+        let out = Shape::new(out);
+        check_numel(OP, self.shape(), &out)?;
+        let tiled = self
+            .reshape_to(Shape::new(split))
+            .broadcast_to_shape(&Shape::new(tiled));
+        Ok(tiled.reshape_to(out))
+    }
 }
 
 // === Helpers ===

@@ -2,7 +2,7 @@
 //! hand-derived reference for an MLP in f32 on every device, PyTorch's tie rules, second
 //! derivatives, and misuse errors.
 
-use tessel_tensor::{Conv2d, DType, Padding, PoolOptions, Result, Tensor, grad};
+use tessel_tensor::{Conv2dOptions, DType, Padding, PoolOptions, Result, Tensor, grad};
 
 use crate::common::{Rng, assert_close, invalid, on_device, read, skipped, tensor};
 
@@ -190,10 +190,10 @@ fn contractions_convolutions_and_pooling_match_finite_differences() {
     gradcheck("batched matmul", &[&[2, 3, 4], &[4, 5]], WIDE, &|x| {
         x[0].matmul(&x[1])
     });
-    let conv = Conv2d {
+    let conv = Conv2dOptions {
         stride: [2, 1],
         padding: Padding::Explicit([1, 1]),
-        ..Conv2d::default()
+        ..Conv2dOptions::default()
     };
     gradcheck(
         "conv2d",

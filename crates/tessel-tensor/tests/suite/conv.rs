@@ -8,7 +8,8 @@ use crate::common;
 use crate::common::nd::{Nd, assert_nd, reduce_tol, unravel};
 use crate::common::{Domain, Rng};
 use tessel_tensor::{
-    Conv1d, Conv2d, Conv3d, ConvOptions, DType, Padding, PoolOptions, Result, Tensor,
+    Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, DType, Padding, PoolOptions, Result,
+    Tensor,
 };
 
 /// Values of magnitude about 1, so sums of products stay well inside f16.
@@ -121,28 +122,28 @@ fn check_conv<const N: usize>(
     Ok(())
 }
 
-fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, o: &Conv2d) -> Result<Tensor> {
+fn conv2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, o: &Conv2dOptions) -> Result<Tensor> {
     x.conv2d(w, b, o)
 }
 
-fn conv1d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, o: &Conv1d) -> Result<Tensor> {
+fn conv1d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, o: &Conv1dOptions) -> Result<Tensor> {
     x.conv1d(w, b, o)
 }
 
-fn conv3d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, o: &Conv3d) -> Result<Tensor> {
+fn conv3d(x: &Tensor, w: &Tensor, b: Option<&Tensor>, o: &Conv3dOptions) -> Result<Tensor> {
     x.conv3d(w, b, o)
 }
 
 #[test]
 fn conv2d_matches_reference_across_options() -> Result<()> {
-    let d = Conv2d::default();
-    let cases: [(&[usize], &[usize], bool, Conv2d); 8] = [
+    let d = Conv2dOptions::default();
+    let cases: [(&[usize], &[usize], bool, Conv2dOptions); 8] = [
         (&[2, 3, 7, 9], &[4, 3, 3, 3], true, d),
         (
             &[1, 3, 9, 8],
             &[5, 3, 3, 2],
             false,
-            Conv2d {
+            Conv2dOptions {
                 stride: [2, 3],
                 ..d
             },
@@ -151,7 +152,7 @@ fn conv2d_matches_reference_across_options() -> Result<()> {
             &[2, 2, 11, 7],
             &[3, 2, 3, 3],
             true,
-            Conv2d {
+            Conv2dOptions {
                 dilation: [2, 1],
                 ..d
             },
@@ -160,7 +161,7 @@ fn conv2d_matches_reference_across_options() -> Result<()> {
             &[1, 3, 6, 5],
             &[2, 3, 4, 3],
             true,
-            Conv2d {
+            Conv2dOptions {
                 stride: [2, 2],
                 padding: Padding::Explicit([2, 1]),
                 dilation: [1, 2],
@@ -171,7 +172,7 @@ fn conv2d_matches_reference_across_options() -> Result<()> {
             &[2, 4, 5, 5],
             &[6, 2, 3, 3],
             true,
-            Conv2d {
+            Conv2dOptions {
                 groups: 2,
                 padding: Padding::Explicit([1, 1]),
                 ..d
@@ -181,14 +182,14 @@ fn conv2d_matches_reference_across_options() -> Result<()> {
             &[1, 6, 5, 4],
             &[6, 1, 2, 2],
             false,
-            Conv2d { groups: 6, ..d },
+            Conv2dOptions { groups: 6, ..d },
         ),
         (&[1, 1, 1, 1], &[1, 1, 1, 1], true, d),
         (
             &[3, 2, 4, 1],
             &[1, 2, 1, 1],
             false,
-            Conv2d {
+            Conv2dOptions {
                 stride: [3, 1],
                 ..d
             },
@@ -208,10 +209,10 @@ fn conv2d_same_padding_keeps_the_size() -> Result<()> {
         (&[2, 3, 3, 4], [2, 3]),
     ];
     for (i, (wd, dilation)) in cases.iter().enumerate() {
-        let opts = Conv2d {
+        let opts = Conv2dOptions {
             padding: Padding::Same,
             dilation: *dilation,
-            ..Conv2d::default()
+            ..Conv2dOptions::default()
         };
         check_conv(
             10 + i as u64,
@@ -231,13 +232,13 @@ fn conv2d_same_padding_keeps_the_size() -> Result<()> {
 
 #[test]
 fn conv1d_and_conv3d_match_reference() -> Result<()> {
-    let d1 = Conv1d::default();
-    let cases1: [(&[usize], &[usize], Conv1d); 4] = [
+    let d1 = Conv1dOptions::default();
+    let cases1: [(&[usize], &[usize], Conv1dOptions); 4] = [
         (&[2, 3, 17], &[4, 3, 5], d1),
         (
             &[1, 4, 10],
             &[2, 2, 3],
-            Conv1d {
+            Conv1dOptions {
                 stride: [2],
                 dilation: [3],
                 groups: 2,
@@ -247,7 +248,7 @@ fn conv1d_and_conv3d_match_reference() -> Result<()> {
         (
             &[3, 1, 6],
             &[2, 1, 4],
-            Conv1d {
+            Conv1dOptions {
                 padding: Padding::Same,
                 ..d1
             },
@@ -255,7 +256,7 @@ fn conv1d_and_conv3d_match_reference() -> Result<()> {
         (
             &[1, 2, 5],
             &[3, 2, 3],
-            Conv1d {
+            Conv1dOptions {
                 padding: Padding::Explicit([2]),
                 stride: [2],
                 ..d1
@@ -265,13 +266,13 @@ fn conv1d_and_conv3d_match_reference() -> Result<()> {
     for (i, (xd, wd, opts)) in cases1.iter().enumerate() {
         check_conv(20 + i as u64, DType::F32, xd, wd, true, opts, conv1d)?;
     }
-    let d3 = Conv3d::default();
-    let cases3: [(&[usize], &[usize], Conv3d); 2] = [
+    let d3 = Conv3dOptions::default();
+    let cases3: [(&[usize], &[usize], Conv3dOptions); 2] = [
         (&[1, 2, 4, 5, 3], &[3, 2, 2, 3, 2], d3),
         (
             &[2, 2, 5, 4, 6],
             &[2, 1, 3, 2, 2],
-            Conv3d {
+            Conv3dOptions {
                 stride: [2, 1, 2],
                 padding: Padding::Explicit([1, 0, 1]),
                 dilation: [1, 2, 1],
@@ -287,11 +288,11 @@ fn conv1d_and_conv3d_match_reference() -> Result<()> {
 
 #[test]
 fn conv_other_float_dtypes() -> Result<()> {
-    let opts = Conv2d {
+    let opts = Conv2dOptions {
         stride: [2, 1],
         padding: Padding::Explicit([1, 1]),
         groups: 2,
-        ..Conv2d::default()
+        ..Conv2dOptions::default()
     };
     for dtype in common::on_device([DType::F64, DType::F16, DType::BF16]) {
         check_conv(40, dtype, &[2, 4, 7, 6], &[4, 2, 3, 3], true, &opts, conv2d)?;
@@ -301,7 +302,7 @@ fn conv_other_float_dtypes() -> Result<()> {
             &[1, 2, 9],
             &[3, 2, 3],
             false,
-            &Conv1d::default(),
+            &Conv1dOptions::default(),
             conv1d,
         )?;
     }
@@ -314,10 +315,10 @@ fn conv_non_contiguous_and_unbatched_inputs() -> Result<()> {
     let nhwc = random(50, DType::F32, &[2, 6, 5, 3]);
     let x = nhwc.permute(&[0, 3, 1, 2]);
     let w = random(51, DType::F32, &[4, 3, 3, 2]);
-    let opts = Conv2d {
+    let opts = Conv2dOptions {
         stride: [1, 2],
         padding: Padding::Explicit([1, 0]),
-        ..Conv2d::default()
+        ..Conv2dOptions::default()
     };
     let y = nhwc.tensor(DType::F32).permute(&[0, 3, 1, 2])?.conv2d(
         &w.tensor(DType::F32),
@@ -346,7 +347,7 @@ fn conv_non_contiguous_and_unbatched_inputs() -> Result<()> {
     let y = tall.tensor(DType::F32).slice(1, Some(1), None, 2)?.conv2d(
         &w.tensor(DType::F32),
         None,
-        &Conv2d::default(),
+        &Conv2dOptions::default(),
     )?;
     let want = conv_ref(
         &sliced.reshape(&[1, 3, 7, 5]),
@@ -374,9 +375,9 @@ fn conv_propagates_nan_and_inf_and_handles_size_zero() -> Result<()> {
     x.data[30] = f64::INFINITY;
     x.data[44] = f64::NEG_INFINITY;
     let w = random(61, DType::F32, &[3, 2, 2, 2]);
-    let opts = Conv2d {
+    let opts = Conv2dOptions {
         padding: Padding::Explicit([1, 1]),
-        ..Conv2d::default()
+        ..Conv2dOptions::default()
     };
     let y = x
         .tensor(DType::F32)
@@ -392,7 +393,7 @@ fn conv_propagates_nan_and_inf_and_handles_size_zero() -> Result<()> {
     let no_out = Tensor::zeros([0, 2, 2, 2], DType::F32);
     let y = x
         .tensor(DType::F32)
-        .conv2d(&no_out, None, &Conv2d::default())?;
+        .conv2d(&no_out, None, &Conv2dOptions::default())?;
     assert_eq!(y.dims(), vec![1, 0, 4, 4]);
     Ok(())
 }
@@ -407,11 +408,11 @@ fn conv_and_pooling_fuse_into_few_kernels() -> Result<()> {
     let x = random(70, DType::F32, &[2, 4, 9, 9]).tensor(DType::F32);
     let w = random(71, DType::F32, &[6, 2, 3, 3]).tensor(DType::F32);
     let b = random(72, DType::F32, &[6]).tensor(DType::F32);
-    let opts = Conv2d {
+    let opts = Conv2dOptions {
         stride: [2, 2],
         padding: Padding::Explicit([1, 1]),
         groups: 2,
-        ..Conv2d::default()
+        ..Conv2dOptions::default()
     };
     let n = kernels(&x.conv2d(&w, Some(&b), &opts)?)?;
     assert!(n <= 2, "conv2d: {n} kernels");
@@ -431,7 +432,7 @@ fn conv_and_pooling_fuse_into_few_kernels() -> Result<()> {
 fn conv_errors_name_the_op_shapes_and_fix() {
     let x = Tensor::zeros([1, 4, 5, 5], DType::F32);
     let w = |d: &[usize]| Tensor::zeros(d.to_vec(), DType::F32);
-    let d = Conv2d::default();
+    let d = Conv2dOptions::default();
     let inv = common::invalid("conv2d");
     common::assert_err(
         "channels",
@@ -441,7 +442,7 @@ fn conv_errors_name_the_op_shapes_and_fix() {
     );
     common::assert_err(
         "groups",
-        x.conv2d(&w(&[2, 4, 3, 3]), None, &Conv2d { groups: 3, ..d }),
+        x.conv2d(&w(&[2, 4, 3, 3]), None, &Conv2dOptions { groups: 3, ..d }),
         &inv,
         &["groups=3", "divide"],
     );
@@ -450,7 +451,7 @@ fn conv_errors_name_the_op_shapes_and_fix() {
         x.conv2d(
             &w(&[2, 4, 6, 3]),
             None,
-            &Conv2d {
+            &Conv2dOptions {
                 dilation: [1, 1],
                 ..d
             },
@@ -463,7 +464,7 @@ fn conv_errors_name_the_op_shapes_and_fix() {
         x.conv2d(
             &w(&[2, 4, 3, 3]),
             None,
-            &Conv2d {
+            &Conv2dOptions {
                 stride: [2, 1],
                 padding: Padding::Same,
                 ..d
@@ -489,7 +490,7 @@ fn conv_errors_name_the_op_shapes_and_fix() {
         x.conv2d(
             &w(&[2, 4, 3, 3]),
             None,
-            &Conv2d {
+            &Conv2dOptions {
                 stride: [0, 1],
                 ..d
             },
@@ -636,14 +637,14 @@ fn conv_transpose_ref(
 #[test]
 fn conv_transpose_matches_reference() -> Result<()> {
     // (input, weight, opts, output_padding)
-    type Case<'a> = (&'a [usize], &'a [usize], Conv2d, [usize; 2]);
-    let d = Conv2d::default();
+    type Case<'a> = (&'a [usize], &'a [usize], Conv2dOptions, [usize; 2]);
+    let d = Conv2dOptions::default();
     let cases: [Case; 5] = [
         (&[2, 3, 4, 5], &[3, 2, 3, 3], d, [0, 0]),
         (
             &[1, 2, 3, 4],
             &[2, 3, 3, 2],
-            Conv2d {
+            Conv2dOptions {
                 stride: [2, 3],
                 ..d
             },
@@ -652,7 +653,7 @@ fn conv_transpose_matches_reference() -> Result<()> {
         (
             &[1, 4, 5, 3],
             &[4, 1, 3, 3],
-            Conv2d {
+            Conv2dOptions {
                 stride: [2, 1],
                 padding: Padding::Explicit([1, 2]),
                 dilation: [1, 2],
@@ -663,7 +664,7 @@ fn conv_transpose_matches_reference() -> Result<()> {
         (
             &[1, 2, 4, 4],
             &[2, 2, 2, 2],
-            Conv2d {
+            Conv2dOptions {
                 padding: Padding::Explicit([1, 1]),
                 ..d
             },
@@ -708,10 +709,10 @@ fn conv_transpose_matches_reference() -> Result<()> {
     // 3-d.
     let x = random(172, DType::F32, &[1, 2, 3, 2, 3]);
     let w = random(173, DType::F32, &[2, 2, 2, 3, 2]);
-    let opts = Conv3d {
+    let opts = Conv3dOptions {
         stride: [2, 1, 3],
         padding: Padding::Explicit([1, 1, 0]),
-        ..Conv3d::default()
+        ..Conv3dOptions::default()
     };
     let y = x
         .tensor(DType::F32)
@@ -736,10 +737,10 @@ fn conv_transpose_matches_reference() -> Result<()> {
     let tall = random(170, DType::F32, &[3, 14]);
     let x = tall.slice(1, 0, 2, 7);
     let w = random(171, DType::F32, &[3, 2, 4]);
-    let opts = Conv1d {
+    let opts = Conv1dOptions {
         stride: [3],
         padding: Padding::Explicit([2]),
-        ..Conv1d::default()
+        ..Conv1dOptions::default()
     };
     let y = tall
         .tensor(DType::F32)
@@ -761,7 +762,7 @@ fn conv_transpose_matches_reference() -> Result<()> {
 fn conv_transpose_errors() {
     let x = Tensor::zeros([1, 4, 3, 3], DType::F32);
     let w = Tensor::zeros([4, 2, 3, 3], DType::F32);
-    let d = Conv2d::default();
+    let d = Conv2dOptions::default();
     let inv = common::invalid("conv_transpose2d");
     common::assert_err(
         "output_padding",
@@ -774,7 +775,7 @@ fn conv_transpose_errors() {
         x.conv_transpose2d(
             &w,
             None,
-            &Conv2d {
+            &Conv2dOptions {
                 padding: Padding::Same,
                 ..d
             },
@@ -794,7 +795,7 @@ fn conv_transpose_errors() {
         x.conv_transpose2d(
             &w,
             None,
-            &Conv2d {
+            &Conv2dOptions {
                 padding: Padding::Explicit([3, 0]),
                 ..d
             },

@@ -189,3 +189,31 @@ fn misuse_is_an_error() -> Result<()> {
     assert!((&a + &Tensor::ones([4, 2], DType::F32)).is_err());
     Ok(())
 }
+
+/// The KV-cache pattern: a cache whose length is the dynamic dim `past` grows by one row per
+/// step through `cat`, and `mark_dynamic` renames the grown length (`past + 1`) back to
+/// `past`. Every step gives the static `cat`'s values bit for bit, and steps after the
+/// second compile nothing.
+#[test]
+fn a_cache_grown_by_cat_along_a_dynamic_axis_compiles_once() -> Result<()> {
+    let past = Var::new("past", 1, 64)?;
+    let first = random(40, &[2, 3, 4]);
+    let mut want = first.clone();
+    let mut cache = first.tensor(DType::F32).mark_dynamic(1, past)?;
+    for step in 0..5 {
+        let row = random(41 + step, &[2, 1, 4]);
+        let grown = Tensor::cat(&[&cache, &row.tensor(DType::F32)], 1)?;
+        // A reader of the grown cache, as attention reads its keys.
+        let total = grown.sum(&[1], false)?;
+        let report = Tensor::realize_all(&[&grown, &total])?;
+        if step >= 2 {
+            assert_eq!(report.kernels_prepared(), 0, "step {step} prepared kernels");
+        }
+        want = Nd::cat(&[&want, &row], 1);
+        assert_nd(&format!("step {step} cache"), &Nd::of(&grown), &want, 0.0);
+        cache = grown.mark_dynamic(1, past)?;
+        assert_eq!(cache.dims(), want.dims);
+        assert_eq!(cache.shape().to_string(), "[2, past, 4]");
+    }
+    Ok(())
+}

@@ -8,7 +8,7 @@
 
 use crate::common::{Rng, assert_err, promotion, unsupported};
 use tessel_tensor::{
-    Conv2d, DType, Device, Error, F8E4M3, F8E5M2, PoolOptions, Result, Tensor, bf16, f16,
+    Conv2dOptions, DType, Device, Error, F8E4M3, F8E5M2, PoolOptions, Result, Tensor, bf16, f16,
     load_safetensors, save_safetensors,
 };
 
@@ -385,7 +385,7 @@ fn arithmetic_is_an_error_and_float_functions_compute_in_f32() -> Result<()> {
     let kernel = Tensor::zeros([1, 1, 3, 3], DType::F8E4M3);
     assert_err(
         "conv2d",
-        image.conv2d(&kernel, None, &Conv2d::default()),
+        image.conv2d(&kernel, None, &Conv2dOptions::default()),
         unsupported("conv2d", DType::F8E4M3),
         &["float8"],
     );

@@ -148,6 +148,20 @@ fn expand_broadcast_to_repeat() -> Result<()> {
     check("repeat [2, 1, 3]", &u.repeat(&[2, 1, 3])?, &want);
     check("repeat [1, 1]", &u.repeat(&[1, 1])?, &ur);
     assert_eq!(u.repeat(&[0, 2])?.dims(), vec![0, 6]);
+    // torch: x.repeat_interleave(3, dim=1) and (2, dim=-2) on [2, 3].
+    let want = Nd::from_fn(&[2, 9], |o| ur.at(&[o[0], o[1] / 3]));
+    check(
+        "repeat_interleave 3 dim 1",
+        &u.repeat_interleave(3, 1)?,
+        &want,
+    );
+    let want = Nd::from_fn(&[4, 3], |o| ur.at(&[o[0] / 2, o[1]]));
+    check(
+        "repeat_interleave 2 dim -2",
+        &u.repeat_interleave(2, -2)?,
+        &want,
+    );
+    assert_eq!(u.repeat_interleave(0, 0)?.dims(), vec![0, 3]);
     assert_err(
         "expand a non-1 dim",
         u.expand(&[4, 3]),

@@ -227,6 +227,7 @@ fn unary_exact() -> Result<()> {
     let ops = [
         Unary::exact("neg", Tensor::neg, |x| -x, not_bool),
         Unary::exact("abs", Tensor::abs, f64::abs, not_bool),
+        Unary::exact("square", Tensor::square, |x| x * x, not_bool),
         Unary::exact("sign", |t| Ok(t.sign()), sign, Some),
         Unary::exact("floor", Tensor::floor, f64::floor, not_bool),
         Unary::exact("ceil", Tensor::ceil, f64::ceil, not_bool),

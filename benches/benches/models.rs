@@ -1,0 +1,316 @@
+//! The models bench: GPT-2 small, BERT-base and ResNet-50 at full size, from the files
+//! `benches/models_torch.py DIR` writes (random weights, inputs and PyTorch's outputs),
+//! timed as a user sees them (record + realize + `Device::synchronize`): the first call
+//! (plan, compile, measure) and the median of later calls. Each output is checked against
+//! PyTorch's for the same weights.
+//!
+//! ```text
+//! python3 benches/models_torch.py /tmp/models
+//! cargo bench -p tessel-benches --bench models --features cuda -- /tmp/models --device cuda
+//! ```
+//!
+//! Options: `--device D` (default: `Device::default()`), `--only NAME[,NAME]` (workloads
+//! by name prefix), `--runs N` (5).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tessel_models::{Bert, GenerateOptions, Gpt2, ResNet, generate};
+use tessel_nn::Module;
+use tessel_nn::loss::{CrossEntropyOptions, cross_entropy};
+use tessel_nn::optim::{AdamW, AdamWConfig, Optimizer};
+use tessel_tensor::{DType, Device, Result, Tensor, load_safetensors};
+
+/// First call and median of `runs` later calls of `f`, synchronized.
+fn timed(
+    device: Device,
+    runs: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<(Duration, Duration)> {
+    device.synchronize()?;
+    let start = Instant::now();
+    f()?;
+    device.synchronize()?;
+    let first = start.elapsed();
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        f()?;
+        device.synchronize()?;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    Ok((first, times[times.len() / 2]))
+}
+
+/// The largest difference from `want` relative to `want`'s largest magnitude.
+fn rel_diff(got: &Tensor, want: &Tensor) -> Result<f64> {
+    let g = got.cast(DType::F64).to_vec::<f64>()?;
+    let w = want.cast(DType::F64).to_vec::<f64>()?;
+    let scale = w.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    Ok(g.iter()
+        .zip(&w)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max)
+        / scale)
+}
+
+fn reference(dir: &Path, device: Device) -> Result<HashMap<String, Tensor>> {
+    let r = load_safetensors(dir.join("reference.safetensors"), &device)?;
+    Ok(r.into_iter().collect())
+}
+
+fn report(
+    name: &str,
+    load: Duration,
+    first: Duration,
+    steady: Duration,
+    per_run: f64,
+    unit: &str,
+    check: &str,
+) {
+    println!(
+        "{name:<44} load {:6.2} s  first {:7.2} s  steady {:9.3} ms  {:10.1} {unit}  {check}",
+        load.as_secs_f64(),
+        first.as_secs_f64(),
+        steady.as_secs_f64() * 1e3,
+        per_run / steady.as_secs_f64()
+    );
+}
+
+fn gpt2_forward(dir: &Path, device: Device, dtype: DType, runs: usize) -> Result<()> {
+    let r = reference(dir, device)?;
+    let start = Instant::now();
+    let model = Gpt2::from_dir(dir, dtype, &device)?;
+    let load = start.elapsed();
+    let ids = &r["input_ids"];
+    let (first, steady) = timed(device, runs, || model.forward(ids)?.realize().map(|_| ()))?;
+    let last = model.forward(ids)?.narrow(1, 511, 1)?.squeeze(Some(&[1]))?;
+    let check = format!(
+        "last logits vs PyTorch f32: {:.2e} rel",
+        rel_diff(&last, &r["last_logits"])?
+    );
+    report(
+        &format!("gpt2 forward [8,512] {dtype}"),
+        load,
+        first,
+        steady,
+        8.0 * 512.0,
+        "tokens/s",
+        &check,
+    );
+    Ok(())
+}
+
+fn gpt2_decode(dir: &Path, device: Device, runs: usize) -> Result<()> {
+    let r = reference(dir, device)?;
+    let start = Instant::now();
+    let model = Gpt2::from_dir(dir, DType::F32, &device)?;
+    let load = start.elapsed();
+    let prompt = r["prompt"].to_vec::<i64>()?;
+    let want = r["greedy"].to_vec::<i64>()?;
+    let mut got = Vec::new();
+    let (first, steady) = timed(device, runs, || {
+        got = generate(
+            &model,
+            std::slice::from_ref(&prompt),
+            &GenerateOptions::greedy(128),
+            |_, _| {},
+        )?
+        .remove(0);
+        Ok(())
+    })?;
+    let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count() - prompt.len();
+    let check = format!("{same} of 128 greedy tokens as transformers' generate");
+    report(
+        "gpt2 greedy decode 128 tokens, batch 1",
+        load,
+        first,
+        steady,
+        128.0,
+        "tokens/s",
+        &check,
+    );
+    Ok(())
+}
+
+fn gpt2_train(dir: &Path, device: Device, runs: usize) -> Result<()> {
+    let r = reference(dir, device)?;
+    let start = Instant::now();
+    let model = Gpt2::from_dir(dir, DType::F32, &device)?;
+    let load = start.elapsed();
+    let ids = &r["input_ids"];
+    let inputs = ids.narrow(1, 0, 511)?;
+    let targets = ids.narrow(1, 1, 511)?.reshape(&[-1])?;
+    let mut opt = AdamW::new(
+        model.parameters(),
+        AdamWConfig {
+            lr: 1e-4,
+            ..AdamWConfig::default()
+        },
+    )?;
+    let (first, steady) = timed(device, runs, || {
+        let logits = model.forward(&inputs)?;
+        let v = logits.dims()[2] as i64;
+        let loss = cross_entropy(
+            &logits.reshape(&[-1, v])?,
+            &targets,
+            &CrossEntropyOptions::default(),
+        )?;
+        opt.step(&loss)
+    })?;
+    report(
+        "gpt2 AdamW step [8,512] f32",
+        load,
+        first,
+        steady,
+        8.0 * 512.0,
+        "tokens/s",
+        "",
+    );
+    Ok(())
+}
+
+fn bert(dir: &Path, device: Device, dtype: DType, runs: usize) -> Result<()> {
+    let r = reference(dir, device)?;
+    let start = Instant::now();
+    let model = Bert::from_dir(dir, dtype, &device)?;
+    let load = start.elapsed();
+    let (ids, mask) = (&r["input_ids"], &r["attention_mask"]);
+    let run = || {
+        model
+            .forward(ids, None, Some(mask))
+            .map(|o| o.last_hidden_state)
+    };
+    let (first, steady) = timed(device, runs, || run()?.realize().map(|_| ()))?;
+    let cls = run()?.narrow(1, 0, 1)?.squeeze(Some(&[1]))?;
+    let check = format!(
+        "[CLS] states vs PyTorch f32: {:.2e} rel",
+        rel_diff(&cls, &r["cls"])?
+    );
+    report(
+        &format!("bert-base [64,128] {dtype}"),
+        load,
+        first,
+        steady,
+        64.0,
+        "sentences/s",
+        &check,
+    );
+    Ok(())
+}
+
+fn resnet(dir: &Path, device: Device, dtype: DType, runs: usize) -> Result<()> {
+    let r = reference(dir, device)?;
+    let start = Instant::now();
+    let model = ResNet::from_file(dir, dtype, &device)?;
+    let load = start.elapsed();
+    let images = r["images"].cast(dtype);
+    let (first, steady) = timed(device, runs, || {
+        model.forward(&images)?.realize().map(|_| ())
+    })?;
+    let check = format!(
+        "logits vs PyTorch f32: {:.2e} rel",
+        rel_diff(&model.forward(&images)?, &r["logits"])?
+    );
+    report(
+        &format!("resnet50 [32,3,224,224] {dtype}"),
+        load,
+        first,
+        steady,
+        32.0,
+        "images/s",
+        &check,
+    );
+    Ok(())
+}
+
+/// One named bench run.
+type Workload<'a> = Box<dyn Fn() -> Result<()> + 'a>;
+
+fn main() -> std::process::ExitCode {
+    if let Ok(filter) = std::env::var("TESSEL_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let Some(root) = args
+        .first()
+        .filter(|a| !a.starts_with("--"))
+        .map(PathBuf::from)
+    else {
+        eprintln!(
+            "usage: models DIR [--device D] [--only NAME,...] [--runs N] (DIR from benches/models_torch.py)"
+        );
+        return std::process::ExitCode::FAILURE;
+    };
+    let device = match value("--device").map(|d| Device::parse(&d)).transpose() {
+        Ok(d) => d.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("models bench: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let runs: usize = value("--runs").and_then(|r| r.parse().ok()).unwrap_or(5);
+    let only = value("--only");
+    let gpt2 = root.join("gpt2");
+    let workloads: Vec<(&str, Workload<'_>)> = vec![
+        (
+            "gpt2-f32",
+            Box::new(|| gpt2_forward(&gpt2, device, DType::F32, runs)),
+        ),
+        (
+            "gpt2-bf16",
+            Box::new(|| gpt2_forward(&gpt2, device, DType::BF16, runs)),
+        ),
+        (
+            "gpt2-decode",
+            Box::new(|| gpt2_decode(&gpt2, device, runs.min(3))),
+        ),
+        (
+            "bert-f32",
+            Box::new(|| bert(&root.join("bert"), device, DType::F32, runs)),
+        ),
+        (
+            "bert-bf16",
+            Box::new(|| bert(&root.join("bert"), device, DType::BF16, runs)),
+        ),
+        (
+            "resnet-f32",
+            Box::new(|| resnet(&root.join("resnet50"), device, DType::F32, runs)),
+        ),
+        (
+            "resnet-bf16",
+            Box::new(|| resnet(&root.join("resnet50"), device, DType::BF16, runs)),
+        ),
+        (
+            "gpt2-train",
+            Box::new(|| gpt2_train(&gpt2, device, runs.min(3))),
+        ),
+    ];
+    println!("Tessel on {device}");
+    for (name, run) in workloads {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|n| name.starts_with(n)))
+        {
+            continue;
+        }
+        if let Err(e) = run() {
+            println!("{name:<44} error: {e}");
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}
