@@ -5,6 +5,9 @@ call and steady state (median of several runs, CUDA-synchronized wall time, as t
 side measures). `benches/benches/models.rs` then loads the same files.
 
     python3 benches/models_torch.py DIR
+
+`MODELS_WRITE_ONLY=1` writes the files and reference outputs without timing anything;
+`MODELS_DEVICE=cpu` computes them on the CPU.
 """
 import copy
 import os
@@ -17,7 +20,7 @@ import torchvision
 import transformers
 
 out = sys.argv[1] if len(sys.argv) > 1 else "models"
-dev = "cuda"
+dev = os.environ.get("MODELS_DEVICE", "cuda")  # `cpu` for the CPU figures
 torch.backends.cuda.matmul.allow_tf32 = False  # true f32, as Tessel's default
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cudnn.benchmark = True
@@ -26,24 +29,30 @@ rows = []
 
 def timed(fn, runs=10):
     """(first call s, median ms) of `fn`, synchronized wall time."""
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    sync()
     first = time.perf_counter() - t0
     fn()
     times = []
     for _ in range(runs):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     return first, times[len(times) // 2]
 
 
+WRITE_ONLY = os.environ.get("MODELS_WRITE_ONLY") == "1"  # files and references, no timing
+
+
 def bench(name, fn, unit=None, amount=None, runs=10):
+    if WRITE_ONLY:
+        return
     try:
         first, ms = timed(fn, runs)
     except Exception as e:  # torch.compile without a toolchain, out of memory
@@ -55,6 +64,8 @@ def bench(name, fn, unit=None, amount=None, runs=10):
 
 
 def variants(name, model, inputs, unit, amount):
+    if WRITE_ONLY:
+        return
     for label, m in [("f32", model), ("bf16", copy.deepcopy(model).to(torch.bfloat16))]:
         with torch.no_grad():
             bench(f"{name} {label} eager", lambda: m(*inputs(m)), unit, amount)
