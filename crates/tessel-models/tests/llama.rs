@@ -9,7 +9,7 @@ use tessel_models::{CausalLm, GenerateOptions, Llama, generate};
 use tessel_tensor::{DType, Device, Tensor};
 
 #[test]
-fn logits_match_transformers_in_f32_and_bf16() {
+fn logits_match_transformers_in_f32_bf16_and_f16() {
     let r = reference("llama");
     let model = Llama::from_dir(dir("llama"), DType::F32, &Device::default()).unwrap();
     let logits = model.forward(&r["input_ids"]).unwrap();
@@ -24,6 +24,18 @@ fn logits_match_transformers_in_f32_and_bf16() {
         &r["logits_bf16"],
         &r["logits"],
         2.0,
+    );
+
+    // f16 has 3 more significand bits than bf16: its error stays within PyTorch's bf16 one.
+    let model = Llama::from_dir(dir("llama"), DType::F16, &Device::default()).unwrap();
+    let logits = model.forward(&r["input_ids"]).unwrap();
+    assert_eq!(logits.dtype(), DType::F16);
+    assert_half_close(
+        "llama f16 logits",
+        &logits,
+        &r["logits_bf16"],
+        &r["logits"],
+        1.0,
     );
 }
 
