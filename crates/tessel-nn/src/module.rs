@@ -156,9 +156,8 @@ pub trait Module {
         out
     }
 
-    /// The buffers, in visiting order. A training step that updates them (`BatchNorm` in
-    /// training mode) should realize them together with its parameter updates, so each
-    /// step's update does not chain onto the last.
+    /// The buffers, in visiting order. Buffers a training forward updates (`BatchNorm`'s
+    /// running statistics) are realized by the next optimizer step by themselves.
     fn buffers(&self) -> Vec<Tensor> {
         self.named_buffers().into_iter().map(|(_, t)| t).collect()
     }
