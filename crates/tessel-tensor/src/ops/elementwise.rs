@@ -229,6 +229,26 @@ impl Tensor {
             .binary_aligned(&b.to_float(), BinaryOp::Div, "div", "")
     }
 
+    /// `base ** self` for a number `base` (`torch.pow(base, exponent)`, Python's
+    /// `base ** t`); the dtype promotes as in [`Tensor::pow`] with the number on the left
+    /// (`2 ** int_tensor` stays integer, `2.0 ** int_tensor` is `f32`).
+    ///
+    /// ```
+    /// # use tessel_tensor::{DType, Tensor};
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from([0i32, 1, 3]);
+    /// assert_eq!(t.rpow(2)?.to_vec::<i32>()?, vec![1, 2, 8]);
+    /// assert_eq!(t.rpow(0.5)?.to_vec::<f32>()?, vec![1.0, 0.5, 0.125]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn rpow(&self, base: impl ScalarOperand) -> Result<Tensor> {
+        let (value, kind) = base.to_operand();
+        let dtype = self.dtype().promote_scalar(kind);
+        let exponent = self.cast(dtype);
+        exponent.full_like_scalar(value, dtype).pow(&exponent)
+    }
+
     /// `self * self` (`torch.square`), in the tensor's dtype (integers wrap). Not defined
     /// for `bool`, as in PyTorch.
     ///

@@ -512,6 +512,19 @@ fn promotion_scalars_and_operators() -> Result<()> {
     let base = Tensor::from([2i32, 1, -1, -1, 0, 3]);
     let exp = Tensor::from([-1i32, -3, -3, -2, -1, 0]);
     assert_eq!(base.pow(&exp)?.to_vec::<i32>()?, vec![0, 1, -1, 1, 0, 1]);
+    // A number to tensor powers (`torch.pow(2.5, t)`), against f64.
+    let x: Vec<f32> = vec![-3.0, -0.5, 0.0, 0.75, 2.0, 7.25];
+    let got = Tensor::from_slice(&x, [6])?.rpow(2.5)?;
+    assert_eq!(got.dtype(), DType::F32);
+    let want: Vec<f64> = x.iter().map(|&v| 2.5f64.powf(f64::from(v))).collect();
+    common::assert_close(
+        "rpow f32",
+        &common::read(&got),
+        &want,
+        common::tolerance(DType::F32, true),
+    );
+    let got = Tensor::from([0i64, 1, 5, -1]).rpow(3)?;
+    assert_eq!(got.to_vec::<i64>()?, vec![1, 3, 243, 0]);
     Ok(())
 }
 
