@@ -873,3 +873,40 @@ fn steps_realize_batch_norm_statistics_without_being_told() {
         }
     }
 }
+
+/// PyTorch's order in a training loop: read the loss, then step. The step still takes the
+/// loss's gradients, gives the same parameters as stepping first, and replays one plan.
+#[test]
+fn a_loss_read_before_the_step_still_trains() {
+    let _guard = serial();
+    let x = Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 0.25, 1.5, -0.75], [2, 3]).unwrap();
+    let run = |read_first: bool| -> Vec<f32> {
+        let w = Tensor::from_vec(vec![0.1f32, -0.2, 0.3], [3, 1]).unwrap();
+        let mut opt = Sgd::new(
+            vec![w.clone()],
+            SgdConfig {
+                lr: 0.1,
+                ..SgdConfig::default()
+            },
+        )
+        .unwrap();
+        for step in 0..4 {
+            let loss = x.matmul(&w).unwrap().square().unwrap().mean_all().unwrap();
+            let early = read_first.then(|| loss.item::<f32>().unwrap());
+            let before = stats().kernels_prepared();
+            opt.step(&loss).unwrap();
+            if step >= 2 {
+                assert_eq!(
+                    stats().kernels_prepared(),
+                    before,
+                    "step {step} prepared kernels"
+                );
+            }
+            if let Some(early) = early {
+                assert_eq!(loss.item::<f32>().unwrap(), early);
+            }
+        }
+        w.to_vec().unwrap()
+    };
+    assert_eq!(run(true), run(false));
+}

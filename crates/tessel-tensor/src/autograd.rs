@@ -10,7 +10,9 @@
 //! There is no `requires_grad` state: what is differentiated is the graph as recorded
 //! between the loss and the tensors asked for. A tensor that was realized in between (read,
 //! printed, [`Tensor::realize`]) is a computed buffer from then on, a constant to `grad`
-//! (like `.detach()` in PyTorch).
+//! (like `.detach()` in PyTorch). The loss itself is the exception: a realized one-element
+//! float tensor keeps its recorded ops (and their inputs alive) for as long as it lives,
+//! so reading a loss before taking its gradients works, as in PyTorch.
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_graph::{Node, NodeId, Op, ReduceOp};
@@ -18,7 +20,7 @@ use tessel_shape::{BinaryOp, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use crate::error::{Error, Result};
 use crate::ops::movement::{pad_axis, shrink};
-use crate::runtime::runtime;
+use crate::runtime::{Runtime, runtime};
 use crate::tensor::Tensor;
 
 /// The gradients of a one-element `loss` with respect to each tensor of `wrt`
@@ -28,9 +30,9 @@ use crate::tensor::Tensor;
 /// together with [`Tensor::realize_all`], so one plan computes the forward and backward
 /// passes, sharing their work.
 ///
-/// Errors if the loss is not a one-element float tensor, if it was realized already (its
-/// recorded ops are gone: take gradients before reading it), if a tensor of `wrt` is not
-/// a float tensor, lives on another device, or does not take part in computing the loss.
+/// Errors if the loss is not a one-element float tensor, if a tensor of `wrt` is not a
+/// float tensor, lives on another device, or does not take part in computing the loss. A
+/// loss that was already read still has its recorded ops.
 ///
 /// ```
 /// # use tessel_tensor::Tensor;
@@ -74,7 +76,7 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let tape = Tape::record(loss, &targets);
     if let Some(i) = wrt.iter().position(|w| !tape.needs(w.node())) {
         let reason = if matches!(tape.nodes[&loss.node()].op, Op::Leaf(_)) {
-            "the loss was realized (read, printed or realize()d) before grad was called, so its recorded ops are gone; call grad first, then realize the loss together with the gradients (Tensor::realize_all)".to_string()
+            "the loss is a tensor of data with no recorded ops (made from values, or computed from tensors realized before it)".to_string()
         } else {
             format!(
                 "wrt[{i}] ({} {}) does not take part in computing the loss, or only through a tensor that was realized in between (realized tensors are constants to grad)",
@@ -121,11 +123,24 @@ impl Tape {
         let device = loss.device();
         let (order, nodes) = {
             let mut st = runtime().lock();
-            let order = st.graph.toposort(&[loss.node()]);
+            // A loss read before `grad` is a leaf that kept its recorded structure.
+            let root = loss.node();
+            let history = Runtime::history(&st, root);
+            let mut order = match &history {
+                Some(h) => st.graph.toposort(&h.op.children()),
+                None => st.graph.toposort(&[root]),
+            };
+            if history.is_some() {
+                order.push(root);
+            }
             let mut nodes = FxHashMap::default();
             for &id in &order {
                 st.graph.retain(id);
-                nodes.insert(id, st.graph.node(id).clone());
+                let node = match &history {
+                    Some(h) if id == root => h.clone(),
+                    _ => st.graph.node(id).clone(),
+                };
+                nodes.insert(id, node);
             }
             (order, nodes)
         };

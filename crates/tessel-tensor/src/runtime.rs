@@ -46,6 +46,10 @@ pub(crate) struct State {
     next_leaf: u64,
     plans: FxHashMap<PlanKey, Arc<Plan>>,
     plan_order: VecDeque<PlanKey>,
+    /// The recorded structure of realized one-element float tensors (losses), keeping their
+    /// operands alive, so that a loss read before its gradient is taken is still
+    /// differentiable ([`crate::grad`] starts from it). Dropped with the leaf.
+    history: FxHashMap<LeafId, Node>,
 }
 
 /// A plan's cache key: the graph's structure and the device it runs on.
@@ -160,6 +164,7 @@ impl Runtime {
                 next_leaf: 0,
                 plans: FxHashMap::default(),
                 plan_order: VecDeque::new(),
+                history: FxHashMap::default(),
             }),
             backends,
             launched: AtomicU64::new(0),
@@ -235,14 +240,27 @@ impl Runtime {
         self.lock().graph.retain(node);
     }
 
+    /// The recorded structure of `node` if it is a realized loss that kept it.
+    pub(crate) fn history(st: &State, node: NodeId) -> Option<Node> {
+        match st.graph.node(node).op {
+            Op::Leaf(leaf) => st.history.get(&leaf).cloned(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn release(&self, node: NodeId) {
         let mut st = self.lock();
         let freed = st.graph.release(node);
         self.free_leaves(&mut st, freed);
     }
 
-    fn free_leaves(&self, st: &mut State, leaves: Vec<LeafId>) {
-        for leaf in leaves {
+    fn free_leaves(&self, st: &mut State, mut leaves: Vec<LeafId>) {
+        while let Some(leaf) = leaves.pop() {
+            if let Some(old) = st.history.remove(&leaf) {
+                for c in old.op.children() {
+                    leaves.extend(st.graph.release(c));
+                }
+            }
             if let Some(LeafData::Device { device, buffer, .. }) = st.leaves.remove(&leaf)
                 && let Ok(backend) = self.backend(device)
                 && let Err(e) = backend.free(buffer)
@@ -511,7 +529,20 @@ impl Runtime {
                         bytes,
                     },
                 );
+                // A loss keeps what it was computed from, for `grad` (see `history`).
+                let n = st.graph.node(node).clone();
+                let keep = n.dtype.is_float()
+                    && n.shape.numel().as_const() == Some(1)
+                    && !matches!(n.op, Op::Leaf(_));
+                if keep {
+                    for c in n.op.children() {
+                        st.graph.retain(c);
+                    }
+                }
                 let freed = st.graph.make_leaf(node, leaf);
+                if keep {
+                    st.history.insert(leaf, n);
+                }
                 self.free_leaves(&mut st, freed);
             } else {
                 rest.push((place, (buffer, bytes)));

@@ -352,9 +352,29 @@ fn misuse_is_an_error_that_says_what_to_do() {
     let ints = Tensor::from_vec(vec![1i32, 2], [2]).unwrap();
     let e = grad(&loss, &[&ints]).unwrap_err();
     assert!(e.to_string().contains("float"), "{e}");
-    loss.realize().unwrap();
-    let e = grad(&loss, &[&x]).unwrap_err();
-    assert!(e.to_string().contains("realized"), "{e}");
+}
+
+/// PyTorch's order: read the loss, then take its gradients. A realized one-element loss
+/// keeps what it was computed from, so `grad` still reaches the inputs; a realized
+/// intermediate is still a constant.
+#[test]
+fn a_loss_read_before_grad_is_still_differentiable() {
+    let x = Tensor::from_vec(vec![1.0f64, -2.0, 3.0], [3]).unwrap();
+    let h = (&x * &x).unwrap();
+    let loss = (&h * 0.5).unwrap().sum_all().unwrap();
+    assert_eq!(loss.item::<f64>().unwrap(), 7.0);
+    let g = grad(&loss, &[&x]).unwrap();
+    assert_eq!(g[0].to_vec::<f64>().unwrap(), vec![1.0, -2.0, 3.0]);
+    // Reading the loss again, and differentiating it again, give the same.
+    assert_eq!(loss.item::<f64>().unwrap(), 7.0);
+    let g = grad(&loss, &[&x]).unwrap();
+    assert_eq!(g[0].to_vec::<f64>().unwrap(), vec![1.0, -2.0, 3.0]);
+    // Through a realized intermediate, nothing reaches `x`.
+    h.realize().unwrap();
+    let through = (&h * 1.0).unwrap().sum_all().unwrap();
+    through.realize().unwrap();
+    let e = grad(&through, &[&x]).unwrap_err();
+    assert!(e.to_string().contains("does not take part"), "{e}");
 }
 
 #[test]
