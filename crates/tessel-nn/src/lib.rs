@@ -33,5 +33,5 @@ pub use layers::{
     AttentionMasks, AvgPool1d, AvgPool2d, BatchNorm1d, BatchNorm2d, BatchNormOptions, Conv1d,
     Conv2d, Dropout, Embedding, Flatten, Forward, GELU, GeluApproximate, LayerNorm, Linear,
     MaxPool1d, MaxPool2d, MultiHeadAttention, MultiheadAttention, RMSNorm, ReLU, Sequential, SiLU,
-    Sigmoid, Tanh, layer_norm, rms_norm, scaled_dot_product_attention,
+    Sigmoid, Tanh, batch_norm, layer_norm, rms_norm, scaled_dot_product_attention,
 };

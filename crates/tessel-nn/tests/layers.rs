@@ -1326,3 +1326,83 @@ fn functional_layer_norm_and_rms_norm_match_the_reference() {
         "must end with normalized_shape [4]",
     );
 }
+
+/// Functional batch norm against an f64 reference: evaluation by the running statistics,
+/// training by the batch's, updating the running ones in place with `momentum`.
+#[test]
+fn functional_batch_norm_matches_the_reference_and_updates_statistics() {
+    let mut rng = Rng(178);
+    let (n, c, l) = (4, 3, 2);
+    let x = rng.vec(n * c * l);
+    let xt = t64(&x, &[n, c, l]);
+    let (w, b) = (rng.vec(c), rng.vec(c));
+    let (wt, bt) = (t64(&w, &[c]), t64(&b, &[c]));
+    let mean0 = rng.vec(c);
+    let var0: Vec<f64> = rng.vec_in(c, 0.5, 2.0);
+    let (mean, var) = (t64(&mean0, &[c]), t64(&var0, &[c]));
+    let at = |i: usize, ch: usize, j: usize| x[(i * c + ch) * l + j];
+    // Evaluation.
+    let got = tessel_nn::batch_norm(
+        &xt,
+        Some(&mean),
+        Some(&var),
+        Some(&wt),
+        Some(&bt),
+        false,
+        0.1,
+        1e-5,
+    )
+    .unwrap();
+    let mut want = Vec::new();
+    for i in 0..n {
+        for ch in 0..c {
+            for j in 0..l {
+                want.push((at(i, ch, j) - mean0[ch]) / (var0[ch] + 1e-5).sqrt() * w[ch] + b[ch]);
+            }
+        }
+    }
+    assert_close(&read(&got), &want, 1e-12);
+    // Training: batch statistics, and the running ones move by momentum 0.1.
+    let got =
+        tessel_nn::batch_norm(&xt, Some(&mean), Some(&var), None, None, true, 0.1, 1e-5).unwrap();
+    let mut want = vec![0.0; n * c * l];
+    let (mut want_mean, mut want_var) = (Vec::new(), Vec::new());
+    for ch in 0..c {
+        let vals: Vec<f64> = (0..n)
+            .flat_map(|i| (0..l).map(move |j| (i, j)))
+            .map(|(i, j)| at(i, ch, j))
+            .collect();
+        let m = vals.iter().sum::<f64>() / vals.len() as f64;
+        let v = vals.iter().map(|x| (x - m).powi(2)).sum::<f64>() / vals.len() as f64;
+        for i in 0..n {
+            for j in 0..l {
+                want[(i * c + ch) * l + j] = (at(i, ch, j) - m) / (v + 1e-5).sqrt();
+            }
+        }
+        let unbiased = v * vals.len() as f64 / (vals.len() - 1) as f64;
+        want_mean.push(0.9 * mean0[ch] + 0.1 * m);
+        want_var.push(0.9 * var0[ch] + 0.1 * unbiased);
+    }
+    assert_close(&read(&got), &want, 1e-12);
+    assert_close(&read(&mean), &want_mean, 1e-12);
+    assert_close(&read(&var), &want_var, 1e-12);
+    assert_invalid(
+        tessel_nn::batch_norm(&xt, Some(&mean), None, None, None, false, 0.1, 1e-5),
+        "batch_norm",
+        "both running_mean and running_var",
+    );
+    assert_invalid(
+        tessel_nn::batch_norm(
+            &xt,
+            None,
+            None,
+            Some(&t64(&w[..2], &[2])),
+            None,
+            true,
+            0.1,
+            1e-5,
+        ),
+        "batch_norm",
+        "weight must be a float tensor [3]",
+    );
+}

@@ -128,82 +128,23 @@ impl BatchNorm {
             }
             (None, None) => {}
         }
-        // Per-channel tensors broadcast as [1, C, 1, ...].
-        let mut channel_shape = vec![1; dims.len()];
-        channel_shape[1] = num_features;
-        let channel_shape = dims_i64(&channel_shape);
-        let per_channel = |t: &Tensor| t.reshape(&channel_shape);
+        let running = self.stats.as_ref().map(|(mean, var, count)| Running {
+            mean,
+            var,
+            count: Some(count),
+            momentum: self.opts.momentum,
+            listed: &self.listed,
+        });
         let training = self.training.load(Ordering::Relaxed);
-
-        let y = match &self.stats {
-            Some((mean, var, _)) if !training => {
-                let centered = (x - &per_channel(mean)?)?;
-                (&centered * &(&per_channel(var)? + self.opts.eps)?.rsqrt())?
-            }
-            _ => self.batch_statistics(x)?,
-        };
-        let y = match &self.weight {
-            Some(w) => (&y * &per_channel(w)?)?,
-            None => y,
-        };
-        match &self.bias {
-            Some(b) => &y + &per_channel(b)?,
-            None => Ok(y),
-        }
-    }
-
-    /// Normalizes by the batch's own statistics and, when tracking, folds them into the
-    /// running statistics (unbiased variance, as PyTorch stores it).
-    fn batch_statistics(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims();
-        let axes: Vec<i64> = (0..dims.len() as i64).filter(|&a| a != 1).collect();
-        let n: usize = dims.iter().product::<usize>() / dims[1];
-        if n <= 1 {
-            return Err(invalid(
-                self.op,
-                format!(
-                    "expected more than 1 value per channel when training, got input {}; use a larger batch or eval()",
-                    x.shape()
-                ),
-            ));
-        }
-        let opmath = if matches!(x.dtype(), DType::F16 | DType::BF16) {
-            DType::F32
-        } else {
-            x.dtype()
-        };
-        let xf = x.cast(opmath);
-        let mean = xf.mean(&axes, true)?;
-        let centered = (&xf - &mean)?;
-        let var = (&centered * &centered)?.mean(&axes, true)?;
-        let y = (&centered * &(&var + self.opts.eps)?.rsqrt())?.cast(x.dtype());
-
-        if let Some((running_mean, running_var, count)) = &self.stats {
-            let dtype = running_mean.dtype();
-            let c = dims_i64(&[dims[1]]);
-            let batch_mean = mean.reshape(&c)?.cast(dtype);
-            let batch_var = (&var.reshape(&c)? * (n as f64 / (n - 1) as f64))?.cast(dtype);
-            let new_count = (count + 1)?;
-            let (new_mean, new_var) = if let Some(m) = self.opts.momentum {
-                (
-                    (&(running_mean * (1.0 - m))? + &(&batch_mean * m)?)?,
-                    (&(running_var * (1.0 - m))? + &(&batch_var * m)?)?,
-                )
-            } else {
-                // Cumulative average: factor 1 / count after this batch.
-                let f = new_count.cast(dtype).reciprocal();
-                let keep = (1.0 - &f)?;
-                (
-                    (&(running_mean * &keep)? + &(&batch_mean * &f)?)?,
-                    (&(running_var * &keep)? + &(&batch_var * &f)?)?,
-                )
-            };
-            running_mean.assign(&new_mean)?;
-            running_var.assign(&new_var)?;
-            count.assign(&new_count)?;
-            crate::pending::register(&[running_mean, running_var, count], &self.listed);
-        }
-        Ok(y)
+        normalize(
+            op,
+            x,
+            running.as_ref(),
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            training,
+            self.opts.eps,
+        )
     }
 
     fn visit(&self, v: &mut Visitor<'_>) {
@@ -348,3 +289,199 @@ batch_norm_layer!(
     &[4],
     "[N, C, H, W]"
 );
+
+/// Running statistics a batch norm reads in evaluation and updates in training.
+struct Running<'a> {
+    mean: &'a Tensor,
+    var: &'a Tensor,
+    /// `num_batches_tracked`, when kept (the layers; not the functional form).
+    count: Option<&'a Tensor>,
+    /// `None`: a cumulative average (needs `count`).
+    momentum: Option<f64>,
+    /// Whether the update is listed for the next optimizer step.
+    listed: &'a Arc<AtomicBool>,
+}
+
+/// `x` (`[N, C, ...]`) normalized per channel: by `running` in evaluation, by the batch's
+/// statistics in training (folding them into `running`, unbiased, as PyTorch stores them),
+/// then scaled and shifted.
+fn normalize(
+    op: &'static str,
+    x: &Tensor,
+    running: Option<&Running<'_>>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    eps: f64,
+) -> Result<Tensor> {
+    let dims = x.dims();
+    // Per-channel tensors broadcast as [1, C, 1, ...].
+    let mut channel_shape = vec![1; dims.len()];
+    channel_shape[1] = dims[1];
+    let channel_shape = dims_i64(&channel_shape);
+    let per_channel = |t: &Tensor| t.reshape(&channel_shape);
+    let y = match running {
+        Some(r) if !training => {
+            let centered = (x - &per_channel(r.mean)?)?;
+            (&centered * &(&per_channel(r.var)? + eps)?.rsqrt())?
+        }
+        _ => batch_statistics(op, x, running, eps)?,
+    };
+    let y = match weight {
+        Some(w) => (&y * &per_channel(w)?)?,
+        None => y,
+    };
+    match bias {
+        Some(b) => &y + &per_channel(b)?,
+        None => Ok(y),
+    }
+}
+
+/// Normalizes by the batch's own statistics and folds them into `running`, if given.
+fn batch_statistics(
+    op: &'static str,
+    x: &Tensor,
+    running: Option<&Running<'_>>,
+    eps: f64,
+) -> Result<Tensor> {
+    let dims = x.dims();
+    let axes: Vec<i64> = (0..dims.len() as i64).filter(|&a| a != 1).collect();
+    let n: usize = dims.iter().product::<usize>() / dims[1].max(1);
+    if n <= 1 {
+        return Err(invalid(
+            op,
+            format!(
+                "expected more than 1 value per channel when training, got input {}; use a larger batch or eval()",
+                x.shape()
+            ),
+        ));
+    }
+    let opmath = if matches!(x.dtype(), DType::F16 | DType::BF16) {
+        DType::F32
+    } else {
+        x.dtype()
+    };
+    let xf = x.cast(opmath);
+    let mean = xf.mean(&axes, true)?;
+    let centered = (&xf - &mean)?;
+    let var = (&centered * &centered)?.mean(&axes, true)?;
+    let y = (&centered * &(&var + eps)?.rsqrt())?.cast(x.dtype());
+
+    if let Some(r) = running {
+        let dtype = r.mean.dtype();
+        let c = dims_i64(&[dims[1]]);
+        let batch_mean = mean.reshape(&c)?.cast(dtype);
+        let batch_var = (&var.reshape(&c)? * (n as f64 / (n - 1) as f64))?.cast(dtype);
+        let new_count = r.count.map(|count| count + 1).transpose()?;
+        let (new_mean, new_var) = match (r.momentum, &new_count) {
+            (Some(m), _) => (
+                (&(r.mean * (1.0 - m))? + &(&batch_mean * m)?)?,
+                (&(r.var * (1.0 - m))? + &(&batch_var * m)?)?,
+            ),
+            // Cumulative average: factor 1 / count after this batch.
+            (None, Some(count)) => {
+                let f = count.cast(dtype).reciprocal();
+                let keep = (1.0 - &f)?;
+                (
+                    (&(r.mean * &keep)? + &(&batch_mean * &f)?)?,
+                    (&(r.var * &keep)? + &(&batch_var * &f)?)?,
+                )
+            }
+            (None, None) => {
+                return Err(invalid(
+                    op,
+                    "a cumulative average (momentum None) needs a batch count",
+                ));
+            }
+        };
+        r.mean.assign(&new_mean)?;
+        r.var.assign(&new_var)?;
+        let mut updated = vec![r.mean, r.var];
+        if let (Some(count), Some(new_count)) = (r.count, &new_count) {
+            count.assign(new_count)?;
+            updated.push(count);
+        }
+        crate::pending::register(&updated, r.listed);
+    }
+    Ok(y)
+}
+
+/// Batch normalization as a function (`torch.nn.functional.batch_norm`): `x` (`[N, C, ...]`)
+/// normalized per channel by `running_mean`/`running_var` (`[C]`) in evaluation, or by the
+/// batch's statistics in training, which then also update the running statistics in place
+/// with `momentum` (the next optimizer step realizes them); then scaled by `weight` and
+/// shifted by `bias` (`[C]`) where given.
+///
+/// ```
+/// # use tessel_nn::batch_norm;
+/// # use tessel_tensor::Tensor;
+/// # fn main() -> tessel_tensor::Result<()> {
+/// let x = Tensor::from([[1.0f32, 2.0], [3.0, 6.0]]);
+/// let (mean, var) = (Tensor::from([2.0f32, 4.0]), Tensor::from([1.0f32, 4.0]));
+/// let y = batch_norm(&x, Some(&mean), Some(&var), None, None, false, 0.1, 0.0)?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![-1.0, -1.0, 1.0, 1.0]);
+/// # Ok(())
+/// # }
+/// ```
+#[allow(clippy::too_many_arguments)] // PyTorch's signature.
+pub fn batch_norm(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    const OP: &str = "batch_norm";
+    if x.ndim() < 2 || !x.dtype().is_float() {
+        return Err(invalid(
+            OP,
+            format!(
+                "the input must be a float tensor [N, C, ...], got {} {}",
+                x.shape(),
+                x.dtype()
+            ),
+        ));
+    }
+    let c = x.dims()[1];
+    for (what, t) in [
+        ("running_mean", running_mean),
+        ("running_var", running_var),
+        ("weight", weight),
+        ("bias", bias),
+    ] {
+        if let Some(t) = t
+            && (t.dims() != [c] || !t.dtype().is_float())
+        {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{what} must be a float tensor [{c}] for input {}, got {} {}",
+                    x.shape(),
+                    t.shape(),
+                    t.dtype()
+                ),
+            ));
+        }
+    }
+    let listed = Arc::new(AtomicBool::new(false));
+    let running = match (running_mean, running_var) {
+        (Some(mean), Some(var)) => Some(Running {
+            mean,
+            var,
+            count: None,
+            momentum: Some(momentum),
+            listed: &listed,
+        }),
+        (None, None) if training => None,
+        _ => {
+            return Err(invalid(
+                OP,
+                "give both running_mean and running_var (evaluation needs them; training updates them)",
+            ));
+        }
+    };
+    normalize(OP, x, running.as_ref(), weight, bias, training, eps)
+}

@@ -18,7 +18,7 @@ pub use activation::{GELU, GeluApproximate, ReLU, SiLU, Sigmoid, Tanh};
 pub use attention::{
     AttentionMasks, MultiHeadAttention, MultiheadAttention, scaled_dot_product_attention,
 };
-pub use batch_norm::{BatchNorm1d, BatchNorm2d, BatchNormOptions};
+pub use batch_norm::{BatchNorm1d, BatchNorm2d, BatchNormOptions, batch_norm};
 pub use conv::{Conv1d, Conv2d};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
