@@ -8,7 +8,7 @@ use tessel_nn::{LayerNorm, Linear, Module, Weights, scaled_dot_product_attention
 use tessel_tensor::{DType, Device, Result, Tensor};
 
 use crate::attention::{merge_heads, split_heads};
-use crate::config::{Config, unsupported};
+use crate::config::{Config, load_dir, unsupported};
 
 /// The fields of a BERT `config.json` the model uses.
 #[derive(Clone, Debug, PartialEq)]
@@ -175,12 +175,13 @@ impl Bert {
     /// `device`. Heads of other tasks in the checkpoint (`cls.*`) are an error unless the
     /// weights are opened non-strict and given to [`Bert::load`].
     pub fn from_dir(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Bert> {
-        let dir = dir.as_ref();
-        let config = BertConfig::from_config(&Config::open(dir)?)?;
-        let weights = Weights::open(dir)?.with_dtype(dtype).with_device(device);
-        let model = Bert::load(&config, &weights)?;
-        weights.finish()?;
-        Ok(model)
+        load_dir(
+            dir.as_ref(),
+            dtype,
+            device,
+            BertConfig::from_config,
+            Bert::load,
+        )
     }
 
     /// Builds the model from `weights`.

@@ -123,3 +123,21 @@ impl Config {
 pub(crate) fn unsupported(model: &'static str, reason: String) -> Error {
     Error::InvalidArgument { op: model, reason }
 }
+
+/// A model from a Hugging Face directory: its `config.json` read by `config`, its weights
+/// (float ones as `dtype`, on `device`) by `load`, every weight used (a strict load).
+pub(crate) fn load_dir<C, M>(
+    dir: &Path,
+    dtype: tessel_tensor::DType,
+    device: &tessel_tensor::Device,
+    config: impl FnOnce(&Config) -> Result<C>,
+    load: impl FnOnce(&C, &tessel_nn::Weights) -> Result<M>,
+) -> Result<M> {
+    let config = config(&Config::open(dir)?)?;
+    let weights = tessel_nn::Weights::open(dir)?
+        .with_dtype(dtype)
+        .with_device(device);
+    let model = load(&config, &weights)?;
+    weights.finish()?;
+    Ok(model)
+}

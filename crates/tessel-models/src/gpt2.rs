@@ -8,7 +8,7 @@ use tessel_tensor::{DType, Device, Result, Tensor};
 
 use crate::attention::{attend, merge_heads, split_heads};
 use crate::cache::KvCache;
-use crate::config::{Config, unsupported};
+use crate::config::{Config, load_dir, unsupported};
 use crate::generate::CausalLm;
 
 /// The fields of a GPT-2 `config.json` the model uses.
@@ -149,12 +149,13 @@ impl Gpt2 {
     /// Loads a model directory (`config.json` + weights) with float weights as `dtype` on
     /// `device`.
     pub fn from_dir(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Gpt2> {
-        let dir = dir.as_ref();
-        let config = Gpt2Config::from_config(&Config::open(dir)?)?;
-        let weights = Weights::open(dir)?.with_dtype(dtype).with_device(device);
-        let model = Gpt2::load(&config, &weights)?;
-        weights.finish()?;
-        Ok(model)
+        load_dir(
+            dir.as_ref(),
+            dtype,
+            device,
+            Gpt2Config::from_config,
+            Gpt2::load,
+        )
     }
 
     /// Builds the model from `weights` (names with or without the `transformer.` prefix, as

@@ -10,7 +10,7 @@ use tessel_tensor::{DType, Device, Result, Tensor};
 
 use crate::attention::{attend, merge_heads, split_heads};
 use crate::cache::KvCache;
-use crate::config::{Config, unsupported};
+use crate::config::{Config, load_dir, unsupported};
 use crate::generate::CausalLm;
 
 /// The fields of a Llama `config.json` the model uses.
@@ -159,12 +159,13 @@ impl Llama {
     /// Loads a model directory (`config.json` + weights) with float weights as `dtype` on
     /// `device`.
     pub fn from_dir(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Llama> {
-        let dir = dir.as_ref();
-        let config = LlamaConfig::from_config(&Config::open(dir)?)?;
-        let weights = Weights::open(dir)?.with_dtype(dtype).with_device(device);
-        let model = Llama::load(&config, &weights)?;
-        weights.finish()?;
-        Ok(model)
+        load_dir(
+            dir.as_ref(),
+            dtype,
+            device,
+            LlamaConfig::from_config,
+            Llama::load,
+        )
     }
 
     /// Builds the model from `weights`.

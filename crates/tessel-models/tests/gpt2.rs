@@ -4,12 +4,15 @@
 
 mod common;
 
-use common::{assert_close, assert_half_close, dir, reference, rows};
-use tessel_models::{CausalLm, GenerateOptions, Gpt2, generate};
+use common::{
+    assert_close, assert_half_close, check_batch_generation, check_greedy_generation, dir,
+    reference,
+};
+use tessel_models::Gpt2;
 use tessel_nn::Module;
 use tessel_nn::loss::{CrossEntropyOptions, cross_entropy};
 use tessel_nn::optim::{AdamW, AdamWConfig, Optimizer};
-use tessel_tensor::{DType, Device, Tensor};
+use tessel_tensor::{DType, Device};
 
 /// The compile counters are process-wide: the test that reads them runs alone.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -66,45 +69,7 @@ fn greedy_generation_reproduces_transformers_and_compiles_once() {
     let _serial = serial();
     let r = reference("gpt2");
     let model = Gpt2::from_dir(dir("gpt2"), DType::F32, &Device::default()).unwrap();
-    let prompt = rows(&r["prompt"]).remove(0);
-    let want = rows(&r["greedy"]).remove(0);
-    let mut streamed = Vec::new();
-    let got = generate(
-        &model,
-        std::slice::from_ref(&prompt),
-        &GenerateOptions::greedy(20),
-        |row, t| {
-            assert_eq!(row, 0);
-            streamed.push(t);
-        },
-    )
-    .unwrap();
-    assert_eq!(got[0], want, "greedy tokens");
-    assert_eq!(streamed, want[prompt.len()..]);
-
-    // Decoding token after token replays one plan: the third and later steps compile
-    // nothing (the prompt and the first new token compile).
-    let mut cache = model.new_cache().unwrap();
-    let mut ids = prompt;
-    for step in 0..6 {
-        let width = if step == 0 { ids.len() } else { 1 };
-        cache.begin(vec![vec![true; width]]).unwrap();
-        let input = Tensor::from_vec(ids[ids.len() - width..].to_vec(), [1, width]).unwrap();
-        let logits = model.forward_cached(&input, &mut cache).unwrap();
-        let last = logits.narrow(1, width as i64 - 1, 1).unwrap();
-        let mut outputs = vec![&last];
-        outputs.extend(cache.pending());
-        let report = Tensor::realize_all(&outputs).unwrap();
-        cache.commit().unwrap();
-        if step >= 2 {
-            assert_eq!(
-                report.kernels_prepared(),
-                0,
-                "decode step {step} prepared kernels"
-            );
-        }
-        ids.push(want[ids.len()]);
-    }
+    check_greedy_generation(&model, &r);
 }
 
 #[test]
@@ -112,21 +77,7 @@ fn a_left_padded_batch_generates_what_transformers_does() {
     let _serial = serial();
     let r = reference("gpt2");
     let model = Gpt2::from_dir(dir("gpt2"), DType::F32, &Device::default()).unwrap();
-    let padded = rows(&r["batch_prompts"]);
-    let mask = rows(&r["batch_mask"]);
-    let prompts: Vec<Vec<i64>> = padded
-        .iter()
-        .zip(&mask)
-        .map(|(p, m)| {
-            p.iter()
-                .zip(m)
-                .filter(|(_, m)| **m == 1)
-                .map(|(t, _)| *t)
-                .collect()
-        })
-        .collect();
-    let got = generate(&model, &prompts, &GenerateOptions::greedy(10), |_, _| {}).unwrap();
-    assert_eq!(got, rows(&r["batch_greedy"]));
+    check_batch_generation(&model, &r);
 }
 
 /// Fine-tuning: `AdamW` steps on the loaded model's parameters (every one of them, through

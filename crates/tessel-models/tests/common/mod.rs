@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use tessel_models::{CausalLm, GenerateOptions, generate};
 use tessel_tensor::{DType, Device, Tensor, load_safetensors};
 
 /// The directory of fixture `name`.
@@ -79,4 +80,70 @@ pub(crate) fn assert_half_close(
         ours <= factor * torch + 1e-2 * scale,
         "{what}: {ours:e} from the f32 reference, PyTorch's own {torch:e} (values up to {scale:e})"
     );
+}
+
+/// `model`'s greedy continuation of the fixture's prompt equals `transformers`'
+/// `generate` (streamed token by token), and decoding token after token replays one plan:
+/// the third and later steps compile nothing (the prompt and the first new token compile).
+#[track_caller]
+pub(crate) fn check_greedy_generation(model: &dyn CausalLm, r: &HashMap<String, Tensor>) {
+    let prompt = rows(&r["prompt"]).remove(0);
+    let want = rows(&r["greedy"]).remove(0);
+    let mut streamed = Vec::new();
+    let got = generate(
+        model,
+        std::slice::from_ref(&prompt),
+        &GenerateOptions::greedy(20),
+        |row, t| {
+            assert_eq!(row, 0);
+            streamed.push(t);
+        },
+    )
+    .unwrap();
+    assert_eq!(got[0], want, "greedy tokens");
+    assert_eq!(streamed, want[prompt.len()..]);
+
+    // Decoding token after token replays one plan: the third and later steps compile
+    // nothing (the prompt and the first new token compile).
+    let mut cache = model.new_cache().unwrap();
+    let mut ids = prompt;
+    for step in 0..6 {
+        let width = if step == 0 { ids.len() } else { 1 };
+        cache.begin(vec![vec![true; width]]).unwrap();
+        let input = Tensor::from_vec(ids[ids.len() - width..].to_vec(), [1, width]).unwrap();
+        let logits = model.forward_cached(&input, &mut cache).unwrap();
+        let last = logits.narrow(1, width as i64 - 1, 1).unwrap();
+        let mut outputs = vec![&last];
+        outputs.extend(cache.pending());
+        let report = Tensor::realize_all(&outputs).unwrap();
+        cache.commit().unwrap();
+        if step >= 2 {
+            assert_eq!(
+                report.kernels_prepared(),
+                0,
+                "decode step {step} prepared kernels"
+            );
+        }
+        ids.push(want[ids.len()]);
+    }
+}
+
+/// A left-padded batch of the fixture's prompts generates what `transformers` does.
+#[track_caller]
+pub(crate) fn check_batch_generation(model: &dyn CausalLm, r: &HashMap<String, Tensor>) {
+    let padded = rows(&r["batch_prompts"]);
+    let mask = rows(&r["batch_mask"]);
+    let prompts: Vec<Vec<i64>> = padded
+        .iter()
+        .zip(&mask)
+        .map(|(p, m)| {
+            p.iter()
+                .zip(m)
+                .filter(|(_, m)| **m == 1)
+                .map(|(t, _)| *t)
+                .collect()
+        })
+        .collect();
+    let got = generate(model, &prompts, &GenerateOptions::greedy(10), |_, _| {}).unwrap();
+    assert_eq!(got, rows(&r["batch_greedy"]));
 }
