@@ -7,7 +7,8 @@ side measures). `benches/benches/models.rs` then loads the same files.
     python3 benches/models_torch.py DIR
 
 `MODELS_WRITE_ONLY=1` writes the files and reference outputs without timing anything;
-`MODELS_DEVICE=cpu` computes them on the CPU.
+`MODELS_DEVICE=cpu` computes them on the CPU; `MODELS_ONLY=AdamW` times only the workloads
+whose names contain the text.
 """
 import copy
 import os
@@ -48,10 +49,11 @@ def timed(fn, runs=10):
 
 
 WRITE_ONLY = os.environ.get("MODELS_WRITE_ONLY") == "1"  # files and references, no timing
+ONLY = os.environ.get("MODELS_ONLY", "")  # time only workloads whose names contain this
 
 
 def bench(name, fn, unit=None, amount=None, runs=10):
-    if WRITE_ONLY:
+    if WRITE_ONLY or ONLY not in name:
         return
     try:
         first, ms = timed(fn, runs)
@@ -64,7 +66,7 @@ def bench(name, fn, unit=None, amount=None, runs=10):
 
 
 def variants(name, model, inputs, unit, amount):
-    if WRITE_ONLY:
+    if WRITE_ONLY or (ONLY and ONLY not in name):
         return
     for label, m in [("f32", model), ("bf16", copy.deepcopy(model).to(torch.bfloat16))]:
         with torch.no_grad():

@@ -463,7 +463,7 @@ impl Backend for CpuBackend {
         let writes = |id: BufferId| {
             program.native.is_none()
                 || buffers.iter().zip(&params).any(|(b, p)| {
-                    *b == id && matches!(p, Param::Buffer { access, .. } if access.can_write())
+                    *b == id && matches!(p, Param::Buffer { access, .. } if access.mutates())
                 })
         };
         // One lock per distinct buffer (a buffer may be bound to several parameters), taken
@@ -488,6 +488,11 @@ impl Backend for CpuBackend {
         let sizes: Vec<usize> = slots.iter().map(|&s| guards[s].1.buffer().len()).collect();
         let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
         self.counters.launches.fetch_add(1, Ordering::Relaxed);
+        for &(j, bytes) in &args.zeroed {
+            if let Guard::Write(g) = &mut guards[slots[j]].1 {
+                g.bytes_mut()[..bytes].fill(0);
+            }
+        }
 
         let Some(native) = &program.native else {
             return run_interpreter(kernel, buffers, &mut guards, dims);
@@ -604,7 +609,7 @@ fn run_interpreter(
     for (j, b) in buffers.iter().enumerate() {
         let origin = first.get(b).copied().unwrap_or(j);
         let writable =
-            matches!(params.get(j), Some(Param::Buffer { access, .. }) if access.can_write());
+            matches!(params.get(j), Some(Param::Buffer { access, .. }) if access.mutates());
         if origin < j && writable {
             let (head, tail) = slices.split_at_mut(j);
             head[origin].copy_from_slice(tail[0]);

@@ -489,9 +489,10 @@ impl CudaBackend {
         )?;
         let sizes: Vec<usize> = bound.iter().map(|b| b.bytes).collect();
         let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
-        let Some((grid, block)) = launch_dims(program, &args)? else {
+        let dims3 = launch_dims(program, &args)?;
+        if dims3.is_none() && args.zeroed.is_empty() {
             return Ok(None);
-        };
+        }
         // One slot per parameter: device pointers, then dims in their dtype's width.
         let (mut next_buffer, mut next_dim) = (bound.iter(), args.dims.iter());
         let mut slots: Vec<ArgSlot> = kernel
@@ -514,6 +515,14 @@ impl CudaBackend {
             })
             .collect();
         queue_timed(dev, &kernel.name, timed, || {
+            // Accumulated buffers start at zero (`Access::Accumulate`), in stream order.
+            for &(j, bytes) in &args.zeroed {
+                ffi::fill_zero(&dev.ctx, &dev.stream, bound[j].ptr, bytes)
+                    .map_err(|e| dev.lost("cuMemsetD8Async", e))?;
+            }
+            let Some((grid, block)) = dims3 else {
+                return Ok(());
+            };
             program
                 .module
                 .launch(&dev.ctx, &dev.stream, grid, block, &mut slots)

@@ -100,6 +100,16 @@ pub enum Op {
     Flip(NodeId, Box<[usize]>),
     /// A reduction over the listed axes, which become size 1 in the node's shape.
     Reduce(ReduceOp, NodeId, Box<[usize]>),
+    /// `Gather(src, index, axis)`: at each coordinate `c` of the node (the index's shape),
+    /// `src` at `c` with coordinate `axis` replaced by `index[c]`; `0` (`false`) where
+    /// `index[c]` lies outside `0..src.size(axis)`. `src` has the node's rank and its sizes
+    /// in every other axis; `index` is `i32` or `i64`. A load whose address is data.
+    Gather(NodeId, NodeId, usize),
+    /// `ScatterAdd(index, src, axis)`: zeros of the node's shape, plus each `src[c]` added at
+    /// `c` with coordinate `axis` replaced by `index[c]` (dropped where that lies outside
+    /// `0..size(axis)`). `index` and `src` share a shape, the node's except along `axis`;
+    /// `index` is `i32` or `i64`. Repeated indices add up (in no fixed order).
+    ScatterAdd(NodeId, NodeId, usize),
 }
 
 impl Op {
@@ -117,7 +127,7 @@ impl Op {
             | Op::Shrink(a, _)
             | Op::Flip(a, _)
             | Op::Reduce(_, a, _) => vec![*a],
-            Op::Binary(_, a, b) => vec![*a, *b],
+            Op::Binary(_, a, b) | Op::Gather(a, b, _) | Op::ScatterAdd(a, b, _) => vec![*a, *b],
             Op::Ternary(_, a, b, c) => vec![*a, *b, *c],
         }
     }
@@ -146,6 +156,14 @@ impl Op {
             Op::Shrink(a, ranges) => Op::Shrink(f(*a), ranges.clone()),
             Op::Flip(a, axes) => Op::Flip(f(*a), axes.clone()),
             Op::Reduce(r, a, axes) => Op::Reduce(*r, f(*a), axes.clone()),
+            Op::Gather(src, index, axis) => {
+                let src = f(*src);
+                Op::Gather(src, f(*index), *axis)
+            }
+            Op::ScatterAdd(index, src, axis) => {
+                let index = f(*index);
+                Op::ScatterAdd(index, f(*src), *axis)
+            }
         }
     }
 
@@ -181,6 +199,8 @@ impl Op {
             Op::Shrink(..) => "shrink",
             Op::Flip(..) => "flip",
             Op::Reduce(..) => "reduce",
+            Op::Gather(..) => "gather",
+            Op::ScatterAdd(..) => "scatter_add",
         }
     }
 }

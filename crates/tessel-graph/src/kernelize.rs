@@ -121,6 +121,8 @@ fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {
         Op::Shrink(a, s) => Op::Shrink(f(a), s.clone()),
         Op::Flip(a, axes) => Op::Flip(f(a), axes.clone()),
         Op::Reduce(r, a, axes) => Op::Reduce(*r, f(a), axes.clone()),
+        Op::Gather(a, i, axis) => Op::Gather(f(a), f(i), *axis),
+        Op::ScatterAdd(i, a, axis) => Op::ScatterAdd(f(i), f(a), *axis),
     }
 }
 
@@ -383,6 +385,8 @@ fn build(
                     && !separate.contains(m)
                     && !written_by.contains_key(m)
                     && graph.node(*m).shape == graph.node(root).shape
+                    // A scatter runs over its sources, not over its output's elements.
+                    && !matches!(graph.node(*m).op, Op::ScatterAdd(..))
             })
             .collect();
         let lowered = loop {
@@ -587,15 +591,21 @@ fn choose_materialized(
         // A large value used several times is computed once, not once per use: without
         // this a deep elementwise DAG that reuses values (a residual stream) grows every
         // kernel with the depth.
-        if ops >= share_from && consumers.get(&n).copied().unwrap_or(0) > 1 {
+        // A scatter's kernel runs over its sources, adding into its own buffer.
+        if matches!(node.op, Op::ScatterAdd(..))
+            || (ops >= share_from && consumers.get(&n).copied().unwrap_or(0) > 1)
+        {
             out.insert(n);
         }
         inline_ops.insert(n, if out.contains(&n) { 0 } else { ops });
-        if let Op::Expand(child) = node.op
+        // A reduction read at other coordinates than its own would be recomputed per
+        // element read: broadcast (`Expand`) or gathered.
+        if let Op::Expand(child) | Op::Gather(child, ..) = node.op
             && has_reduce[&child]
         {
             out.insert(child);
         }
+
         let inner = node
             .op
             .children()

@@ -68,6 +68,8 @@ struct Lowerer<'g> {
     depth: usize,
     /// Reduction loops opened so far, naming their variables.
     n_reduces: usize,
+    /// Gathered coordinates bound so far, naming their variables.
+    n_gathers: usize,
     /// Absorbable nodes that were also needed at other coordinates: absorbing them would
     /// read a buffer this kernel writes.
     conflicts: Vec<NodeId>,
@@ -107,6 +109,9 @@ pub(crate) fn lower_kernel(
     leaf_slot: &FxHashMap<LeafId, usize>,
     mode: Mode,
 ) -> Result<Lowering, KernelizeError> {
+    if let Op::ScatterAdd(index, src, axis) = graph.node(root).op {
+        return lower_scatter_kernel(graph, root, (index, src, axis), materialized, leaf_slot);
+    }
     let lanes = if mode == Mode::Serial {
         None
     } else {
@@ -183,6 +188,7 @@ pub(crate) fn lower_kernel(
         memo: vec![FxHashMap::default()],
         depth: 0,
         n_reduces: 0,
+        n_gathers: 0,
         conflicts: Vec::new(),
         lanes: lane,
         in_row_loop: false,
@@ -232,6 +238,122 @@ pub(crate) fn lower_kernel(
         args,
         writes,
         cooperative,
+    }))
+}
+
+/// Lowers the scatter-add `root` (see [`Op::ScatterAdd`]): one invocation per source
+/// element, each adding its value atomically into the root's buffer, which the launch
+/// zeroes first ([`Access::Accumulate`]). The index and the source fuse into it; an index
+/// out of range adds nothing.
+fn lower_scatter_kernel(
+    graph: &Graph,
+    root: NodeId,
+    (index, src, axis): (NodeId, NodeId, usize),
+    materialized: &FxHashSet<NodeId>,
+    leaf_slot: &FxHashMap<LeafId, usize>,
+) -> Result<Lowering, KernelizeError> {
+    let node = graph.node(root);
+    let space = graph.node(index).shape.clone();
+    let numel = space.numel();
+    let idx = index_dtype(graph, root);
+    let name = kernel_name(graph, root);
+    let mut kb = KernelBuilder::new(&format!("s{}", &name[1..]));
+    let local = match numel.as_const() {
+        Some(n) if n < LOCAL_SIZE => n.max(1),
+        _ => LOCAL_SIZE,
+    };
+    kb.grid(
+        [numel.ceil_div(local), Dim::constant(1), Dim::constant(1)],
+        [local, 1, 1],
+    );
+    let gid_value = kb.global_id(0, idx);
+    let gid_var = loop_var("gid", numel);
+    kb.bind(gid_var, gid_value, idx);
+    let gid = Expr::from(gid_var);
+    let coords: Vec<Expr> = space
+        .iter()
+        .zip(&space.contiguous_strides())
+        .map(|(&d, &s)| coordinate(gid, s, d))
+        .collect();
+    let nothing = FxHashSet::default();
+    let mut lw = Lowerer {
+        graph,
+        kb,
+        idx,
+        root,
+        root_coords: coords.clone(),
+        out_index: gid_value,
+        materialized,
+        absorbable: &nothing,
+        leaf_slot,
+        params: FxHashMap::default(),
+        args: Vec::new(),
+        writes: vec![root],
+        memo: vec![FxHashMap::default()],
+        depth: 0,
+        n_reduces: 0,
+        n_gathers: 0,
+        conflicts: Vec::new(),
+        lanes: None,
+        in_row_loop: false,
+        row_loop_reductions: 0,
+    };
+    let out_len = node.shape.numel();
+    let out = lw.param(Slot::Node(root), node.dtype, out_len, Access::Accumulate);
+    let n = node.shape[axis];
+    if numel.as_const() != Some(0) && n.as_const() != Some(0) {
+        let exact = numel.as_const().is_some_and(|c| c % local == 0);
+        let guard = if exact {
+            None
+        } else {
+            let total = lw.kb.expr(numel, idx);
+            let ok = lw.kb.lt(gid_value, total);
+            Some(lw.open_if(ok))
+        };
+        let at = lw.eval_node(index, &coords, false)?;
+        let value = lw.eval_node(src, &coords, false)?;
+        let ity = graph.node(index).dtype;
+        let lo = lw.kb.constant_as(0, ity);
+        let len = lw.kb.expr(n, ity);
+        let above = lw.kb.binary(BinaryOp::Ge, at, lo);
+        let below = lw.kb.lt(at, len);
+        let inside = lw.kb.binary(BinaryOp::And, above, below);
+        let open = lw.open_if(inside);
+        // The identity under the condition; it shows every add lands in the buffer.
+        let hi = lw.kb.expr(n - 1, ity);
+        let at = lw.kb.binary(BinaryOp::Max, at, lo);
+        let at = lw.kb.binary(BinaryOp::Min, at, hi);
+        let at = if ity == idx { at } else { lw.kb.cast(at, idx) };
+        let var = loop_var("g0", n);
+        lw.kb.bind(var, at, idx);
+        let mut target = coords.clone();
+        target[axis] = Expr::from(var);
+        let flat: Expr = target
+            .iter()
+            .zip(node.shape.contiguous_strides())
+            .map(|(&c, s)| c * s)
+            .sum();
+        let flat = lw.ix(flat.max(0).min(out_len - 1));
+        lw.kb.atomic_add(out, flat, value);
+        lw.close_if(open);
+        if let Some(open) = guard {
+            lw.close_if(open);
+        }
+    }
+    let Lowerer { kb, args, .. } = lw;
+    let text = kb.kernel().to_string();
+    let kernel = kb.build().map_err(|e| {
+        KernelizeError(format!(
+            "generated scatter kernel failed verification: {e}\n{text}"
+        ))
+    })?;
+    let kernel = tessel_ir::passes::optimize(&kernel);
+    tracing::debug!(target: "tessel::kernels", "scatter kernel for {root:?}:\n{kernel}");
+    Ok(Lowering::Done(ScheduledKernel {
+        kernel,
+        args,
+        writes: vec![root],
+        cooperative: false,
     }))
 }
 
@@ -299,6 +421,7 @@ fn lower_row_kernel(
         memo: vec![FxHashMap::default()],
         depth: 0,
         n_reduces: 0,
+        n_gathers: 0,
         conflicts: Vec::new(),
         lanes: Some((lanes, lane)),
         in_row_loop: false,
@@ -623,12 +746,56 @@ impl Lowerer<'_> {
                 self.masked(*a, &mapped, valid, pad, node.dtype)?
             }
             Op::Reduce(op, a, axes) => self.reduce(*op, *a, axes, coords, node.dtype)?,
+            Op::Gather(src, index, axis) => self.gather(*src, *index, *axis, coords, node.dtype)?,
             op if op.is_movement() => {
                 let (child, mapped) = map_coords(self.graph, &node.op, &node.shape, coords);
                 self.eval_node(child, &mapped, false)?
             }
             op => return Err(KernelizeError(format!("no lowering for {}", op.name()))),
         })
+    }
+
+    /// `src` at `coords` with coordinate `axis` taken from `index` there: a load whose
+    /// address is data. The index is clamped into the axis before it becomes a coordinate
+    /// (a variable bounded by the axis, so every load stays provably in bounds) and the
+    /// value of an out-of-range index is replaced by zero.
+    fn gather(
+        &mut self,
+        src: NodeId,
+        index: NodeId,
+        axis: usize,
+        coords: &[Expr],
+        dtype: DType,
+    ) -> Result<Value, KernelizeError> {
+        let n = self.graph.node(src).shape[axis];
+        let zero = self.kb.constant(Scalar::zero(dtype));
+        if n.as_const() == Some(0) {
+            return Ok(zero);
+        }
+        let at = self.eval_node(index, coords, false)?;
+        // Compared and clamped in the index's own dtype: an i64 index narrowed first could
+        // wrap into range.
+        let ity = self.graph.node(index).dtype;
+        let lo = self.kb.constant_as(0, ity);
+        let hi = self.kb.expr(n - 1, ity);
+        let len = self.kb.expr(n, ity);
+        let above = self.kb.binary(BinaryOp::Ge, at, lo);
+        let below = self.kb.lt(at, len);
+        let inside = self.kb.binary(BinaryOp::And, above, below);
+        let clamped = self.kb.binary(BinaryOp::Max, at, lo);
+        let clamped = self.kb.binary(BinaryOp::Min, clamped, hi);
+        let clamped = if ity == self.idx {
+            clamped
+        } else {
+            self.kb.cast(clamped, self.idx)
+        };
+        let var = loop_var(&format!("g{}", self.n_gathers), n);
+        self.n_gathers += 1;
+        self.kb.bind(var, clamped, self.idx);
+        let mut mapped = coords.to_vec();
+        mapped[axis] = Expr::from(var);
+        let v = self.eval_node(src, &mapped, false)?;
+        Ok(self.kb.select(inside, v, zero))
     }
 
     /// `valid ? child[mapped] : pad`, evaluating the child only where valid.
@@ -864,6 +1031,11 @@ impl Lowerer<'_> {
         );
         match &node.op {
             Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Pad(..) => {}
+            // The source is read at coordinates that are data: nothing under it is
+            // invariant. (A source with reductions is materialized anyway.)
+            Op::Gather(_, index, _) => {
+                self.invariant_reductions(*index, coords, loop_var, out, false);
+            }
             Op::Reduce(..) => {
                 if coords.iter().all(|c| !c.vars().contains(&loop_var))
                     && !out.iter().any(|(m, c)| *m == n && c == coords)

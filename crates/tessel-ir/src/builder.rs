@@ -250,6 +250,15 @@ impl KernelBuilder {
         });
     }
 
+    /// Adds a scalar atomically at `index` of a buffer declared [`Access::Accumulate`].
+    pub fn atomic_add(&mut self, mem: impl Into<Mem>, index: Value, value: Value) {
+        self.push(Inst::AtomicAdd {
+            mem: mem.into(),
+            index,
+            value,
+        });
+    }
+
     /// A workgroup barrier.
     pub fn barrier(&mut self) {
         self.push(Inst::Barrier);

@@ -35,6 +35,7 @@ impl fmt::Display for Kernel {
                         Access::Read => "read",
                         Access::Write => "write",
                         Access::ReadWrite => "read_write",
+                        Access::Accumulate => "accumulate",
                     };
                     write!(f, "{name}: {dtype}[{len}] {access}")?;
                 }
@@ -121,6 +122,9 @@ pub fn inst_text(kernel: &Kernel, i: usize) -> String {
         }
         Inst::Store { mem, index, value } => {
             write!(s, "store {}[{index}], {value}", mem_text(kernel, *mem))
+        }
+        Inst::AtomicAdd { mem, index, value } => {
+            write!(s, "atomic_add {}[{index}], {value}", mem_text(kernel, *mem))
         }
         Inst::Barrier => write!(s, "barrier"),
         Inst::Unary(op, a) => write!(s, "{op} {a}"),

@@ -41,9 +41,11 @@
 //! end bound is a value defined before the loop, which the body cannot redefine.
 
 use half::{bf16, f16};
-use tessel_shape::{Bindings, DType, EvalError, Expr, F8E4M3, F8E5M2, Scalar, ScalarError};
+use tessel_shape::{
+    BinaryOp, Bindings, DType, EvalError, Expr, F8E4M3, F8E5M2, Scalar, ScalarError,
+};
 
-use crate::kernel::{Inst, Kernel, Mem, Param, Special, Value};
+use crate::kernel::{Access, Inst, Kernel, Mem, Param, Special, Value};
 use crate::verify::{Def, VerifyError, verify};
 
 /// Why a kernel could not be interpreted. Every message names the kernel.
@@ -171,6 +173,21 @@ pub enum InterpError {
 pub fn run(kernel: &Kernel, buffers: &mut [&mut [u8]], dims: &Bindings) -> Result<(), InterpError> {
     let defs = verify(kernel).map_err(Box::new)?;
     let program = Program::new(kernel, &defs, buffers, dims)?;
+    // Accumulate buffers start at zero, as on every backend.
+    let params = kernel.params.iter().filter_map(|p| match p {
+        Param::Buffer {
+            dtype, len, access, ..
+        } => Some((*dtype, *len, *access)),
+        Param::Dim { .. } => None,
+    });
+    for ((dtype, len, access), buffer) in params.zip(buffers.iter_mut()) {
+        if access == Access::Accumulate {
+            let bytes =
+                usize::try_from(len.eval(dims).unwrap_or(0)).unwrap_or(0) * dtype.size_bytes();
+            let len = buffer.len();
+            buffer[..bytes.min(len)].fill(0);
+        }
+    }
     program.execute(buffers)
 }
 
@@ -389,7 +406,9 @@ impl<'k> Program<'k> {
             }
         }
         for (i, inst) in kernel.insts.iter().enumerate() {
-            let (Inst::Load { mem, .. } | Inst::Store { mem, .. }) = *inst else {
+            let (Inst::Load { mem, .. } | Inst::Store { mem, .. } | Inst::AtomicAdd { mem, .. }) =
+                *inst
+            else {
                 continue;
             };
             program.mem[i] = Some(match mem {
@@ -608,6 +627,16 @@ impl<'k> Program<'k> {
                         }
                     }
                 }
+                Inst::AtomicAdd { index, value, .. } => {
+                    let (m, at) = self.access(pc, vals[slot(*index)], 1, ids)?;
+                    let Target::Global { buffer, dtype } = m.target else {
+                        unreachable!("verified: atomic adds go to global buffers")
+                    };
+                    let sum = read_elem(buffers[buffer], at, dtype)
+                        .binary(BinaryOp::Add, vals[slot(*value)])
+                        .map_err(|e| op_err(pc, e))?;
+                    write_elem(buffers[buffer], at, dtype, sum);
+                }
                 Inst::Barrier => {
                     wg.pc[inv] = pc + 1;
                     return Ok(Stop::Barrier(pc));
@@ -681,11 +710,13 @@ impl<'k> Program<'k> {
         let first = int_of(index);
         if first < 0 || first + i128::from(width) > m.len as i128 {
             let mem = match self.kernel.insts[at] {
-                Inst::Load { mem, .. } | Inst::Store { mem, .. } => match mem {
-                    Mem::Global(p) => format!("buffer `{}`", self.kernel.params[p].name()),
-                    Mem::Local(v) => format!("local memory {v}"),
-                    Mem::Reg(v) => format!("registers {v}"),
-                },
+                Inst::Load { mem, .. } | Inst::Store { mem, .. } | Inst::AtomicAdd { mem, .. } => {
+                    match mem {
+                        Mem::Global(p) => format!("buffer `{}`", self.kernel.params[p].name()),
+                        Mem::Local(v) => format!("local memory {v}"),
+                        Mem::Reg(v) => format!("registers {v}"),
+                    }
+                }
                 _ => unreachable!("only loads and stores access memory"),
             };
             let [gx, gy, gz] = ids.group;

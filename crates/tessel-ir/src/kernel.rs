@@ -78,6 +78,9 @@ pub enum Access {
     Write,
     /// Loads and stores.
     ReadWrite,
+    /// Atomic adds only ([`Inst::AtomicAdd`]), onto zeros: every launch clears the buffer
+    /// before the kernel runs, so a launch computes the same sums however often it runs.
+    Accumulate,
 }
 
 impl Access {
@@ -89,6 +92,11 @@ impl Access {
     /// Whether stores are allowed.
     pub const fn can_write(self) -> bool {
         matches!(self, Access::Write | Access::ReadWrite)
+    }
+
+    /// Whether the kernel changes the buffer (stores or atomic adds).
+    pub const fn mutates(self) -> bool {
+        !matches!(self, Access::Read)
     }
 }
 
@@ -222,6 +230,18 @@ pub enum Inst {
         /// The value written; its width is the store's width.
         value: Value,
     },
+    /// Adds the scalar `value` to the element at `index` of a global buffer with
+    /// [`Access::Accumulate`], atomically: concurrent adds to one element all land (in no
+    /// fixed order). Integers wrap. Element types: `f32`, `f64`, `i32`, `u32`, `i64`,
+    /// `u64`; a backend without atomics of a width fails to compile the kernel.
+    AtomicAdd {
+        /// The memory added into (a `Mem::Global` buffer).
+        mem: Mem,
+        /// The element index (an integer scalar).
+        index: Value,
+        /// The value added.
+        value: Value,
+    },
     /// Waits until every invocation of the workgroup reaches this point; local memory
     /// writes before it are visible to every invocation after it.
     Barrier,
@@ -258,10 +278,12 @@ impl Inst {
             Inst::Range { start, end } => vec![*start, *end],
             Inst::EndRange(v) | Inst::If(v) | Inst::EndIf(v) => vec![*v],
             Inst::Load { mem, index, .. } => mem_operand(mem).into_iter().chain([*index]).collect(),
-            Inst::Store { mem, index, value } => mem_operand(mem)
-                .into_iter()
-                .chain([*index, *value])
-                .collect(),
+            Inst::Store { mem, index, value } | Inst::AtomicAdd { mem, index, value } => {
+                mem_operand(mem)
+                    .into_iter()
+                    .chain([*index, *value])
+                    .collect()
+            }
             Inst::Unary(_, a) | Inst::Cast(a, _) | Inst::Bitcast(a, _) | Inst::Extract(a, _) => {
                 vec![*a]
             }
@@ -321,6 +343,19 @@ impl Inst {
                     value: f(*value),
                 }
             }
+            Inst::AtomicAdd {
+                mem: m,
+                index,
+                value,
+            } => {
+                let m = mem(*m);
+                let index = f(*index);
+                Inst::AtomicAdd {
+                    mem: m,
+                    index,
+                    value: f(*value),
+                }
+            }
             Inst::Unary(op, a) => Inst::Unary(*op, f(*a)),
             Inst::Binary(op, a, b) => {
                 let a = f(*a);
@@ -360,7 +395,11 @@ impl Inst {
     pub fn has_value(&self) -> bool {
         !matches!(
             self,
-            Inst::EndRange(_) | Inst::EndIf(_) | Inst::Store { .. } | Inst::Barrier
+            Inst::EndRange(_)
+                | Inst::EndIf(_)
+                | Inst::Store { .. }
+                | Inst::AtomicAdd { .. }
+                | Inst::Barrier
         )
     }
 }

@@ -10,7 +10,7 @@
 use tessel_shape::{Bindings, DType, Expr};
 
 use crate::backend::{BackendError, BufferId};
-use crate::kernel::{Kernel, Param};
+use crate::kernel::{Access, Kernel, Param};
 
 /// A launch's arguments, evaluated with its bindings and checked against its buffers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +22,10 @@ pub struct LaunchArgs {
     pub dims: Vec<i64>,
     /// The number of workgroups: the product of `grid[0..3]`.
     pub groups: i64,
+    /// `(j, bytes)`: the `j`-th buffer is an [`Access::Accumulate`] parameter, whose first
+    /// `bytes` the backend must zero before the kernel runs (every launch, timed ones
+    /// included).
+    pub zeroed: Vec<(usize, usize)>,
 }
 
 impl LaunchArgs {
@@ -67,6 +71,7 @@ impl LaunchArgs {
             })?;
 
         let mut dims = Vec::new();
+        let mut zeroed = Vec::new();
         let mut buffer = 0;
         for (p, param) in kernel.params.iter().enumerate() {
             match param {
@@ -83,7 +88,10 @@ impl LaunchArgs {
                     dims.push(value);
                 }
                 Param::Buffer {
-                    name, dtype, len, ..
+                    name,
+                    dtype,
+                    len,
+                    access,
                 } => {
                     let (Some(&id), Some(&size)) = (ids.get(buffer), sizes.get(buffer)) else {
                         return Err(buffer_count(kernel, ids.len()));
@@ -99,6 +107,9 @@ impl LaunchArgs {
                                 format!("buffer `{name}` has an unusable length {elements}"),
                             )
                         })?;
+                    if *access == Access::Accumulate {
+                        zeroed.push((buffer - 1, needed));
+                    }
                     if size < needed {
                         return Err(invalid(
                             kernel,
@@ -115,7 +126,12 @@ impl LaunchArgs {
         if buffer != ids.len() {
             return Err(buffer_count(kernel, ids.len()));
         }
-        Ok(LaunchArgs { grid, dims, groups })
+        Ok(LaunchArgs {
+            grid,
+            dims,
+            groups,
+            zeroed,
+        })
     }
 }
 

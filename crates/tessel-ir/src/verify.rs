@@ -10,7 +10,7 @@
 use rustc_hash::FxHashMap;
 use tessel_shape::{BinaryOp, DType, TernaryOp};
 
-use crate::kernel::{Inst, Kernel, Mem, Param, Special, Ty, Value};
+use crate::kernel::{Access, Inst, Kernel, Mem, Param, Special, Ty, Value};
 
 /// Why a kernel failed verification.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -371,6 +371,33 @@ impl<'k> Checker<'k> {
                 }
                 Def::None
             }
+            Inst::AtomicAdd { mem, index, value } => {
+                self.int_scalar(*index, "index")?;
+                let Mem::Global(p) = *mem else {
+                    return ty_err("atomic adds go to global buffers only".into());
+                };
+                let Some(Param::Buffer {
+                    dtype,
+                    access: Access::Accumulate,
+                    ..
+                }) = self.kernel.params.get(p)
+                else {
+                    return Err(VerifyErrorKind::Param(format!(
+                        "atomic add into parameter {p}, which is not a buffer declared accumulate"
+                    )));
+                };
+                let ty = self.data(*value)?;
+                if ty != Ty::scalar(*dtype) {
+                    return ty_err(format!("atomic add of {ty} into a buffer of {dtype}"));
+                }
+                if !matches!(
+                    dtype,
+                    DType::F32 | DType::F64 | DType::I32 | DType::U32 | DType::I64 | DType::U64
+                ) {
+                    return ty_err(format!("no atomic add for {dtype}"));
+                }
+                Def::None
+            }
             Inst::Barrier => Def::None,
             Inst::Unary(op, a) => {
                 let ty = self.data(*a)?;
@@ -519,11 +546,13 @@ fn check_bounds(kernel: &Kernel, defs: &[Def]) -> Result<(), VerifyError> {
                 ranges.narrowed.pop();
                 ranges.memo.clear();
             }
-            Inst::Load { mem, index, .. } | Inst::Store { mem, index, .. } => {
+            Inst::Load { mem, index, .. }
+            | Inst::Store { mem, index, .. }
+            | Inst::AtomicAdd { mem, index, .. } => {
                 let width = match inst {
                     Inst::Load { width, .. } => *width,
                     Inst::Store { value, .. } => defs[value.index()].ty().map_or(1, |t| t.width),
-                    _ => unreachable!(),
+                    _ => 1,
                 };
                 let (name, len) = match *mem {
                     Mem::Global(p) => match &kernel.params[p] {

@@ -301,6 +301,7 @@ fn args(groups: [i64; 3], local: [i64; 3], dims: Vec<i64>) -> LaunchArgs {
         ],
         dims,
         groups: groups.iter().product(),
+        zeroed: Vec::new(),
     }
 }
 

@@ -8,7 +8,7 @@
 
 use tessel_tensor::{DType, Error, Result, Tensor};
 
-use crate::layers::one_hot_bool;
+use crate::layers::dims_i64;
 
 /// How a loss's per-element values become the result (`reduction=` in PyTorch).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -217,28 +217,32 @@ fn check_index_target(op: &'static str, input: &Tensor, target: &Tensor) -> Resu
     Ok(())
 }
 
-/// The negative log-likelihood per element of log-probabilities `logp` `[N, C, d...]`
-/// at `target` `[N, d...]`, weighted and zero where ignored, and each element's weight
-/// (zero where ignored): the mean reduction divides the sums of the two.
+/// `x` `[N, C, d...]` at each element's class `target` `[N, d...]`, by a gather (an
+/// ignored or out-of-range index reads 0): `[N, 1, d...]`.
+fn at_target(x: &Tensor, target: &Tensor) -> Result<Tensor> {
+    x.gather(1, &target.unsqueeze(1)?)
+}
+
+/// The negative log-likelihood per element from `picked` `[N, d...]`, the log-probability
+/// at each element's class `target` `[N, d...]`, weighted and zero where ignored, and each
+/// element's weight (zero where ignored): the mean reduction divides the sums of the two.
 fn nll_terms(
-    logp: &Tensor,
+    picked: &Tensor,
     target: &Tensor,
     weight: Option<&Tensor>,
     ignore_index: i64,
 ) -> Result<(Tensor, Tensor)> {
     let kept = target.ne(ignore_index)?;
-    // [N, d..., C] -> [N, C, d...], true at each element's class.
-    let rank = logp.ndim() as i64;
-    let mut axes = vec![0, rank - 1];
-    axes.extend(1..rank - 1);
-    let mask = one_hot_bool(target, logp.dims()[1])?.permute(&axes)?;
-    // Selected with `where` and a sum rather than `gather`, so autograd sees through it.
-    let pick = |t: &Tensor| Tensor::where_cond(&mask, t, 0.0)?.sum(&[1], false);
     let w = match weight {
-        Some(w) => Tensor::where_cond(&kept, &pick(w)?, 0.0)?,
-        None => kept.cast(logp.dtype()),
+        Some(w) => {
+            let flat = target.reshape(&[-1])?;
+            let per = w.reshape(&[-1])?.index_select(0, &flat)?;
+            let per = per.reshape(&dims_i64(&target.dims()))?;
+            Tensor::where_cond(&kept, &per, 0.0)?
+        }
+        None => kept.cast(picked.dtype()),
     };
-    let loss = Tensor::where_cond(&kept, &(&pick(logp)?.neg()? * &w)?, 0.0)?;
+    let loss = Tensor::where_cond(&kept, &(&picked.neg()? * &w)?, 0.0)?;
     Ok((loss, w))
 }
 
@@ -273,7 +277,8 @@ pub fn nll_loss(input: &Tensor, target: &Tensor, opts: &NllLossOptions) -> Resul
     };
     check_index_target(OP, &x, &t)?;
     let weight = class_weight(OP, opts.weight.as_ref(), x.dims()[1], x.dtype(), x.ndim())?;
-    let (loss, w) = nll_terms(&x, &t, weight.as_ref(), opts.ignore_index)?;
+    let picked = at_target(&x, &t)?.squeeze(Some(&[1]))?;
+    let (loss, w) = nll_terms(&picked, &t, weight.as_ref(), opts.ignore_index)?;
     unbatch(
         reduce_weighted(&loss, &w, opts.reduction)?,
         unbatched,
@@ -320,9 +325,9 @@ pub fn cross_entropy(
     }
     let classes = x.dims()[1];
     let weight = class_weight(OP, opts.weight.as_ref(), classes, x.dtype(), x.ndim())?;
-    let logp = x.log_softmax(1)?;
 
     if target.dtype().is_float() {
+        let logp = x.log_softmax(1)?;
         // Class probabilities.
         if target.shape() != input.shape() || target.dtype() != input.dtype() {
             return Err(invalid(
@@ -365,19 +370,24 @@ pub fn cross_entropy(
         target.clone()
     };
     check_index_target(OP, &x, &t)?;
-    let (loss, w) = nll_terms(&logp, &t, weight.as_ref(), opts.ignore_index)?;
+    // log_softmax(x)[t] = x[t] - logsumexp(x): the row statistics and one gathered logit
+    // per element, so the [N, C] log-probabilities are never written. The gradient is
+    // softmax(x) minus one at the target, computed where it is consumed.
+    let lse = x.logsumexp(&[1], true)?;
+    let picked = (&at_target(&x, &t)? - &lse)?.squeeze(Some(&[1]))?;
+    let (loss, w) = nll_terms(&picked, &t, weight.as_ref(), opts.ignore_index)?;
     let nll = reduce_weighted(&loss, &w, opts.reduction)?;
     if ls == 0.0 {
         return unbatch(nll, unbatched, opts.reduction);
     }
     // PyTorch's smoothing term: -sum_c weight_c * logp_c per element, zero where ignored,
-    // normalized like the NLL term.
-    let weighted = match &weight {
-        Some(w) => (&logp * w)?,
-        None => logp,
+    // normalized like the NLL term; sum_c w_c (x_c - lse) = sum_c w_c x_c - lse sum_c w_c.
+    let logp_sum = match &weight {
+        Some(w) => (&(&x * w)?.sum(&[1], true)? - &(&lse * &w.sum_all()?)?)?,
+        None => (&x.sum(&[1], true)? - &(&lse * classes as f64)?)?,
     };
     let kept = t.ne(opts.ignore_index)?;
-    let smooth = Tensor::where_cond(&kept, &weighted.sum(&[1], false)?.neg()?, 0.0)?;
+    let smooth = Tensor::where_cond(&kept, &logp_sum.squeeze(Some(&[1]))?.neg()?, 0.0)?;
     let smooth = reduce_weighted(&smooth, &w, opts.reduction)?;
     let loss = (&(&nll * (1.0 - ls))? + &(&smooth * (ls / classes as f64))?)?;
     unbatch(loss, unbatched, opts.reduction)

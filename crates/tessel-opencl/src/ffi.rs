@@ -21,8 +21,8 @@ use std::ops::Deref;
 use std::ptr;
 
 use opencl3::command_queue::{
-    CommandQueue, enqueue_copy_buffer, enqueue_nd_range_kernel, enqueue_read_buffer,
-    enqueue_write_buffer,
+    CommandQueue, enqueue_copy_buffer, enqueue_fill_buffer, enqueue_nd_range_kernel,
+    enqueue_read_buffer, enqueue_write_buffer,
 };
 use opencl3::context::Context;
 use opencl3::error_codes::ClError;
@@ -194,6 +194,33 @@ pub(crate) fn copy(
             src.get(),
             dst.get(),
             0,
+            0,
+            bytes,
+            0,
+            ptr::null(),
+        )
+    }?;
+    drop(Handle::new(Event::new(event)));
+    Ok(())
+}
+
+/// Queues zeroing the first `bytes` of `buffer` (a buffer of the queue's context); returns
+/// without waiting.
+pub(crate) fn fill_zero(
+    queue: &CommandQueue,
+    buffer: &Buffer<u8>,
+    bytes: usize,
+) -> Result<(), ClError> {
+    let zero = 0u8;
+    // SAFETY: the handle is a live buffer of the queue's context at least `bytes` long (the
+    // caller checked); the one-byte pattern is read before the call returns (OpenCL 1.2,
+    // 5.2.2), and the command keeps its own reference to the buffer. No wait list.
+    let event = unsafe {
+        enqueue_fill_buffer(
+            queue.get(),
+            buffer.get(),
+            ptr::from_ref(&zero).cast::<c_void>(),
+            1,
             0,
             bytes,
             0,

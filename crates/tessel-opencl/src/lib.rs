@@ -324,6 +324,13 @@ impl OpenClBackend {
         )?;
         let sizes: Vec<usize> = bound.iter().map(|b| b.bytes).collect();
         let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
+        // Accumulated buffers start at zero (`Access::Accumulate`), in queue order.
+        for &(j, bytes) in &args.zeroed {
+            ffi::fill_zero(&dev.queue, &bound[j].mem, bytes).map_err(|e| BackendError::Launch {
+                kernel: kernel.name.clone(),
+                reason: format!("clEnqueueFillBuffer failed: {e}"),
+            })?;
+        }
         let Some((global, local)) = launch_sizes(&program, dev, &args)? else {
             return Ok(None);
         };

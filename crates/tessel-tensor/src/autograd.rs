@@ -286,8 +286,49 @@ impl Tape {
                 let x = self.tensor(*a);
                 vec![(*a, reduce_vjp(*op, x, out, g, axes))]
             }
+            // Each read element's gradient adds into the position it was read from
+            // (out-of-range reads read nothing, and their gradient is dropped).
+            Op::Gather(src, index, axis) => {
+                let (x, index) = (self.tensor(*src), self.tensor(*index));
+                vec![(*src, gather_vjp(x, index, *axis, g))]
+            }
+            Op::ScatterAdd(index, src, axis) => {
+                let index = self.tensor(*index);
+                let read = g.record(
+                    Op::Gather(g.node(), index.node(), *axis),
+                    g.dtype(),
+                    index.shape().clone(),
+                );
+                vec![(*src, read)]
+            }
         })
     }
+}
+
+/// The gradient of `x` read by a gather at `index` along `axis`. One read per row of the
+/// axis (cross-entropy's target logit) touches each position of the row at most once, so
+/// the gradient is `g` where the position equals the index, else 0: a comparison fused
+/// into whatever consumes it, with no buffer. Otherwise reads may repeat a position, and
+/// their gradients add up in a scatter-add.
+fn gather_vjp(x: &Tensor, index: &Tensor, axis: usize, g: &Tensor) -> Tensor {
+    if index.shape()[axis].as_const() == Some(1) {
+        let position = Tensor::record_on(
+            x.device(),
+            Op::Index(axis),
+            index.dtype(),
+            x.shape().clone(),
+        );
+        let at = index
+            .broadcast_to_shape(x.shape())
+            .raw_binary(BinaryOp::Eq, &position);
+        let zero = g.constant(0.0);
+        return at.raw_where(
+            &g.broadcast_to_shape(x.shape()),
+            &zero.broadcast_to_shape(x.shape()),
+        );
+    }
+    let n = x.shape()[axis];
+    crate::ops::scatter_add_into_zeros(index, g, axis, n).cast_to(x.dtype())
 }
 
 fn mul(a: &Tensor, b: &Tensor) -> Tensor {

@@ -40,7 +40,7 @@ pub(crate) fn submit(
         reason,
     };
     if args.groups == 0 || args.grid[3..].contains(&0) {
-        return Ok(None);
+        return clear_only(dev, kernel, buffers, args);
     }
     let shader = &pipeline.shader;
     let [x, y, z] = shader.dispatch(args).map_err(|e| match e {
@@ -48,7 +48,7 @@ pub(crate) fn submit(
         other => fail(other.to_string()),
     })?;
     if x == 0 || y == 0 || z == 0 {
-        return Ok(None);
+        return clear_only(dev, kernel, buffers, args);
     }
     let max_binding = dev.limits.max_storage_buffer_binding_size;
     if let Some(b) = buffers.iter().find(|b| padded(b.bytes) > max_binding) {
@@ -120,6 +120,7 @@ pub(crate) fn submit(
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some(kernel),
             });
+        clear(&mut encoder, buffers, args);
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(kernel),
@@ -145,6 +146,43 @@ pub(crate) fn submit(
         None => Ok(Some(Submitted { index, timestamps })),
         Some(wgpu::Error::OutOfMemory { .. }) => Err(oom()),
         Some(e) => Err(fail(e.to_string())),
+    }
+}
+
+/// Zeroes the launch's accumulated buffers (`Access::Accumulate`) ahead of its dispatch.
+fn clear(encoder: &mut wgpu::CommandEncoder, buffers: &[&DeviceBuffer], args: &LaunchArgs) {
+    for &(j, bytes) in &args.zeroed {
+        // Accumulated elements are 32-bit, so the size is a multiple of the copy alignment.
+        let size = (bytes as u64).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        encoder.clear_buffer(&buffers[j].buffer, 0, Some(size));
+    }
+}
+
+/// A launch that runs no invocation still zeroes its accumulated buffers.
+fn clear_only(
+    dev: &GpuDevice,
+    kernel: &str,
+    buffers: &[&DeviceBuffer],
+    args: &LaunchArgs,
+) -> Result<Option<Submitted>, BackendError> {
+    if args.zeroed.is_empty() {
+        return Ok(None);
+    }
+    let ((), error) = dev.scoped(|| {
+        let mut encoder = dev
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some(kernel),
+            });
+        clear(&mut encoder, buffers, args);
+        dev.queue.submit([encoder.finish()]);
+    });
+    match error {
+        None => Ok(None),
+        Some(e) => Err(BackendError::Launch {
+            kernel: kernel.to_owned(),
+            reason: e.to_string(),
+        }),
     }
 }
 

@@ -309,7 +309,12 @@ fn folded(egraph: &EGraph, node: &ENode) -> Option<Scalar> {
             }
             a
         }
-        Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Reduce(..) => return None,
+        Op::Leaf(_)
+        | Op::Const(_)
+        | Op::Index(_)
+        | Op::Reduce(..)
+        | Op::Gather(..)
+        | Op::ScatterAdd(..) => return None,
     };
     (value.dtype() == node.dtype()).then_some(value)
 }

@@ -80,6 +80,9 @@ pub struct CStyle {
     /// transcendentals; else it is the reference's: fdlibm's `erf` in `double`, rounded once,
     /// bit-identical to the interpreter but an order of magnitude slower on a GPU (GELU).
     pub native_f32_erf: bool,
+    /// The statement adding `value` atomically to the element `at` points to, for a dtype
+    /// (`None` where the dialect has no atomic add of that width).
+    pub atomic_add: fn(dtype: DType, at: &str, value: &str) -> Option<String>,
 }
 
 /// The bodies of the two `f16` conversion helpers, for a dialect with built-in conversions.
@@ -120,7 +123,29 @@ pub const C: CStyle = CStyle {
     f16_builtins: None,
     // The CPU keeps the reference's bits.
     native_f32_erf: false,
+    atomic_add: c_atomic_add,
 };
+
+/// GCC's and Clang's `__atomic` built-ins: integers add directly (wrapping), floats loop
+/// on a compare-and-swap of the whole value.
+fn c_atomic_add(dtype: DType, at: &str, value: &str) -> Option<String> {
+    let float = match dtype {
+        DType::I32 | DType::U32 | DType::I64 | DType::U64 => {
+            return Some(format!(
+                "__atomic_fetch_add({at}, {value}, __ATOMIC_RELAXED);"
+            ));
+        }
+        DType::F32 => "float",
+        DType::F64 => "double",
+        _ => return None,
+    };
+    Some(format!(
+        "{{ {float} *tsl_at = {at}; {float} tsl_old, tsl_new; \
+         __atomic_load(tsl_at, &tsl_old, __ATOMIC_RELAXED); \
+         do {{ tsl_new = tsl_old + ({value}); }} while (!__atomic_compare_exchange(tsl_at, \
+         &tsl_old, &tsl_new, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)); }}"
+    ))
+}
 
 const C_PRELUDE: &str = "\
 #include <math.h>
@@ -198,7 +223,29 @@ pub const OPENCL: CStyle = CStyle {
     f16_builtins: Some(OPENCL_HALF),
     // OpenCL C's `erf` on `float`: 16 ulp at most (OpenCL C 1.2, 7.4), no `double` needed.
     native_f32_erf: true,
+    atomic_add: opencl_atomic_add,
 };
+
+/// OpenCL C 1.2's 32-bit atomics: `atomic_add` on integers, a loop on `atomic_cmpxchg`
+/// of the bits for `float`. The 64-bit ones need `cl_khr_int64_base_atomics`, which is
+/// not assumed.
+fn opencl_atomic_add(dtype: DType, at: &str, value: &str) -> Option<String> {
+    match dtype {
+        DType::I32 => Some(format!(
+            "atomic_add((volatile __global int *)({at}), {value});"
+        )),
+        DType::U32 => Some(format!(
+            "atomic_add((volatile __global uint *)({at}), {value});"
+        )),
+        DType::F32 => Some(format!(
+            "{{ volatile __global uint *tsl_at = (volatile __global uint *)({at}); \
+             uint tsl_old = *tsl_at, tsl_seen; do {{ tsl_seen = tsl_old; \
+             tsl_old = atomic_cmpxchg(tsl_at, tsl_seen, as_uint(as_float(tsl_seen) + ({value}))); \
+             }} while (tsl_old != tsl_seen); }}"
+        )),
+        _ => None,
+    }
+}
 
 /// [`OPENCL`] for a device without `cl_khr_fp64`: `f64` has no type, so any kernel that
 /// needs `double` fails to render with [`CodegenError::UnsupportedOp`](super::CodegenError)
@@ -309,7 +356,22 @@ pub const CUDA: CStyle = CStyle {
     f16_builtins: None,
     // `erff`: 2 ulp at most (CUDA C++ Programming Guide, mathematical functions).
     native_f32_erf: true,
+    atomic_add: cuda_atomic_add,
 };
+
+/// CUDA's `atomicAdd` overloads (`double` needs sm_60, which every supported device has);
+/// 64-bit integers go through the `unsigned long long` one, which wraps the same way.
+fn cuda_atomic_add(dtype: DType, at: &str, value: &str) -> Option<String> {
+    match dtype {
+        DType::F32 | DType::F64 | DType::I32 | DType::U32 | DType::U64 => {
+            Some(format!("atomicAdd({at}, {value});"))
+        }
+        DType::I64 => Some(format!(
+            "atomicAdd((unsigned long long *)({at}), (unsigned long long)({value}));"
+        )),
+        _ => None,
+    }
+}
 
 /// NVRTC compiles without the C library's headers: the `<stdint.h>` names are defined here
 /// (the same types `<stdint.h>` gives on every platform CUDA supports), and `INFINITY`,

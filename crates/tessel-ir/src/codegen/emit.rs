@@ -391,7 +391,7 @@ impl<'k> Emitter<'k> {
                     } else {
                         self.x.ty_for("buffer", *dtype)?
                     };
-                    let t = if access.can_write() {
+                    let t = if access.mutates() {
                         t.to_owned()
                     } else {
                         format!("const {t}")
@@ -721,6 +721,22 @@ impl<'k> Emitter<'k> {
                     pieces.push(Piece::Line(format!("{at} = {cast}{v};")));
                 }
                 pieces
+            }
+            Inst::AtomicAdd { mem, index, value } => {
+                let base = self.mem(*mem);
+                let idx = self.operand(*index, 0, site)?;
+                let v = self.operand(*value, 0, site)?;
+                let dtype = self.dtype(*value);
+                let dialect = self.dialect();
+                let line = (dialect.atomic_add)(dtype, &format!("&{base}[{idx}]"), &v).ok_or_else(
+                    || CodegenError::UnsupportedOp {
+                        kernel: self.kernel.name.clone(),
+                        dialect: dialect.name,
+                        op: "atomic_add".into(),
+                        dtype,
+                    },
+                )?;
+                vec![Piece::Line(line)]
             }
             Inst::Barrier => {
                 if self.serial {

@@ -105,6 +105,7 @@ impl Key {
             | Inst::DefineReg { .. }
             | Inst::Load { .. }
             | Inst::Store { .. }
+            | Inst::AtomicAdd { .. }
             | Inst::Barrier => return None,
         })
     }

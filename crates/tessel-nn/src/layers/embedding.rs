@@ -2,7 +2,7 @@
 
 use tessel_tensor::{Result, Tensor};
 
-use super::{impl_forward, invalid, one_hot_bool};
+use super::{impl_forward, invalid};
 use crate::init::{ParamOptions, normal};
 use crate::{Module, Visitor};
 
@@ -85,11 +85,7 @@ impl Embedding {
                 ),
             ));
         }
-        // A differentiable selection (see `one_hot_bool`): [..., num, 1] against
-        // [num, dim], summed over num.
-        let num = self.weight.dims()[0];
-        let mask = one_hot_bool(indices, num)?.unsqueeze(-1)?;
-        Tensor::where_cond(&mask, &self.weight, 0.0)?.sum(&[-2], false)
+        Tensor::embedding(&self.weight, indices)
     }
 }
 

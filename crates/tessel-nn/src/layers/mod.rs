@@ -90,17 +90,6 @@ pub(crate) fn check_rank(op: &'static str, x: &Tensor, ranks: &[usize], what: &s
     }
 }
 
-/// Where `index` (`i32`/`i64`, any shape) equals each of `0..classes`: `bool`
-/// `[..., classes]`, all false for an index out of range.
-///
-/// Layers and losses select through this mask with `where` and a sum rather than with
-/// `gather`/`index_select`: those move bit patterns (exact for every dtype), which autograd
-/// cannot differentiate, while `where` + sum has a gradient and costs the same
-/// `O(index × classes)` work in one fused kernel.
-pub(crate) fn one_hot_bool(index: &Tensor, classes: usize) -> Result<Tensor> {
-    index.one_hot(classes)?.ne(0)
-}
-
 /// `shape` as the `i64` dims `reshape` takes.
 pub(crate) fn dims_i64(shape: &[usize]) -> Vec<i64> {
     shape.iter().map(|&d| d as i64).collect()

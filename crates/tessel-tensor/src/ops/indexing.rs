@@ -74,10 +74,24 @@ impl Tensor {
         }
         let axis = rules::normalize_axis(OP, dim, self.shape())?;
         check_range(OP, index, self.shape()[axis])?;
-        let (sd, id) = (concrete(OP, self)?, concrete(OP, index)?);
         let mut src = self.clone();
-        for d in (0..sd.len()).filter(|&d| d != axis) {
-            if id[d] > sd[d] {
+        for d in (0..self.ndim()).filter(|&d| d != axis) {
+            let (sd, id) = (self.shape()[d], index.shape()[d]);
+            if sd == id {
+                // Symbolic sizes (a dynamic batch) agree by name.
+                continue;
+            }
+            let (Some(sd), Some(id)) = (sd.as_const(), id.as_const()) else {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "index {} and input {} differ in dim {d}, which is symbolic; they must agree there",
+                        index.shape(),
+                        self.shape()
+                    ),
+                ));
+            };
+            if id > sd {
                 return Err(invalid(
                     OP,
                     format!(
@@ -87,7 +101,7 @@ impl Tensor {
                     ),
                 ));
             }
-            src = src.narrow(i64_of(d), 0, i64_of(id[d]))?;
+            src = src.narrow(i64_of(d), 0, id)?;
         }
         pick(&src, index, axis)
     }
@@ -488,38 +502,6 @@ pub(super) fn mask_to(op: &'static str, x: &Tensor, mask: &Tensor) -> Result<Ten
     Ok(mask.broadcast_to_shape(&shape))
 }
 
-/// `x` in a dtype one-hot selection can sum: `bool` as `u8`, everything else as itself.
-///
-/// Floats are selected as values, not as bit patterns, so gradients flow through every
-/// gather-like op: unselected slots hold `-inf` and the selection is a max, which returns
-/// the selected value exactly (signed zeros, infinities and NaN included; a sum would turn
-/// `-0.0` into `0.0`).
-fn selectable(x: &Tensor) -> Tensor {
-    match x.dtype() {
-        DType::Bool => x.cast_to(DType::U8),
-        _ => x.clone(),
-    }
-}
-
-fn from_selectable(x: &Tensor, dtype: DType) -> Tensor {
-    match dtype {
-        DType::Bool => x.cast_to(DType::Bool),
-        _ => x.clone(),
-    }
-}
-
-/// How one-hot selection combines a slot axis, and what unselected slots hold.
-fn selection(dtype: DType) -> (ReduceOp, tessel_shape::Scalar) {
-    if dtype.is_float() {
-        (
-            ReduceOp::Max,
-            tessel_shape::Scalar::F64(f64::NEG_INFINITY).cast(dtype),
-        )
-    } else {
-        (ReduceOp::Sum, tessel_shape::Scalar::zero(dtype))
-    }
-}
-
 /// `op` over `axis` in `x`'s own dtype, the axis kept as size 1.
 pub(super) fn reduce_axis(x: &Tensor, op: ReduceOp, axis: usize) -> Tensor {
     let mut kept = x.shape().clone().into_dims();
@@ -550,32 +532,44 @@ pub(super) fn one_hot_mask(index: &Tensor, axis: usize, n: Dim) -> Result<Tensor
 }
 
 /// `out = src[.., index[.., i, ..], ..]` along `axis`, where `src` and `index` agree in
-/// every other dim.
+/// every other dim: one [`Op::Gather`], a load whose address is the index's value.
 fn pick(src: &Tensor, index: &Tensor, axis: usize) -> Result<Tensor> {
-    let mask = one_hot_mask(index, axis, src.shape()[axis])?;
-    let mut dims = src.shape().clone().into_dims();
-    dims.insert(axis, Dim::constant(1));
-    let bits = selectable(&src.reshape_to(Shape::new(dims)));
-    let mask = mask.broadcast_to_shape(&rules::broadcast("gather", mask.shape(), bits.shape())?);
-    let (combine, fill) = selection(bits.dtype());
-    let zero = bits.full_like_scalar(fill, bits.dtype());
-    let chosen = mask.raw_where(
-        &bits.broadcast_to_shape(mask.shape()),
-        &zero.broadcast_to_shape(mask.shape()),
-    );
-    let mut out = reduce_axis(&chosen, combine, axis + 1).reshape_to(index.shape().clone());
-    if combine == ReduceOp::Max {
-        // An index out of range selects nothing: 0, as documented, rather than the fill.
-        let n = src.shape()[axis]
-            .as_const()
-            .ok_or_else(|| invalid("gather", "symbolic source sizes are not supported".into()))?;
-        let in_range = index.ge(0)?.logical_and(&index.lt(n)?)?;
-        out = in_range.raw_where(
-            &out,
-            &out.full_like_scalar(tessel_shape::Scalar::zero(out.dtype()), out.dtype()),
-        );
+    Ok(src.record(
+        Op::Gather(src.node(), index.node(), axis),
+        src.dtype(),
+        index.shape().clone(),
+    ))
+}
+
+/// The dtype a scatter-add accumulates `dtype` in: the device adds atomically in 32 or 64
+/// bits, so narrow integers widen (wrapping sums agree modulo their width) and `f16`/`bf16`
+/// add in `f32`, as the reductions do.
+pub(crate) fn scatter_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        DType::Bool | DType::U8 | DType::U16 => DType::U32,
+        DType::I8 | DType::I16 => DType::I32,
+        d => d,
     }
-    Ok(from_selectable(&out, src.dtype()))
+}
+
+/// Zeros of `index`'s shape with `n` along `axis`, plus each `src` element added at its
+/// index along `axis` (one [`Op::ScatterAdd`]: atomic adds on the device); `src` has
+/// `index`'s shape. Accumulates in [`scatter_dtype`] and returns that dtype.
+pub(crate) fn scatter_add_into_zeros(index: &Tensor, src: &Tensor, axis: usize, n: Dim) -> Tensor {
+    let work = scatter_dtype(src.dtype());
+    let src = if work == src.dtype() {
+        src.clone()
+    } else {
+        src.cast_to(work)
+    };
+    let mut dims = index.shape().clone().into_dims();
+    dims[axis] = n;
+    src.record(
+        Op::ScatterAdd(index.node(), src.node(), axis),
+        work,
+        Shape::new(dims),
+    )
 }
 
 fn triangle(x: &Tensor, op: &'static str, k: i64, keep: BinaryOp) -> Result<Tensor> {
@@ -897,12 +891,30 @@ fn scatter_reduce_impl(
         });
     }
     let axis = plan.axis;
-    // f16/bf16 accumulate in f32 and round once, like the reductions.
-    let work = match x.dtype() {
-        DType::F16 | DType::BF16 => DType::F32,
-        d => d,
-    };
-    let mask = one_hot_mask(index, axis, x.shape()[axis])?;
+    let n = x.shape()[axis];
+    let work = scatter_dtype(x.dtype());
+    let base = x.cast_to(work);
+    if rop == ReduceOp::Sum {
+        // Atomic adds on the device: one pass over the sources, no [index, n] selection.
+        let reduced = plan.pad(&scatter_add_into_zeros(index, &plan.src, axis, n), 0)?;
+        // Integers add exactly; a float position nothing is added to keeps its value,
+        // `-0.0` included (`-0.0 + 0.0` would be `+0.0`), which needs the counts.
+        if reduce == "sum" && include_self && !x.dtype().is_float() {
+            return Ok(base.add(&reduced)?.cast_to(x.dtype()));
+        }
+        let ones = index.full_like_scalar(tessel_shape::Scalar::I32(1), DType::I32);
+        let counts = plan.pad(&scatter_add_into_zeros(index, &ones, axis, n), 0)?;
+        let combined = match (reduce, include_self) {
+            ("sum", true) => base.add(&reduced)?,
+            ("sum", false) => reduced,
+            (_, true) => base.add(&reduced)?.div(counts.add(1)?.cast_to(work))?,
+            (_, false) => reduced.div(counts.cast_to(work))?,
+        };
+        let written = counts.gt(0)?;
+        return Ok(written.raw_where(&combined, &base).cast_to(x.dtype()));
+    }
+    // Products, maxima and minima still select through a one-hot mask over the axis.
+    let mask = one_hot_mask(index, axis, n)?;
     let mut dims = plan.src.shape().clone().into_dims();
     dims.insert(axis + 1, Dim::constant(1));
     let vals = plan
@@ -915,15 +927,11 @@ fn scatter_reduce_impl(
     let reduced = reduce_axis(&mask.raw_where(&vals, &fill), rop, axis).reshape_to(spread.clone());
     let counts = reduce_axis(&mask.cast_to(DType::I32), ReduceOp::Sum, axis).reshape_to(spread);
     let (reduced, counts) = (plan.pad(&reduced, 0)?, plan.pad(&counts, 0)?);
-    let base = x.cast_to(work);
     let combined = match (rop, include_self) {
-        (_, false) if reduce != "mean" => reduced,
-        (ReduceOp::Sum, true) if reduce == "sum" => base.add(&reduced)?,
+        (_, false) => reduced,
         (ReduceOp::Prod, _) => base.mul(&reduced)?,
         (ReduceOp::Max, _) => base.maximum(&reduced)?,
-        (ReduceOp::Min, _) => base.minimum(&reduced)?,
-        (_, true) => base.add(&reduced)?.div(counts.add(1)?.cast_to(work))?,
-        (_, false) => reduced.div(counts.cast_to(work))?,
+        _ => base.minimum(&reduced)?,
     };
     let written = counts.gt(0)?;
     Ok(written.raw_where(&combined, &base).cast_to(x.dtype()))

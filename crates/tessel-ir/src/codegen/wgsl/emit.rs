@@ -8,7 +8,7 @@ use tessel_shape::DType;
 use super::super::{CodegenError, c_ident, entry_name};
 use super::ops::Ops;
 use super::{DIALECT, HEADER_WORDS, WgslBuffer, WgslShader, WgslTarget};
-use crate::kernel::{Inst, Kernel, Mem, Param, Special, Value};
+use crate::kernel::{Access, Inst, Kernel, Mem, Param, Special, Value};
 use crate::verify::Def;
 
 /// Whether buffers of `dtype` are packed into `u32` words (elements narrower than 32 bits).
@@ -136,8 +136,15 @@ impl<'k> Emitter<'k> {
                 continue;
             };
             let binding = buffers.len() as u32;
-            let read_only = !access.can_write();
-            let element = if packed(*dtype) {
+            let read_only = !access.mutates();
+            let element = if *access == Access::Accumulate {
+                // Added into only, through atomics; `f32` as its bits.
+                match dtype {
+                    DType::F32 | DType::U32 => "atomic<u32>",
+                    DType::I32 => "atomic<i32>",
+                    _ => return Err(self.ops.unsupported("atomic_add", *dtype)),
+                }
+            } else if packed(*dtype) {
                 self.ops.ty("buffer", *dtype)?;
                 if read_only { "u32" } else { "atomic<u32>" }
             } else {
@@ -244,7 +251,7 @@ fn {entry_point}(@builtin(workgroup_id) tsl_wid: vec3<u32>, @builtin(num_workgro
         let Mem::Global(p) = mem else { return None };
         match self.kernel.params.get(p) {
             Some(Param::Buffer { dtype, access, .. }) if packed(*dtype) => {
-                Some((*dtype, access.can_write()))
+                Some((*dtype, access.mutates()))
             }
             _ => None,
         }
@@ -408,6 +415,26 @@ fn {entry_point}(@builtin(workgroup_id) tsl_wid: vec3<u32>, @builtin(num_workgro
                         Some((dtype, _)) => self.packed_store(&base, dtype, &element, &v),
                         None => self.line(format!("{base}[{element}] = {v};")),
                     }
+                }
+            }
+            Inst::AtomicAdd { mem, index, value } => {
+                let base = self.mem(*mem);
+                let index = self.operand(*index, 0);
+                let v = self.operand(*value, 0);
+                self.line(format!("let v{i}_at = u32({index});"));
+                if self.dtype(*value) == DType::F32 {
+                    // WGSL has no float atomics: swap in the sum's bits until no other
+                    // invocation changed the element in between.
+                    self.line(format!("var v{i}_old = atomicLoad(&{base}[v{i}_at]);"));
+                    self.open("loop {");
+                    self.line(format!(
+                        "let v{i}_r = atomicCompareExchangeWeak(&{base}[v{i}_at], v{i}_old, bitcast<u32>(bitcast<f32>(v{i}_old) + {v}));"
+                    ));
+                    self.line(format!("if v{i}_r.exchanged {{ break; }}"));
+                    self.line(format!("v{i}_old = v{i}_r.old_value;"));
+                    self.close();
+                } else {
+                    self.line(format!("atomicAdd(&{base}[v{i}_at], {v});"));
                 }
             }
             Inst::Barrier => self.line("workgroupBarrier();"),
