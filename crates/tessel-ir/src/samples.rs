@@ -410,3 +410,41 @@ pub fn dynamic_vector_add(var: Var, local: usize) -> Result<Kernel, VerifyError>
     });
     kb.build()
 }
+
+/// `out[idx[i]] += x[i]` for every `i < n` whose `idx[i]` lies in `0..bins`, by atomic adds
+/// into a buffer the launch zeroes: a histogram-like scatter where many invocations hit
+/// one element.
+///
+/// - Parameters: `idx: i32[n] read`, `x: dtype[n] read`, `out: dtype[bins] accumulate`.
+/// - Grid: `ceil(n / 64)` workgroups of 64 invocations along x, guarded by `if i < n`.
+pub fn scatter_add(dtype: DType, n: usize, bins: usize) -> Result<Kernel, VerifyError> {
+    const NAME: &str = "scatter_add";
+    let n_c = index_size(NAME, "n", n)?;
+    let bins_c = index_size(NAME, "bins", bins)?;
+    let groups = n.div_ceil(LOCAL);
+    index_product(NAME, "the grid's invocation count", &[groups, LOCAL])?;
+    let mut kb = KernelBuilder::new(NAME);
+    let idx = kb.buffer("idx", INDEX, n_c, Access::Read);
+    let x = kb.buffer("x", dtype, n_c, Access::Read);
+    let out = kb.buffer("out", dtype, bins_c, Access::Accumulate);
+    kb.grid([groups as i64, 1, 1], [LOCAL as i64, 1, 1]);
+    let i = kb.global_id(0, INDEX);
+    let n_v = kb.constant_as(n_c, INDEX);
+    let in_range = kb.lt(i, n_v);
+    kb.if_(in_range, |kb| {
+        let at = kb.load(idx, i);
+        let v = kb.load(x, i);
+        let zero = kb.constant_as(0, INDEX);
+        let bins_v = kb.constant_as(bins_c, INDEX);
+        let above = kb.binary(BinaryOp::Ge, at, zero);
+        let below = kb.lt(at, bins_v);
+        let inside = kb.binary(BinaryOp::And, above, below);
+        kb.if_(inside, |kb| {
+            let last = kb.constant_as(bins_c - 1, INDEX);
+            let at = kb.binary(BinaryOp::Max, at, zero);
+            let at = kb.binary(BinaryOp::Min, at, last);
+            kb.atomic_add(out, at, v);
+        });
+    });
+    kb.build()
+}

@@ -316,6 +316,73 @@ impl Conformance<'_> {
         assert_eq!(f32_values(&result[1]), expected, "{}", self.label());
     }
 
+    /// `samples::scatter_add`: 4096 atomic adds into 7 elements (and some out of range,
+    /// dropped), into a buffer holding garbage that the launch must zero, run twice. Values
+    /// are small integers, so every order of the float adds gives the same bits. 32-bit
+    /// types must work everywhere; a backend may refuse the 64-bit ones.
+    pub fn atomic_adds_collide(&self) {
+        let (n, bins) = (4096usize, 7usize);
+        let mut rng = Rng(29);
+        let idx: Vec<i32> = (0..n)
+            .map(|_| rng.below(bins as u64 + 4) as i32 - 2)
+            .collect();
+        let vals: Vec<i64> = (0..n).map(|_| rng.below(100) as i64).collect();
+        let mut sums = vec![0i64; bins];
+        for (&at, &v) in idx.iter().zip(&vals) {
+            if let Ok(at) = usize::try_from(at)
+                && at < bins
+            {
+                sums[at] += v;
+            }
+        }
+        let idx_bytes: Vec<u8> = idx.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for dtype in [
+            DType::F32,
+            DType::I32,
+            DType::U32,
+            DType::F64,
+            DType::I64,
+            DType::U64,
+        ] {
+            let bytes = |values: &[i64]| -> Vec<u8> {
+                values
+                    .iter()
+                    .flat_map(|&v| {
+                        let s = tessel_shape::Scalar::I64(v).cast(dtype);
+                        s.to_bits().to_le_bytes()[..dtype.size_bytes()].to_vec()
+                    })
+                    .collect()
+            };
+            let kernel = samples::scatter_add(dtype, n, bins).unwrap();
+            let what = format!("scatter_add on {dtype}");
+            let buffers = [
+                idx_bytes.clone(),
+                bytes(&vals),
+                vec![0xAB; bins * dtype.size_bytes()],
+            ];
+            for run in 0..2 {
+                match self.execute(&kernel, &buffers, &Bindings::new()) {
+                    Ok(result) => {
+                        assert_eq!(
+                            result[2],
+                            bytes(&sums),
+                            "{}: {what}, run {run}",
+                            self.label()
+                        );
+                    }
+                    Err(e) if dtype.size_bytes() == 8 => {
+                        crate::skip(
+                            &self.test_name(),
+                            &format!("{}: {what}: refused: {e}", self.device_name()),
+                        );
+                        break;
+                    }
+                    Err(e) => panic!("{}: {what} failed: {e}", self.label()),
+                }
+            }
+        }
+    }
+
     /// `samples::tree_reduce`: pairwise halving through local memory with barriers, bit for
     /// bit against the same order in Rust.
     pub fn tree_reduce_with_barriers(&self) {

@@ -174,6 +174,7 @@ macro_rules! conformance_tests {
             vector_add_every_dtype,
             permuted_copy,
             row_sum,
+            atomic_adds_collide,
             tree_reduce_with_barriers,
             tiled_matmul_with_local_memory,
             dynamic_dims_compile_once,

@@ -668,6 +668,24 @@ impl Tensor {
         self.cast_to(dtype)
     }
 
+    /// The same values, cut off from gradients (`Tensor.detach`): [`crate::grad`] treats the
+    /// result as a constant. Nothing is copied; the kernels read `self`.
+    ///
+    /// ```
+    /// # use tessel_tensor::{Tensor, grad};
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let x = Tensor::from([3.0f32]);
+    /// let y = (&(&x * &x)? + &(&x * &x.detach())?)?.sum_all()?; // d/dx = 2x + x
+    /// assert_eq!(grad(&y, &[&x])?[0].to_vec::<f32>()?, vec![9.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn detach(&self) -> Tensor {
+        // A bit reinterpretation as the same dtype: no arithmetic, and no gradient.
+        self.record(Op::Bitcast(self.node()), self.dtype(), self.shape().clone())
+    }
+
     /// The same bits reinterpreted as `dtype` (`tensor.view(dtype)`), which must have the
     /// same size. Reinterpreting bytes as `bool` is refused, since only 0 and 1 are valid
     /// `bool` bytes; compare with `.ne(0)` instead.

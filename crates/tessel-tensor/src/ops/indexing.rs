@@ -659,6 +659,51 @@ impl Tensor {
         scatter_reduce_impl(self, "scatter_add", dim, index, src, "sum", true)
     }
 
+    /// `self` plus each slice `source[.., j, ..]` along `dim` added at slice `index[j]`
+    /// (`Tensor.index_add`; multiply `source` for PyTorch's `alpha`): `index` is 1-d (i32
+    /// or i64) with one entry per slice of `source` along `dim`, and `source` has `self`'s
+    /// shape in every other dim and `self`'s dtype. Repeated indices add up, by atomic adds
+    /// on the device (in no fixed order); integers wrap, `f16`/`bf16` add in `f32`. A slice
+    /// sent to an index outside `0..self.size(dim)` is dropped, or is an error in checked
+    /// mode (see [`Tensor::set_checked_indexing`]). This is embedding's gradient.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![0.0f32; 6], [3, 2])?;
+    /// let i = Tensor::from_vec(vec![2i64, 0, 2], [3])?;
+    /// let s = Tensor::from_vec(vec![1.0f32, 1.0, 2.0, 2.0, 3.0, 3.0], [3, 2])?;
+    /// assert_eq!(t.index_add(0, &i, &s)?.to_vec::<f32>()?, vec![2.0, 2.0, 0.0, 0.0, 4.0, 4.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn index_add(&self, dim: i64, index: &Tensor, source: &Tensor) -> Result<Tensor> {
+        const OP: &str = "index_add";
+        check_index(OP, self, index)?;
+        let axis = rules::normalize_axis(OP, dim, self.shape())?;
+        let fits = index.ndim() == 1
+            && source.ndim() == self.ndim()
+            && source.shape()[axis] == index.shape()[0]
+            && (0..self.ndim()).all(|d| d == axis || source.shape()[d] == self.shape()[d]);
+        if !fits {
+            return Err(invalid(
+                OP,
+                format!(
+                    "needs a 1-d index with one entry per slice of source along dim {axis} and a source shaped like the input elsewhere; got input {}, index {}, source {}",
+                    self.shape(),
+                    index.shape(),
+                    source.shape()
+                ),
+            ));
+        }
+        let mut along = vec![Dim::constant(1); self.ndim()];
+        along[axis] = index.shape()[0];
+        let spread = index
+            .reshape_to(Shape::new(along))
+            .broadcast_to_shape(source.shape());
+        scatter_reduce_impl(self, OP, dim, &spread, source, "sum", true)
+    }
+
     /// `Tensor.scatter_reduce`: every `src[.., j, ..]` combined into position
     /// `index[.., j, ..]` along `dim` by `reduce`, one of `"sum"`, `"prod"`, `"mean"`,
     /// `"amax"`, `"amin"`; with `include_self` the value of `self` there takes part, else

@@ -762,3 +762,155 @@ fn out_of_range_indices_unchecked_and_checked() -> Result<()> {
     assert_eq!(i.one_hot(3)?.to_vec::<i64>()?, vec![0, 0, 1, 1, 0, 0]);
     Ok(())
 }
+
+/// Gathers along an axis of a real vocabulary (GPT-2's 50 257), forward and backward, in
+/// f32 and bf16 with i32 and i64 indices: embedding rows bit for bit (repeated and
+/// out-of-range tokens included), their gradient (repeated rows add up, out-of-range ones
+/// drop), and cross-entropy's form `x[t] - logsumexp(x)` with its gradient
+/// `softmax(x) - onehot(t)`, against f64 loops.
+#[test]
+fn gathers_and_gradients_over_a_real_vocabulary() -> Result<()> {
+    let (vocab, dim) = (50_257, 8);
+    for dtype in on_device([DType::F32, DType::BF16]) {
+        let table = Nd::random(&mut Rng::new(40), dtype, &[vocab, dim], DEFAULT);
+        let mut ids = indices(41, &[4, 33], vocab);
+        ids.data[5] = ids.data[0];
+        ids.data[6] = ids.data[0];
+        ids.data[7] = (vocab - 1) as f64;
+        ids.data[8] = vocab as f64; // out of range: a row of zeros, no gradient
+        let weights = Nd::random(&mut Rng::new(42), dtype, &[4, 33, dim], DEFAULT);
+        for idx_dtype in on_device(INDEX) {
+            let what = format!("{dtype} {idx_dtype}");
+            let w = table.tensor(dtype);
+            let i = ids.tensor(idx_dtype);
+            let rows = Tensor::embedding(&w, &i)?;
+            let want = Nd::from_fn(&[4, 33, dim], |o| {
+                let id = ids.at(&o[..2]) as usize;
+                if id < vocab {
+                    table.at(&[id, o[2]])
+                } else {
+                    0.0
+                }
+            });
+            exact(&format!("embedding {what}"), &rows, &want);
+            // Read above, `rows` is a realized constant now: record the lookup again.
+            let rows = Tensor::embedding(&w, &i)?;
+            let loss = (&rows * &weights.tensor(dtype))?.sum_all()?;
+            let g = tessel_tensor::grad(&loss, &[&w])?.remove(0);
+            let mut want = vec![0.0; vocab * dim];
+            for k in 0..4 * 33 {
+                let id = ids.data[k] as usize;
+                if id < vocab {
+                    for d in 0..dim {
+                        want[id * dim + d] += weights.data[k * dim + d];
+                    }
+                }
+            }
+            assert_close(
+                &format!("embedding grad {what}"),
+                &Nd::of(&g).data,
+                &want,
+                reduce_tol(dtype, 3),
+            );
+        }
+    }
+    // Cross-entropy's pieces over [6, 50257] logits.
+    let rows = 6;
+    let x = Nd::random(&mut Rng::new(43), DType::F32, &[rows, vocab], DEFAULT);
+    let t = indices(44, &[rows, 1], vocab);
+    for idx_dtype in on_device(INDEX) {
+        let xt = x.tensor(DType::F32);
+        let lse = xt.logsumexp(&[1], true)?;
+        let picked = (&xt.gather(1, &t.tensor(idx_dtype))? - &lse)?;
+        let g = tessel_tensor::grad(&picked.sum_all()?, &[&xt])?.remove(0);
+        let mut want_logp = Vec::new();
+        let mut want_grad = vec![0.0; rows * vocab];
+        for r in 0..rows {
+            let row = &x.data[r * vocab..(r + 1) * vocab];
+            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            let target = t.data[r] as usize;
+            want_logp.push(row[target] - lse);
+            for (c, v) in row.iter().enumerate() {
+                want_grad[r * vocab + c] = f64::from(c == target) - (v - lse).exp();
+            }
+        }
+        assert_close(
+            &format!("log-probability at the target {idx_dtype}"),
+            &Nd::of(&picked).data,
+            &want_logp,
+            1e-5,
+        );
+        assert_close(
+            &format!("its gradient {idx_dtype}"),
+            &Nd::of(&g).data,
+            &want_grad,
+            1e-5,
+        );
+    }
+    Ok(())
+}
+
+/// `index_add` with repeated indices into a non-contiguous input, along dims 0 and 1,
+/// and an empty index, against loops.
+#[test]
+fn index_add_with_repeats() -> Result<()> {
+    for dtype in on_device([DType::F32, DType::I32, DType::F16]) {
+        let x = Nd::random(&mut Rng::new(50), dtype, &[5, 6], DEFAULT.quantized(0.25));
+        let src = Nd::random(&mut Rng::new(51), dtype, &[5, 9], DEFAULT.quantized(0.25));
+        let idx = Nd::new(&[9], vec![0.0, 5.0, 5.0, 2.0, 0.0, 5.0, 1.0, 3.0, 4.0]);
+        for idx_dtype in on_device(INDEX) {
+            let got = x
+                .tensor(dtype)
+                .index_add(1, &idx.tensor(idx_dtype), &src.tensor(dtype))?;
+            let mut want = x.clone();
+            for r in 0..5 {
+                for (j, &to) in idx.data.iter().enumerate() {
+                    want.data[r * 6 + to as usize] += src.data[r * 9 + j];
+                }
+            }
+            let want: Vec<f64> = want
+                .data
+                .iter()
+                .map(|&w| crate::common::round_to(dtype, w))
+                .collect();
+            assert_close(
+                &format!("index_add {dtype} {idx_dtype}"),
+                &Nd::of(&got).data,
+                &want,
+                reduce_tol(dtype, 4),
+            );
+        }
+        // Along dim 0 of a transposed view.
+        let t = x.tensor(dtype).permute(&[1, 0])?; // [6, 5]
+        let rows = Nd::random(&mut Rng::new(52), dtype, &[3, 5], DEFAULT.quantized(0.25));
+        let idx = Nd::new(&[3], vec![4.0, 4.0, 0.0]);
+        let got = t.index_add(0, &idx.tensor(DType::I64), &rows.tensor(dtype))?;
+        let want = Nd::from_fn(&[6, 5], |o| {
+            let mut v = x.at(&[o[1], o[0]]);
+            for (j, &to) in idx.data.iter().enumerate() {
+                if to as usize == o[0] {
+                    v += rows.at(&[j, o[1]]);
+                }
+            }
+            crate::common::round_to(dtype, v)
+        });
+        assert_close(
+            &format!("index_add of a view {dtype}"),
+            &Nd::of(&got).data,
+            &want.data,
+            reduce_tol(dtype, 3),
+        );
+        let empty = t.index_add(
+            0,
+            &Tensor::zeros([0], DType::I64),
+            &Tensor::zeros([0, 5], dtype),
+        )?;
+        exact(
+            &format!("empty index_add {dtype}"),
+            &empty,
+            &x.permute(&[1, 0]),
+        );
+    }
+    Ok(())
+}
