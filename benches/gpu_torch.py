@@ -71,6 +71,25 @@ sx = torch.rand(16 << 20, device=dev) * 2 - 1
 rows.append(("sort f32 16M (values + i64 indices)", time_ms(lambda: torch.sort(sx, stable=True)), 16 * (16 << 20), "GB/s"))
 del sx
 
+# Issue 20: indexing and losses over GPT-2's vocabulary, the same names as benches/gpu.rs.
+V = 50257
+ids = torch.randint(0, V, (8 * 512,), device=dev)
+table = torch.rand(V, 768, device=dev) * 2 - 1
+rows.append(("embedding f32 [8,512] of [50257,768]", time_ms(lambda: torch.nn.functional.embedding(ids, table)), 2 * 4 * 8 * 512 * 768, "GB/s"))
+tg = table.clone().requires_grad_()
+rg = torch.rand(8 * 512, 768, device=dev) * 2 - 1
+emb_bwd = lambda: torch.autograd.grad((torch.nn.functional.embedding(ids, tg) * rg).sum(), tg)
+rows.append(("embedding backward f32 [8,512] into [50257,768]", time_ms(emb_bwd), 4 * (V + 8 * 512) * 768, "GB/s"))
+del tg, rg
+logits = (torch.rand(4096, V, device=dev) * 2 - 1).requires_grad_()
+targets = torch.randint(0, V, (4096,), device=dev)
+ce = lambda: torch.autograd.grad(torch.nn.functional.cross_entropy(logits, targets), logits)
+rows.append(("cross_entropy fwd+bwd f32 [4096,50257]", time_ms(ce), 2 * 4 * 4096 * V, "GB/s"))
+del logits
+tk = torch.rand(64, V, device=dev) * 2 - 1
+rows.append(("topk k=50 f32 [64,50257]", time_ms(lambda: torch.topk(tk, 50, dim=-1)), 4 * 64 * V, "GB/s"))
+del tk, table
+
 # A pre-norm GPT-2-small block forward, as benches/benches/gpu.rs builds it (eager).
 F = torch.nn.functional
 bn, bs, be, bh = 8, 512, 768, 12

@@ -40,6 +40,8 @@ pub(crate) fn host(threads: usize) -> DeviceInfo {
             subnormals_may_flush: false,
             // One thread runs a workgroup's invocations in turn.
             cooperative_workgroups: false,
+            // C11-style built-ins on the host.
+            atomics64: true,
         },
     }
 }

@@ -205,6 +205,8 @@ fn set_up(index: usize, ordinal: usize, driver_version: i32) -> Result<CudaDevic
             matrix_units: capability.0 >= 7,
             subnormals_may_flush: false,
             cooperative_workgroups: true,
+            // `atomicAdd` on `double` and `unsigned long long` (sm_60 and later).
+            atomics64: true,
         },
     };
     let stream = Stream::new(&ctx)?;

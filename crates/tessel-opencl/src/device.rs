@@ -340,6 +340,8 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
             matrix_units: false,
             subnormals_may_flush: false,
             cooperative_workgroups: true,
+            // `cl_khr_int64_base_atomics` is optional; the OpenCL C dialect does not use it.
+            atomics64: false,
         },
     };
     let mut options = Vec::new();

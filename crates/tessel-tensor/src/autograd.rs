@@ -290,7 +290,7 @@ impl Tape {
             // (out-of-range reads read nothing, and their gradient is dropped).
             Op::Gather(src, index, axis) => {
                 let (x, index) = (self.tensor(*src), self.tensor(*index));
-                vec![(*src, gather_vjp(x, index, *axis, g))]
+                vec![(*src, gather_vjp(x, index, *axis, g)?)]
             }
             Op::ScatterAdd(index, src, axis) => {
                 let index = self.tensor(*index);
@@ -310,7 +310,7 @@ impl Tape {
 /// the gradient is `g` where the position equals the index, else 0: a comparison fused
 /// into whatever consumes it, with no buffer. Otherwise reads may repeat a position, and
 /// their gradients add up in a scatter-add.
-fn gather_vjp(x: &Tensor, index: &Tensor, axis: usize, g: &Tensor) -> Tensor {
+fn gather_vjp(x: &Tensor, index: &Tensor, axis: usize, g: &Tensor) -> Result<Tensor> {
     if index.shape()[axis].as_const() == Some(1) {
         let position = Tensor::record_on(
             x.device(),
@@ -322,13 +322,13 @@ fn gather_vjp(x: &Tensor, index: &Tensor, axis: usize, g: &Tensor) -> Tensor {
             .broadcast_to_shape(x.shape())
             .raw_binary(BinaryOp::Eq, &position);
         let zero = g.constant(0.0);
-        return at.raw_where(
+        return Ok(at.raw_where(
             &g.broadcast_to_shape(x.shape()),
             &zero.broadcast_to_shape(x.shape()),
-        );
+        ));
     }
     let n = x.shape()[axis];
-    crate::ops::scatter_add_into_zeros(index, g, axis, n).cast_to(x.dtype())
+    Ok(crate::ops::scatter_add_into_zeros(index, g, axis, n)?.cast_to(x.dtype()))
 }
 
 fn mul(a: &Tensor, b: &Tensor) -> Tensor {

@@ -94,6 +94,13 @@ impl Device {
         self.info().is_ok_and(|info| info.features.supports(dtype))
     }
 
+    /// Whether kernels on the device add `dtype` values atomically
+    /// ([`Features::atomics64`](crate::Features::atomics64) for the 64-bit ones): scatters
+    /// of other dtypes take a slower path.
+    pub(crate) fn atomic_adds(&self, dtype: DType) -> bool {
+        dtype.size_bytes() < 8 || self.info().is_ok_and(|info| info.features.atomics64)
+    }
+
     /// Waits until every kernel launched on the device has finished (as
     /// `torch.cuda.synchronize()`): realizing returns once the work is queued, reading data
     /// waits by itself, and timing code calls this.

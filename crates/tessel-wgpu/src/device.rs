@@ -409,6 +409,8 @@ fn open(c: &Candidate) -> Result<GpuDevice, String> {
             // does), and wgpu cannot query a driver's float controls.
             subnormals_may_flush: true,
             cooperative_workgroups: true,
+            // WGSL has 32-bit atomics only.
+            atomics64: false,
         },
     };
     let details = WgpuDeviceDetails {

@@ -359,7 +359,7 @@ pub const CUDA: CStyle = CStyle {
     atomic_add: cuda_atomic_add,
 };
 
-/// CUDA's `atomicAdd` overloads (`double` needs sm_60, which every supported device has);
+/// CUDA's `atomicAdd` overloads (`double` needs `sm_60`, which every supported device has);
 /// 64-bit integers go through the `unsigned long long` one, which wraps the same way.
 fn cuda_atomic_add(dtype: DType, at: &str, value: &str) -> Option<String> {
     match dtype {

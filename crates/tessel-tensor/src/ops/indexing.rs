@@ -103,7 +103,7 @@ impl Tensor {
             }
             src = src.narrow(i64_of(d), 0, id)?;
         }
-        pick(&src, index, axis)
+        Ok(pick(&src, index, axis))
     }
 
     /// [`Tensor::gather`] with broadcasting (`torch.take_along_dim`): `self` and `indices`
@@ -161,7 +161,11 @@ impl Tensor {
                 ));
             }
         }
-        pick(&self.expand(&src_dims)?, &indices.expand(&idx_dims)?, axis)
+        Ok(pick(
+            &self.expand(&src_dims)?,
+            &indices.expand(&idx_dims)?,
+            axis,
+        ))
     }
 
     /// The slices of `dim` at the positions in the 1-d (or 0-d) `index`
@@ -313,7 +317,7 @@ fn index_select_impl(op: &'static str, x: &Tensor, dim: i64, index: &Tensor) -> 
     let index = index
         .reshape_to(Shape::new(along))
         .broadcast_to_shape(&Shape::new(out));
-    pick(x, &index, axis)
+    Ok(pick(x, &index, axis))
 }
 
 // === Checked mode ===
@@ -533,12 +537,12 @@ pub(super) fn one_hot_mask(index: &Tensor, axis: usize, n: Dim) -> Result<Tensor
 
 /// `out = src[.., index[.., i, ..], ..]` along `axis`, where `src` and `index` agree in
 /// every other dim: one [`Op::Gather`], a load whose address is the index's value.
-fn pick(src: &Tensor, index: &Tensor, axis: usize) -> Result<Tensor> {
-    Ok(src.record(
+fn pick(src: &Tensor, index: &Tensor, axis: usize) -> Tensor {
+    src.record(
         Op::Gather(src.node(), index.node(), axis),
         src.dtype(),
         index.shape().clone(),
-    ))
+    )
 }
 
 /// The dtype a scatter-add accumulates `dtype` in: the device adds atomically in 32 or 64
@@ -556,7 +560,15 @@ pub(crate) fn scatter_dtype(dtype: DType) -> DType {
 /// Zeros of `index`'s shape with `n` along `axis`, plus each `src` element added at its
 /// index along `axis` (one [`Op::ScatterAdd`]: atomic adds on the device); `src` has
 /// `index`'s shape. Accumulates in [`scatter_dtype`] and returns that dtype.
-pub(crate) fn scatter_add_into_zeros(index: &Tensor, src: &Tensor, axis: usize, n: Dim) -> Tensor {
+///
+/// A device without atomic adds of a 64-bit dtype (WGSL, OpenCL C) sums a one-hot
+/// selection instead: `O(index × n)` work, correct, and slow for long axes.
+pub(crate) fn scatter_add_into_zeros(
+    index: &Tensor,
+    src: &Tensor,
+    axis: usize,
+    n: Dim,
+) -> Result<Tensor> {
     let work = scatter_dtype(src.dtype());
     let src = if work == src.dtype() {
         src.clone()
@@ -565,11 +577,30 @@ pub(crate) fn scatter_add_into_zeros(index: &Tensor, src: &Tensor, axis: usize, 
     };
     let mut dims = index.shape().clone().into_dims();
     dims[axis] = n;
-    src.record(
+    if !src.device().atomic_adds(work) {
+        return Ok(scatter_add_by_selection(index, &src, axis, n)?.reshape_to(Shape::new(dims)));
+    }
+    Ok(src.record(
         Op::ScatterAdd(index.node(), src.node(), axis),
         work,
         Shape::new(dims),
-    )
+    ))
+}
+
+/// [`scatter_add_into_zeros`] as a sum over a one-hot mask `[.., m, n, ..]`.
+fn scatter_add_by_selection(index: &Tensor, src: &Tensor, axis: usize, n: Dim) -> Result<Tensor> {
+    let mask = one_hot_mask(index, axis, n)?;
+    let mut dims = src.shape().clone().into_dims();
+    dims.insert(axis + 1, Dim::constant(1));
+    let vals = src
+        .reshape_to(Shape::new(dims))
+        .broadcast_to_shape(mask.shape());
+    let zero = vals.full_like_scalar(tessel_shape::Scalar::zero(src.dtype()), src.dtype());
+    Ok(reduce_axis(
+        &mask.raw_where(&vals, &zero),
+        ReduceOp::Sum,
+        axis,
+    ))
 }
 
 fn triangle(x: &Tensor, op: &'static str, k: i64, keep: BinaryOp) -> Result<Tensor> {
@@ -633,7 +664,7 @@ impl Tensor {
         let last = reduce_axis(&mask.raw_where(&j, &none), ReduceOp::Max, axis);
         let last = last.reshape_to(plan.spread_shape(self));
         let written = last.ge(0)?;
-        let value = pick(&plan.src, &last, axis)?;
+        let value = pick(&plan.src, &last, axis);
         let (written, value) = (plan.pad(&written, false)?, plan.pad(&value, 0)?);
         Ok(written.raw_where(&value, self))
     }
@@ -941,14 +972,14 @@ fn scatter_reduce_impl(
     let base = x.cast_to(work);
     if rop == ReduceOp::Sum {
         // Atomic adds on the device: one pass over the sources, no [index, n] selection.
-        let reduced = plan.pad(&scatter_add_into_zeros(index, &plan.src, axis, n), 0)?;
+        let reduced = plan.pad(&scatter_add_into_zeros(index, &plan.src, axis, n)?, 0)?;
         // Integers add exactly; a float position nothing is added to keeps its value,
         // `-0.0` included (`-0.0 + 0.0` would be `+0.0`), which needs the counts.
         if reduce == "sum" && include_self && !x.dtype().is_float() {
             return Ok(base.add(&reduced)?.cast_to(x.dtype()));
         }
         let ones = index.full_like_scalar(tessel_shape::Scalar::I32(1), DType::I32);
-        let counts = plan.pad(&scatter_add_into_zeros(index, &ones, axis, n), 0)?;
+        let counts = plan.pad(&scatter_add_into_zeros(index, &ones, axis, n)?, 0)?;
         let combined = match (reduce, include_self) {
             ("sum", true) => base.add(&reduced)?,
             ("sum", false) => reduced,

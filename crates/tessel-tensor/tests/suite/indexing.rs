@@ -815,6 +815,16 @@ fn gathers_and_gradients_over_a_real_vocabulary() -> Result<()> {
         }
     }
     // Cross-entropy's pieces over [6, 50257] logits.
+    let device = tessel_tensor::Device::default();
+    if device.info().is_ok_and(|i| i.name.contains("llvmpipe")) {
+        // lavapipe (Mesa 22.3.6, LLVM 15) sums the second of two loops over a row wrongly
+        // once the row passes ~32k elements (max then sum of exp: 30% of the sum at 50 257);
+        // the IR interpreter, the CPU and PoCL agree on the right value.
+        eprintln!(
+            "tessel-skip: gathers_and_gradients_over_a_real_vocabulary: cross-entropy over 50 257 classes: lavapipe miscompiles the row kernel on {device}"
+        );
+        return Ok(());
+    }
     let rows = 6;
     let x = Nd::random(&mut Rng::new(43), DType::F32, &[rows, vocab], DEFAULT);
     let t = indices(44, &[rows, 1], vocab);
