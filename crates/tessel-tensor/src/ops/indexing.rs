@@ -776,8 +776,9 @@ impl Tensor {
 
     /// The elements where `mask` is true, as a 1-d tensor (`torch.masked_select`);
     /// `self` and `mask` broadcast together. The result's length depends on the mask's
-    /// values, so this realizes both, reads them to the host, **synchronizing** with the
-    /// device, and uploads the selected values back to `self`'s device.
+    /// values: the positions are a prefix sum of the mask on the device, and only their
+    /// count is read back (which **synchronizes**, as in `PyTorch`); the values are then
+    /// placed by a scatter, bit for bit.
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -795,32 +796,14 @@ impl Tensor {
             t.broadcast_to_shape(&shape)
                 .reshape_to(Shape::new(vec![shape.numel()]))
         };
-        let flags = flat(mask).to_vec::<bool>()?;
-        // The values are read too and filtered on the host: O(n), where a one-hot
-        // selection on the device would be O(n * count).
-        // Element bytes are kept as they are, so every dtype (storage-only ones included)
-        // goes through one path.
-        let size = self.dtype().size_bytes();
-        let kept: Vec<u8> = flat(self)
-            .to_scalars()?
-            .into_iter()
-            .zip(&flags)
-            .filter(|&(_, &f)| f)
-            .flat_map(|(v, _)| v.to_bits().to_le_bytes().into_iter().take(size))
-            .collect();
-        let len = Shape::new(vec![Dim::from(kept.len() / size.max(1))]);
-        Ok(Tensor::from_bytes_on(
-            kept,
-            self.dtype(),
-            len,
-            self.device(),
-        ))
+        let (positions, count) = compacted(&flat(mask))?;
+        Ok(place_bits(&flat(self), &positions, count))
     }
 
     /// The coordinates of the non-zero elements, one row each in row-major order, as an
     /// `i64` tensor of shape `[count, ndim]` (`torch.nonzero`). NaN counts as non-zero,
-    /// `-0.0` as zero. The count depends on the values, so this realizes `self` and
-    /// **synchronizes** with the device.
+    /// `-0.0` as zero. Computed on the device (a prefix sum places each element); only the
+    /// count is read back, which **synchronizes**, as in `PyTorch`.
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -840,25 +823,101 @@ impl Tensor {
                 self.full_like_scalar(tessel_shape::Scalar::zero(self.dtype()), self.dtype());
             self.raw_binary(BinaryOp::Ne, &zero)
         };
-        let flags = flags.to_vec::<bool>()?;
-        let mut coords = Vec::new();
-        for (flat, _) in flags.iter().enumerate().filter(|(_, f)| **f) {
-            let mut rest = flat;
-            let start = coords.len();
-            for &d in dims.iter().rev() {
-                coords.push(i64_of(rest % d));
-                rest /= d;
-            }
-            coords[start..].reverse();
+        let n = self.shape().numel();
+        let flags = flags.reshape_to(Shape::new(vec![n]));
+        let (positions, count) = compacted(&flags)?;
+        // The flat index of each element, placed at its position among the non-zero ones.
+        let flat = Tensor::record_on(self.device(), Op::Index(0), DType::I64, Shape::new(vec![n]));
+        let found = place_bits(&flat, &positions, count).unsqueeze(1)?;
+        // Row-major coordinates of each flat index, one column per dim.
+        let mut columns = Vec::with_capacity(dims.len());
+        let mut stride = 1i64;
+        let int = |v: i64| found.full_like_scalar(tessel_shape::Scalar::I64(v), DType::I64);
+        for &d in dims.iter().rev() {
+            let coordinate = found
+                .raw_binary(BinaryOp::Div, &int(stride))
+                .raw_binary(BinaryOp::Rem, &int(i64_of(d)));
+            columns.push(coordinate);
+            stride *= i64_of(d);
         }
-        let count = coords.len() / dims.len().max(1);
-        let found = if dims.is_empty() {
+        columns.reverse();
+        if columns.is_empty() {
             // A 0-d tensor has one element and no coordinates.
-            Tensor::from_vec(Vec::<i64>::new(), [usize::from(flags[0]), 0])?
-        } else {
-            Tensor::from_vec(coords, [count, dims.len()])?
-        };
-        found.to(&self.device())
+            return Tensor::zeros([count, 0], DType::I64).to(&self.device());
+        }
+        Tensor::cat(&columns.iter().collect::<Vec<_>>(), 1)
+    }
+}
+
+impl Tensor {
+    /// The same bits as `dtype`, which has this tensor's element size (checked by the
+    /// callers): `bitcast` without its checks.
+    fn reinterpret(&self, dtype: DType) -> Tensor {
+        debug_assert_eq!(self.dtype().size_bytes(), dtype.size_bytes());
+        self.record(Op::Bitcast(self.node()), dtype, self.shape().clone())
+    }
+}
+
+/// For a 1-d `bool` mask: each true element's position among the true ones (`-1` for the
+/// others, which a scatter drops), by a prefix sum on the device, and their count, read
+/// back from the device (the one synchronization a data-dependent size needs).
+fn compacted(flags: &Tensor) -> Result<(Tensor, usize)> {
+    let n = flags.shape().numel();
+    if n.as_const() == Some(0) {
+        return Ok((flags.cast_to(DType::I64), 0));
+    }
+    let running = flags.cast_to(DType::I64).cumsum(0)?;
+    let count = running.narrow(0, -1, 1)?.item::<i64>()?;
+    let positions = flags.raw_where(
+        &running.raw_binary(
+            BinaryOp::Sub,
+            &running.full_like_scalar(tessel_shape::Scalar::I64(1), DType::I64),
+        ),
+        &running.full_like_scalar(tessel_shape::Scalar::I64(-1), DType::I64),
+    );
+    Ok((positions, usize::try_from(count).unwrap_or(0)))
+}
+
+/// A 1-d tensor of `len` elements where element `positions[i]` is `values[i]` (each
+/// position named at most once; `-1` names none), bit for bit in every dtype: the bits go
+/// through a scatter-add into zeros in 32-bit words, which only atomic adds of 32 bits
+/// need.
+fn place_bits(values: &Tensor, positions: &Tensor, len: usize) -> Tensor {
+    let dtype = values.dtype();
+    let shape = Shape::new(vec![Dim::from(len)]);
+    let scatter = |word: &Tensor| {
+        word.record(
+            Op::ScatterAdd(positions.node(), word.node(), 0),
+            DType::U32,
+            shape.clone(),
+        )
+    };
+    let word = |x: &Tensor| -> Tensor {
+        match dtype.size_bytes() {
+            4 => x.reinterpret(DType::U32),
+            2 => x.reinterpret(DType::U16).cast_to(DType::U32),
+            _ if dtype == DType::Bool => x.cast_to(DType::U32),
+            _ => x.reinterpret(DType::U8).cast_to(DType::U32),
+        }
+    };
+    if dtype.size_bytes() == 8 {
+        let bits = values.reinterpret(DType::U64);
+        let k32 = bits.full_like_scalar(tessel_shape::Scalar::U64(32), DType::U64);
+        let lo = scatter(&bits.cast_to(DType::U32)).cast_to(DType::U64);
+        let hi =
+            scatter(&bits.raw_binary(BinaryOp::Shr, &k32).cast_to(DType::U32)).cast_to(DType::U64);
+        let k32 = lo.full_like_scalar(tessel_shape::Scalar::U64(32), DType::U64);
+        return hi
+            .raw_binary(BinaryOp::Shl, &k32)
+            .raw_binary(BinaryOp::Or, &lo)
+            .reinterpret(dtype);
+    }
+    let placed = scatter(&word(values));
+    match dtype.size_bytes() {
+        4 => placed.reinterpret(dtype),
+        2 => placed.cast_to(DType::U16).reinterpret(dtype),
+        _ if dtype == DType::Bool => placed.cast_to(DType::Bool),
+        _ => placed.cast_to(DType::U8).reinterpret(dtype),
     }
 }
 
