@@ -150,3 +150,32 @@ fn layer_norm_statistics_take_at_most_two_kernels() -> Result<()> {
     assert!(n <= 2, "mean + var: {n} kernels");
     Ok(())
 }
+
+/// GPT-2's input: token rows gathered from the table, the positions' rows added, and the
+/// first layer norm, fused like any loads: at most two kernels (the row statistics and
+/// the normalized rows; one on a GPU), with no one-hot selection and no gathered
+/// intermediate in memory.
+#[test]
+fn embedding_positions_and_layer_norm_fuse() -> Result<()> {
+    let (vocab, seq, width) = (5000, 24, 64);
+    let (wte, rte) = random(40, &[vocab, width]);
+    let (wpe, rpe) = random(41, &[seq, width]);
+    let ids: Vec<i64> = (0..seq as i64).map(|i| (i * 977 + 13) % vocab as i64).collect();
+    let idx = Tensor::from_vec(ids.clone(), [seq])?;
+    let h = (&Tensor::embedding(&wte, &idx)? + &wpe)?;
+    let mean = h.mean(&[-1], true)?;
+    let centered = (&h - &mean)?;
+    let y = (&centered * &(&(&centered * &centered)?.mean(&[-1], true)? + 1e-5)?.rsqrt())?;
+    let n = kernels(&y)?;
+    assert!(n <= 2, "embedding + positions + layer norm: {n} kernels");
+    let want = Nd::from_fn(&[seq, width], |o| {
+        let row: Vec<f64> = (0..width)
+            .map(|c| rte.at(&[ids[o[0]] as usize, c]) + rpe.at(&[o[0], c]))
+            .collect();
+        let m = row.iter().sum::<f64>() / width as f64;
+        let v = row.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / width as f64;
+        (row[o[1]] - m) / (v + 1e-5).sqrt()
+    });
+    assert_nd("embedding + layer norm", &Nd::of(&y), &want, reduce_tol(DType::F32, width));
+    Ok(())
+}
