@@ -105,6 +105,7 @@ impl Device {
     /// `torch.cuda.synchronize()`): realizing returns once the work is queued, reading data
     /// waits by itself, and timing code calls this.
     pub fn synchronize(&self) -> Result<()> {
+        crate::ops::verify_pending_indices()?;
         let backend = crate::runtime::runtime().backend(*self)?;
         backend.synchronize(self.ordinal)?;
         Ok(())

@@ -345,6 +345,7 @@ impl Tensor {
     }
 
     fn bytes(&self) -> Result<Vec<u8>> {
+        crate::ops::verify_pending_indices()?;
         self.realize()?;
         runtime().read(self.node(), &self.dim_values().bindings())
     }

@@ -1,27 +1,32 @@
-//! Indexing ops: reads and writes at positions held in index tensors, composed from
-//! existing ops so that every backend runs them through the same kernelizer.
+//! Indexing ops: reads and writes at positions held in index tensors.
 //!
-//! A data-dependent read is a one-hot selection: the index tensor is compared with an
-//! index ramp over the source axis, the match picks the value with `where`, and a sum over
-//! the source axis collapses it (tinygrad's way). A gather of `m` positions from an axis of
-//! `n` is therefore `O(m·n)` work per outer element, fused into one kernel: cheap for the
-//! vocabularies and class counts of embeddings and losses, slow for gathers from axes of
-//! hundreds of thousands. Selections sum the *bit patterns* (one non-zero term), so values
-//! arrive exactly, `-0.0` and NaN payloads included.
+//! A read is an [`Op::Gather`]: a load whose address is another buffer's value, fused into
+//! its consumers like any load (an embedding lookup, the positions added and the first
+//! layer norm are one kernel). A write with a sum is an [`Op::ScatterAdd`]: a kernel over
+//! the sources adding each value atomically into a buffer the launch zeroes (repeated
+//! indices add up, in no fixed order). The gradient of a gather is a scatter-add (or, for
+//! one read per row, as cross-entropy's target logit, the comparison with the position,
+//! fused where it is consumed), and the gradient of a scatter-add is a gather.
+//! `scatter` (last write wins) and `scatter_reduce` with `"prod"`, `"amax"` or `"amin"`
+//! still select through a one-hot mask over the axis (`O(index × size)` work), as do
+//! 64-bit scatter-adds on devices without 64-bit atomics (WGSL, OpenCL C).
 //!
 //! **Out-of-range indices.** `PyTorch` raises. Checking needs the index values, which are
 //! lazy (possibly on a GPU), so by default nothing is checked and the behaviour is defined
 //! instead: an index outside `0..n` for an axis of `n` (negative ones included: they are
-//! **not** wrapped Python-style) matches no position, so a read from it gives `0` (`false`
-//! for `bool`) and a write from it is dropped; each op's docs say what that means for it.
-//! **Checked mode** turns that into an error: with [`Tensor::set_checked_indexing`] on, or
-//! the environment variable `TESSEL_CHECK_INDICES=1` set, every index op first realizes
-//! its index tensor, reads it to the host (**synchronizing** with the device) and returns
-//! `Err(Error::InvalidArgument)` naming the op, the first bad index, its position and the
-//! valid range ([`Tensor::check_index_range`] runs that check on its own).
+//! **not** wrapped Python-style) reads `0` (`false` for `bool`) and a write from it is
+//! dropped; each op's docs say what that means for it. Every generated load and atomic add
+//! is clamped into its buffer, so no index reaches memory outside it.
+//! **Checked mode** ([`Tensor::set_checked_indexing`], or `TESSEL_CHECK_INDICES=1`) turns
+//! that into an error without a round trip per op: each index op records a check that runs
+//! on the device with the rest of the work, and the next read to the host on that thread
+//! (`to_vec`, `item`, ...) or [`crate::Device::synchronize`] reads every pending check in
+//! one transfer and returns `Err(Error::InvalidArgument)` naming the op, the first bad
+//! index, its position and the valid range (as CUDA reports device-side asserts at the next
+//! synchronization). [`Tensor::check_index_range`] checks at once, synchronizing.
 //!
 //! [`Tensor::masked_select`] and [`Tensor::nonzero`], whose result sizes depend on the
-//! data, realize their input and synchronize.
+//! data, read one count back from the device (synchronizing, as `PyTorch` does).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tessel_graph::{Op, ReduceOp};
 use tessel_shape::{BinaryOp, DType, Dim, Shape, ShapeError, rules};
 
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::ScalarOperand;
 use crate::tensor::Tensor;
@@ -342,10 +348,11 @@ impl Tensor {
     /// Turns checked indexing on or off for the whole process (it starts off unless the
     /// environment variable `TESSEL_CHECK_INDICES=1` is set, which keeps it on). When on,
     /// `gather`, `take_along_dim`, `index_select`, `embedding`, `one_hot`, `scatter`,
-    /// `scatter_add` and `scatter_reduce` check their indices with
-    /// [`Tensor::check_index_range`] before recording anything, which realizes the index
-    /// tensor and synchronizes with its device; an out-of-range index is then an `Err`
-    /// instead of the unchecked behaviour each op documents.
+    /// `scatter_add`, `scatter_reduce` and `index_add` record a check of their indices that
+    /// runs on the device with their work, without waiting for it; the next read to the
+    /// host on the same thread (`to_vec`, `item`, ...) or `Device::synchronize` then
+    /// returns an `Err` naming the first op whose indices were out of range, the index, its
+    /// position and the valid range, instead of the unchecked behaviour each op documents.
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -426,13 +433,103 @@ impl Tensor {
     }
 }
 
-/// In checked mode, [`Tensor::check_index_range`] of `index` against an axis of size `n`
-/// (a symbolic size is left to the unchecked behaviour).
+/// In checked mode, records a device-side check of `index` against an axis of size `n`
+/// (a symbolic size is left to the unchecked behaviour): see [`verify_pending_indices`].
+/// Never fails; the `Result` keeps the callers' shape for checks that may.
+#[allow(clippy::unnecessary_wraps)]
 fn check_range(op: &'static str, index: &Tensor, n: Dim) -> Result<()> {
-    match n.as_const() {
-        Some(n) if Tensor::checked_indexing() => index.check_index_range(usize_of(n), op),
-        _ => Ok(()),
+    if let Some(n) = n.as_const()
+        && Tensor::checked_indexing()
+    {
+        defer_check(op, index, usize_of(n));
     }
+    Ok(())
+}
+
+/// A check recorded by an index op in checked mode: the first out-of-range position of
+/// `index` (in row-major order), computed on the device with the rest of the work.
+struct PendingCheck {
+    op: &'static str,
+    index: Tensor,
+    size: usize,
+    /// `[1]` `i64`: that position, or the index's element count when every index is in
+    /// range.
+    first_bad: Tensor,
+}
+
+/// More checks than this waiting on one thread are verified at once (a loop that never
+/// reads anything back would otherwise keep every index tensor alive).
+const MAX_PENDING_CHECKS: usize = 256;
+
+thread_local! {
+    /// Checks recorded on this thread and not verified yet.
+    static PENDING: std::cell::RefCell<Vec<PendingCheck>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn defer_check(op: &'static str, index: &Tensor, size: usize) {
+    let numel = index.shape().numel();
+    let Some(count) = numel.as_const().filter(|&c| c > 0) else {
+        return;
+    };
+    let flat = index.reshape_to(Shape::new(vec![numel]));
+    let int = |v: i64| flat.full_like_scalar(tessel_shape::Scalar::I64(v), index.dtype());
+    let outside = flat.raw_binary(BinaryOp::Lt, &int(0)).raw_binary(
+        BinaryOp::Or,
+        &flat.raw_binary(BinaryOp::Ge, &int(i64_of(size))),
+    );
+    let position = Tensor::record_on(
+        index.device(),
+        Op::Index(0),
+        DType::I64,
+        flat.shape().clone(),
+    );
+    let none = position.full_like_scalar(tessel_shape::Scalar::I64(count), DType::I64);
+    let first_bad = reduce_axis(&outside.raw_where(&position, &none), ReduceOp::Min, 0);
+    let full = PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        p.push(PendingCheck {
+            op,
+            index: index.clone(),
+            size,
+            first_bad,
+        });
+        p.len() >= MAX_PENDING_CHECKS
+    });
+    if full && let Err(e) = verify_pending_indices() {
+        // Reported again by the next read: the check is kept for it.
+        tracing::debug!("checked indexing: {e}");
+    }
+}
+
+/// Verifies the checks index ops recorded on this thread in checked mode (see
+/// [`Tensor::set_checked_indexing`]): their results are computed together and read back
+/// in one transfer, and the first failing check becomes an `Err` naming its op, the bad
+/// index, its position and the valid range. Every read to the host (`to_vec`, `item`, ...)
+/// and [`crate::Device::synchronize`] runs it first.
+pub(crate) fn verify_pending_indices() -> Result<()> {
+    let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if pending.is_empty() {
+        return Ok(());
+    }
+    // One read per device the checks ran on (almost always one).
+    let mut devices: Vec<Device> = pending.iter().map(|c| c.index.device()).collect();
+    devices.dedup();
+    for device in devices {
+        let here: Vec<&PendingCheck> = pending
+            .iter()
+            .filter(|c| c.index.device() == device)
+            .collect();
+        let firsts: Vec<&Tensor> = here.iter().map(|c| &c.first_bad).collect();
+        let all = Tensor::cat(&firsts, 0)?.to_vec::<i64>()?;
+        for (check, first) in here.iter().zip(all) {
+            let count = check.index.shape().numel().as_const().map_or(0, usize_of);
+            if usize::try_from(first).is_ok_and(|f| f < count) {
+                // The message (value, coordinates, range) from the synchronizing check.
+                return check.index.check_index_range(check.size, check.op);
+            }
+        }
+    }
+    Ok(())
 }
 
 // === Helpers ===

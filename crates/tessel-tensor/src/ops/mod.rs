@@ -18,7 +18,7 @@ mod sort;
 
 pub use conv::{Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, Padding};
 pub use elementwise::Operand;
-pub(crate) use indexing::scatter_add_into_zeros;
+pub(crate) use indexing::{scatter_add_into_zeros, verify_pending_indices};
 pub use pool::PoolOptions;
 
 use tessel_graph::Op;

@@ -160,7 +160,9 @@ fn embedding_positions_and_layer_norm_fuse() -> Result<()> {
     let (vocab, seq, width) = (5000, 24, 64);
     let (wte, rte) = random(40, &[vocab, width]);
     let (wpe, rpe) = random(41, &[seq, width]);
-    let ids: Vec<i64> = (0..seq as i64).map(|i| (i * 977 + 13) % vocab as i64).collect();
+    let ids: Vec<i64> = (0..seq as i64)
+        .map(|i| (i * 977 + 13) % vocab as i64)
+        .collect();
     let idx = Tensor::from_vec(ids.clone(), [seq])?;
     let h = (&Tensor::embedding(&wte, &idx)? + &wpe)?;
     let mean = h.mean(&[-1], true)?;
@@ -176,6 +178,11 @@ fn embedding_positions_and_layer_norm_fuse() -> Result<()> {
         let v = row.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / width as f64;
         (row[o[1]] - m) / (v + 1e-5).sqrt()
     });
-    assert_nd("embedding + layer norm", &Nd::of(&y), &want, reduce_tol(DType::F32, width));
+    assert_nd(
+        "embedding + layer norm",
+        &Nd::of(&y),
+        &want,
+        reduce_tol(DType::F32, width),
+    );
     Ok(())
 }
