@@ -832,6 +832,108 @@ impl Tensor {
         scatter_reduce_impl(self, OP, dim, &spread, source, "sum", true)
     }
 
+    /// `self` with `values` written at the positions the index tensors name in its leading
+    /// dims (`Tensor.index_put` with a tuple of index tensors, as `t[i, j] = v`):
+    /// `indices[d]` (i32 or i64) indexes dim `d`; they broadcast together to a shape `B`,
+    /// and `values` broadcasts to `B` followed by the dims the indices do not cover. With
+    /// `accumulate`, repeated positions add up (atomic adds, as [`Tensor::index_add`]);
+    /// without, one of the writes to a repeated position wins (`PyTorch` leaves which
+    /// undefined; here the last). A position with any index outside its dim (negative ones
+    /// included) is dropped, or is an error in checked mode.
+    ///
+    /// ```
+    /// # use tessel_tensor::Tensor;
+    /// # fn main() -> tessel_tensor::Result<()> {
+    /// let t = Tensor::from_vec(vec![0i32; 6], [2, 3])?;
+    /// let (i, j) = (Tensor::from_vec(vec![0i64, 1, 1], [3])?, Tensor::from_vec(vec![2i64, 0, 0], [3])?);
+    /// let v = Tensor::from_vec(vec![5i32, 7, 1], [3])?;
+    /// assert_eq!(t.index_put(&[&i, &j], &v, true)?.to_vec::<i32>()?, vec![0, 0, 5, 8, 0, 0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn index_put(
+        &self,
+        indices: &[&Tensor],
+        values: &Tensor,
+        accumulate: bool,
+    ) -> Result<Tensor> {
+        const OP: &str = "index_put";
+        if indices.is_empty() || indices.len() > self.ndim() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "needs between 1 and {} index tensors for an input {}, got {}",
+                    self.ndim(),
+                    self.shape(),
+                    indices.len()
+                ),
+            ));
+        }
+        let mut batch = indices[0].shape().clone();
+        for i in indices {
+            check_index(OP, self, i)?;
+            batch = rules::broadcast(OP, &batch, i.shape())?;
+        }
+        let dims = concrete(OP, self)?;
+        let k = indices.len();
+        // The leading dims as one flat position; -1 where any index is out of its dim.
+        let mut flat: Option<Tensor> = None;
+        let mut inside: Option<Tensor> = None;
+        for (d, i) in indices.iter().enumerate() {
+            check_range(OP, i, self.shape()[d])?;
+            let i = i.broadcast_to_shape(&batch).cast_to(DType::I64);
+            let ok = i.ge(0)?.logical_and(&i.lt(i64_of(dims[d]))?)?;
+            let stride: usize = dims[d + 1..k].iter().product();
+            let term = (&i * i64_of(stride))?;
+            flat = Some(match flat {
+                Some(f) => (&f + &term)?,
+                None => term,
+            });
+            inside = Some(match inside {
+                Some(a) => a.logical_and(&ok)?,
+                None => ok,
+            });
+        }
+        let (Some(flat), Some(inside)) = (flat, inside) else {
+            unreachable!("at least one index tensor, checked above")
+        };
+        let positions = Tensor::where_cond(&inside, &flat, -1i64)?;
+        let m = batch.numel();
+        let positions = positions.reshape_to(Shape::new(vec![m]));
+        let rest: Vec<Dim> = self.shape().dims()[k..].to_vec();
+        let lead: usize = dims[..k].iter().product();
+        let mut target = vec![Dim::from(lead)];
+        target.extend(rest.iter().copied());
+        let view = self.reshape_to(Shape::new(target));
+        let mut spread = batch.clone().into_dims();
+        spread.extend(rest.iter().copied());
+        let spread = Shape::new(spread);
+        if rules::broadcast(OP, values.shape(), &spread)? != spread {
+            return Err(invalid(
+                OP,
+                format!(
+                    "values {} must broadcast to {spread} (the indices' shape, then the dims they do not index)",
+                    values.shape()
+                ),
+            ));
+        }
+        let values = values.broadcast_to_shape(&spread);
+        let mut rows = vec![m];
+        rows.extend(rest.iter().copied());
+        let values = values.reshape_to(Shape::new(rows));
+        let out = if accumulate {
+            view.index_add(0, &positions, &values)?
+        } else {
+            let mut along = vec![Dim::constant(1); values.ndim()];
+            along[0] = m;
+            let index = positions
+                .reshape_to(Shape::new(along))
+                .broadcast_to_shape(values.shape());
+            view.scatter(0, &index, &values)?
+        };
+        Ok(out.reshape_to(self.shape().clone()))
+    }
+
     /// `Tensor.scatter_reduce`: every `src[.., j, ..]` combined into position
     /// `index[.., j, ..]` along `dim` by `reduce`, one of `"sum"`, `"prod"`, `"mean"`,
     /// `"amax"`, `"amin"`; with `include_self` the value of `self` there takes part, else

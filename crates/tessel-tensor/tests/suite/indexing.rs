@@ -939,3 +939,67 @@ fn index_add_with_repeats() -> Result<()> {
     }
     Ok(())
 }
+
+/// `index_put` with two broadcasting index tensors into a 3-d input (the last dim kept
+/// whole), accumulating repeats or not, an out-of-range position dropped, against loops.
+#[test]
+fn index_put_with_and_without_accumulate() -> Result<()> {
+    for dtype in on_device([DType::F32, DType::I32]) {
+        let x = Nd::random(
+            &mut Rng::new(60),
+            dtype,
+            &[3, 4, 2],
+            DEFAULT.quantized(0.25),
+        );
+        let i = Nd::new(&[5, 1], vec![0.0, 2.0, 2.0, 1.0, 3.0]); // 3 is out of range
+        let j = Nd::new(&[1, 2], vec![1.0, 3.0]);
+        let v = Nd::random(
+            &mut Rng::new(61),
+            dtype,
+            &[5, 2, 2],
+            DEFAULT.quantized(0.25),
+        );
+        for idx_dtype in on_device(INDEX) {
+            let (ti, tj) = (i.tensor(idx_dtype), j.tensor(idx_dtype));
+            let got = x
+                .tensor(dtype)
+                .index_put(&[&ti, &tj], &v.tensor(dtype), true)?;
+            let mut want = x.clone();
+            for a in 0..5 {
+                for b in 0..2 {
+                    let (r, c) = (i.data[a] as usize, j.data[b] as usize);
+                    if r < 3 {
+                        for e in 0..2 {
+                            want.data[(r * 4 + c) * 2 + e] += v.data[(a * 2 + b) * 2 + e];
+                        }
+                    }
+                }
+            }
+            assert_close(
+                &format!("index_put accumulate {dtype} {idx_dtype}"),
+                &Nd::of(&got).data,
+                &want.data,
+                1e-6,
+            );
+            // Without accumulate, only positions written once (row 2 repeats).
+            let got = x
+                .tensor(dtype)
+                .index_put(&[&ti, &tj], &v.tensor(dtype), false)?;
+            let g = Nd::of(&got);
+            for (r, c, a, b) in [(0, 1, 0, 0), (0, 3, 0, 1), (1, 1, 3, 0), (1, 3, 3, 1)] {
+                for e in 0..2 {
+                    assert_eq!(
+                        g.data[(r * 4 + c) * 2 + e],
+                        v.data[(a * 2 + b) * 2 + e],
+                        "index_put {dtype} at {r},{c}"
+                    );
+                }
+            }
+            assert_eq!(
+                g.data[0], x.data[0],
+                "untouched positions keep their values"
+            );
+        }
+    }
+    Ok(())
+}
