@@ -14,12 +14,14 @@ mod padding;
 mod pool;
 mod reduce;
 mod scan;
+mod scatter;
 mod sort;
 
 pub use conv::{Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, Padding};
 pub use elementwise::Operand;
-pub(crate) use indexing::{scatter_add_into_zeros, verify_pending_indices};
+pub(crate) use indexing::verify_pending_indices;
 pub use pool::PoolOptions;
+pub(crate) use scatter::scatter_add_into_zeros;
 
 use tessel_graph::Op;
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, ScalarKind, Shape, UnaryOp, rules};

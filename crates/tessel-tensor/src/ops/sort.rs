@@ -97,6 +97,14 @@ impl Tensor {
     ) -> Result<(Tensor, Tensor)> {
         // Sorted output is one valid answer to both `sorted` values.
         let _ = sorted;
+        let (axis, n) = axis_len(self, "topk", dim)?;
+        if n > RANK_SORT_MAX && (1..n).contains(&k) && radix_key(self).is_some() {
+            let (v, i) = radix_topk(&to_last(self, axis)?, n, k, largest)?;
+            return Ok((
+                from_last(&v, axis, self.shape())?,
+                from_last(&i, axis, self.shape())?,
+            ));
+        }
         select_ranked(self, "topk", dim, largest, Target::First(k), false)
     }
 
@@ -662,4 +670,142 @@ fn search_rows(s: &Tensor, v: &Tensor, right: bool) -> Result<Tensor> {
     let vm = spread(v, nd, &win);
     let below = if right { sj.le(&vm)? } else { sj.lt(&vm)? };
     below.sum(&[-1], false)
+}
+
+/// An unsigned 32-bit key per element that orders like the values in the sorts here:
+/// `-0.0` equals `+0.0`, every NaN is one key above `+inf`. `None` for 64-bit dtypes.
+/// Floats map their bits (sign-magnitude) to an order-preserving unsigned integer; `f16`
+/// and `bf16` widen to `f32` first (exactly), narrow integers to 32 bits.
+fn radix_key(x: &Tensor) -> Option<Tensor> {
+    use tessel_shape::{BinaryOp, UnaryOp};
+    let u32c = |like: &Tensor, v: u32| like.full_like_scalar(Scalar::U32(v), DType::U32);
+    let key = match x.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 => {
+            let f = x.cast_to(DType::F32);
+            let zero = f.full_like_scalar(Scalar::F32(0.0), DType::F32);
+            let nan = f.full_like_scalar(Scalar::F32(f32::NAN), DType::F32);
+            // One zero and one NaN, so equal values get equal keys.
+            let f = f.raw_binary(BinaryOp::Eq, &zero).raw_where(&zero, &f);
+            let f = f.raw_unary(UnaryOp::IsNan).raw_where(&nan, &f);
+            let bits = f.reinterpret(DType::U32);
+            let negative = bits
+                .raw_binary(BinaryOp::Shr, &u32c(&bits, 31))
+                .raw_binary(BinaryOp::Eq, &u32c(&bits, 1));
+            let flip = negative.raw_where(&u32c(&bits, u32::MAX), &u32c(&bits, 0x8000_0000));
+            bits.raw_binary(BinaryOp::Xor, &flip)
+        }
+        DType::I32 | DType::I16 | DType::I8 => {
+            let bits = x.cast_to(DType::I32).reinterpret(DType::U32);
+            bits.raw_binary(BinaryOp::Xor, &u32c(&bits, 0x8000_0000))
+        }
+        DType::U32 | DType::U16 | DType::U8 | DType::Bool => x.cast_to(DType::U32),
+        _ => return None,
+    };
+    Some(key)
+}
+
+/// `topk` of the last axis (`n` long) by radix selection, `O(n)` per row instead of a sort:
+/// four passes, one per byte of [`radix_key`] from the top, each a histogram of the
+/// candidates' next byte (a scatter-add into 256 bins per row) whose suffix sums locate
+/// the byte of the `k`-th key; then the elements above that key, and the first of those
+/// equal to it in row order, are placed in row order by a prefix sum and a scatter, and
+/// those `k` sorted (stable: equal values keep row order, as the full sort's `topk`).
+fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tensor, Tensor)> {
+    use tessel_shape::{BinaryOp, UnaryOp};
+    let Some(key) = radix_key(last) else {
+        return Err(Error::Internal("radix_topk on a 64-bit dtype".into()));
+    };
+    let key = if largest {
+        key
+    } else {
+        key.raw_unary(UnaryOp::Not)
+    };
+    let nd = last.ndim();
+    let dims = last.shape().as_usizes().ok_or_else(|| {
+        Error::Internal("topk: symbolic batch dims reached the radix selection".into())
+    })?;
+    let rows: usize = dims[..nd - 1].iter().product();
+    let flat = Shape::new(vec![Dim::from(rows), Dim::from(n)]);
+    let key = key.reshape_to(flat.clone());
+    let u32c = |like: &Tensor, v: u32| like.full_like_scalar(Scalar::U32(v), DType::U32);
+    let i64c = |like: &Tensor, v: i64| like.full_like_scalar(Scalar::I64(v), DType::I64);
+    let row = index(&key, 0, flat.dims());
+    let column = |t: &Tensor| -> Result<Tensor> {
+        Ok(t.reshape_to(Shape::new(vec![Dim::from(rows), Dim::constant(1)])))
+    };
+    // The k-th key's bytes found so far, and how many of the elements sharing them are
+    // still to be taken.
+    let mut prefix = column(&Tensor::zeros([rows], DType::U32).to(&last.device())?)?;
+    let mut need = column(&Tensor::full([rows], i64_of(k), DType::I64).to(&last.device())?)?;
+    for pass in 0..4u32 {
+        let shift = 24 - 8 * pass;
+        let digit = key
+            .raw_binary(BinaryOp::Shr, &u32c(&key, shift))
+            .raw_binary(BinaryOp::And, &u32c(&key, 255))
+            .cast_to(DType::I64);
+        let mut bin = row
+            .raw_binary(BinaryOp::Mul, &i64c(&row, 256))
+            .raw_binary(BinaryOp::Add, &digit);
+        if pass > 0 {
+            let high = u32c(&key, shift + 8);
+            let same = key.raw_binary(BinaryOp::Shr, &high).raw_binary(
+                BinaryOp::Eq,
+                &prefix
+                    .broadcast_to_shape(&flat)
+                    .raw_binary(BinaryOp::Shr, &high),
+            );
+            bin = same.raw_where(&bin, &i64c(&bin, -1));
+        }
+        let ones = key.full_like_scalar(Scalar::I32(1), DType::I32);
+        let whole = Shape::new(vec![Dim::from(rows * n)]);
+        let hist = super::scatter::scatter_add_into_zeros(
+            &bin.reshape_to(whole.clone()),
+            &ones.reshape_to(whole),
+            0,
+            Dim::from(rows * 256),
+        )?
+        .reshape_to(Shape::new(vec![Dim::from(rows), Dim::constant(256)]));
+        // at_least[d]: candidates whose byte is d or above.
+        let at_least = hist.flip(&[-1])?.cumsum(-1)?.flip(&[-1])?;
+        let byte = at_least
+            .ge(&need)?
+            .cast(DType::I64)
+            .sum(&[-1], true)?
+            .sub(1)?;
+        // Candidates strictly above that byte (a gather past the last bin reads 0).
+        let above = at_least.gather(-1, &byte.add(1)?)?;
+        need = need.sub(&above)?;
+        prefix = prefix.raw_binary(
+            BinaryOp::Or,
+            &byte
+                .cast_to(DType::U32)
+                .raw_binary(BinaryOp::Shl, &u32c(&prefix, shift)),
+        );
+    }
+    let kth = prefix.broadcast_to_shape(&flat);
+    let greater = key.raw_binary(BinaryOp::Gt, &kth);
+    let equal = key.raw_binary(BinaryOp::Eq, &kth);
+    let equal_rank = equal.cast_to(DType::I64).cumsum(-1)?;
+    let take = greater.logical_or(&equal.logical_and(&equal_rank.le(&need)?)?)?;
+    let at = take.cast_to(DType::I64).cumsum(-1)?.sub(1)?;
+    let dest = take.raw_where(
+        &row.raw_binary(BinaryOp::Mul, &i64c(&row, i64_of(k)))
+            .raw_binary(BinaryOp::Add, &at),
+        &i64c(&at, -1),
+    );
+    let whole = Shape::new(vec![Dim::from(rows * n)]);
+    let dest = dest.reshape_to(whole.clone());
+    let positions = index(&key, 1, flat.dims());
+    let mut out = dims[..nd - 1]
+        .iter()
+        .map(|&d| Dim::from(d))
+        .collect::<Vec<_>>();
+    out.push(Dim::from(k));
+    let out = Shape::new(out);
+    let values = super::scatter::place_bits(&last.reshape_to(whole.clone()), &dest, rows * k)
+        .reshape_to(out.clone());
+    let indices =
+        super::scatter::place_bits(&positions.reshape_to(whole), &dest, rows * k).reshape_to(out);
+    let (sorted, order) = values.sort(-1, largest)?;
+    Ok((sorted, indices.gather(-1, &order)?))
 }

@@ -671,8 +671,15 @@ fn check_index_range_names_op_index_position_and_range() -> Result<()> {
     Ok(())
 }
 
+/// A checked-mode case: the op, a call of it, and what its error must mention.
+type Case<'a> = (
+    &'static str,
+    Box<dyn Fn() -> Result<Tensor> + 'a>,
+    &'static [&'static str],
+);
+
 /// Out-of-range indices: unchecked they read 0 or are dropped (the documented
-/// behaviour), checked every index op returns the range error. Toggles the process-wide
+/// behaviour), checked every index op's error is reported by the next read. Toggles the process-wide
 /// switch, under a lock; skips the unchecked half when `TESSEL_CHECK_INDICES` is set.
 #[test]
 fn out_of_range_indices_unchecked_and_checked() -> Result<()> {
@@ -712,11 +719,6 @@ fn out_of_range_indices_unchecked_and_checked() -> Result<()> {
     Tensor::set_checked_indexing(true);
     let _off = CheckedOff;
     assert!(Tensor::checked_indexing());
-    type Case<'a> = (
-        &'static str,
-        Box<dyn Fn() -> Result<Tensor> + 'a>,
-        &'static [&'static str],
-    );
     let cases: [Case<'_>; 8] = [
         (
             "gather",

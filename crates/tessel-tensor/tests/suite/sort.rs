@@ -495,3 +495,66 @@ fn long_rows_sort_through_the_network() -> Result<()> {
     );
     Ok(())
 }
+
+/// `topk` of rows longer than the rank sort's limit selects by radix (four histogram passes,
+/// no sort of the row): 32-bit, 16-bit and 8-bit dtypes, many ties (quantized data), NaN,
+/// infinities and both zeros, both directions, `k` small and nearly the whole row, along
+/// the last axis and a leading one, bit for bit against a stable sort (values, and the
+/// indices of equal values in row order).
+#[test]
+fn topk_of_long_rows_by_radix_selection() -> Result<()> {
+    let n = 3000;
+    let dtypes = [
+        DType::F32,
+        DType::BF16,
+        DType::F16,
+        DType::I32,
+        DType::U8,
+        DType::I16,
+    ];
+    for (seed, &dtype) in common::on_device(dtypes).iter().enumerate() {
+        let x = data(700 + seed as u64, dtype, &[2, n]);
+        let t = x.tensor(dtype);
+        for (k, largest) in [(1, true), (50, true), (50, false), (700, false)] {
+            let what = format!("topk {k} largest {largest} {dtype}");
+            let (v, i) = t.topk(k, -1, largest, true)?;
+            assert_exact(
+                &what,
+                &Nd::of(&v),
+                &along(&x, 1, k, |r| sorted(r, largest).0[..k].to_vec()),
+            );
+            assert_exact(
+                &format!("{what} idx"),
+                &Nd::of(&i),
+                &along(&x, 1, k, |r| sorted(r, largest).1[..k].to_vec()),
+            );
+        }
+    }
+    // Along a leading axis of a transposed view.
+    let x = data(710, DType::F32, &[2, n]);
+    let t = x.tensor(DType::F32).permute(&[1, 0])?; // [n, 2]
+    let (v, i) = t.topk(9, 0, true, true)?;
+    let want = |pick: usize| -> Vec<f64> {
+        let rows: Vec<Vec<f64>> = x
+            .data
+            .chunks(n)
+            .map(|r| {
+                if pick == 0 {
+                    sorted(r, true).0
+                } else {
+                    sorted(r, true).1
+                }
+            })
+            .collect();
+        (0..9)
+            .flat_map(|j| rows.iter().map(move |r| r[j]))
+            .collect()
+    };
+    assert_exact("topk along dim 0", &Nd::of(&v), &Nd::new(&[9, 2], want(0)));
+    assert_exact(
+        "topk along dim 0 idx",
+        &Nd::of(&i),
+        &Nd::new(&[9, 2], want(1)),
+    );
+    Ok(())
+}
