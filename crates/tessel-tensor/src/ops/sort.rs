@@ -23,9 +23,7 @@
 //! through 136 kernels (a graph of 4400 nodes, planned in about 0.2 s when the kernels are
 //! cached; compiling its kernels with the C compiler the first time takes about 10 s).
 //!
-//! `unique` has a data-dependent size: it realizes its input and computes on the host.
-
-use std::cmp::Ordering;
+//! `unique` sorts on the device and reads back only its number of values.
 
 use tessel_shape::{DType, Dim, Scalar, Shape, ShapeError};
 
@@ -187,7 +185,8 @@ impl Tensor {
     /// (`torch.unique` with `dim=None`). The result is sorted whatever `sorted` says (one
     /// valid answer to `sorted=false` too). `-0.0` and `+0.0` are one value (the first met
     /// in sorted order is kept); every NaN is its own value, last, as `PyTorch` does on the
-    /// CPU. The size depends on the data, so this realizes `self` and works on the host.
+    /// CPU. Computed on the device (a sort, a prefix sum, scatters); the number of values
+    /// depends on the data and is read back, which **synchronizes**.
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -224,63 +223,41 @@ impl Tensor {
     }
 }
 
-/// torch's order on host scalars of one dtype: integers exactly, floats with NaN last.
-fn host_order(a: Scalar, b: Scalar) -> Ordering {
-    let int = |s: Scalar| match s {
-        Scalar::U64(x) => i128::from(x),
-        s => i128::from(s.to_i64()),
-    };
-    let float = matches!(
-        a,
-        Scalar::F16(_) | Scalar::BF16(_) | Scalar::F32(_) | Scalar::F64(_)
-    );
-    if !float {
-        return int(a).cmp(&int(b));
-    }
-    let (x, y) = (a.to_f64(), b.to_f64());
-    match (x.is_nan(), y.is_nan()) {
-        (true, true) => Ordering::Equal,
-        (true, false) => Ordering::Greater,
-        (false, true) => Ordering::Less,
-        (false, false) => x.partial_cmp(&y).unwrap_or(Ordering::Equal),
-    }
-}
-
+/// [`Tensor::unique_with_inverse_and_counts`] on the device: the flattened input sorted
+/// (stable), a new value wherever an element differs from the one before it (NaN differs
+/// from everything, `-0.0` equals `+0.0`), each element's value number by a prefix sum, and
+/// the values, inverse indices and counts placed by scatters. Only the number of values is
+/// read back.
 fn unique_impl(x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-    let dtype = x.dtype();
-    let data = x.to_scalars()?;
-    let mut order: Vec<usize> = (0..data.len()).collect();
-    order.sort_by(|&a, &b| host_order(data[a], data[b]));
-    let mut values: Vec<Scalar> = Vec::new();
-    let mut counts: Vec<i64> = Vec::new();
-    let mut inverse = vec![0i64; data.len()];
-    for &i in &order {
-        let v = data[i];
-        // NaN equals nothing, so each NaN starts a value of its own.
-        let same = values
-            .last()
-            .is_some_and(|&last| !v.is_nan() && host_order(last, v) == Ordering::Equal);
-        if !same {
-            values.push(v);
-            counts.push(0);
-        }
-        let k = values.len() - 1;
-        counts[k] += 1;
-        inverse[i] = k as i64;
+    use tessel_shape::BinaryOp;
+    let n = x.numel();
+    let flat = x.reshape_to(Shape::new(vec![Dim::from(n)]));
+    if n == 0 {
+        let empty_i64 = Tensor::zeros([0], DType::I64).to(&x.device())?;
+        return Ok((flat, empty_i64.reshape_to(x.shape().clone()), empty_i64));
     }
-    let size = dtype.size_bytes();
-    let bytes: Vec<u8> = values
-        .iter()
-        .flat_map(|v| v.to_bits().to_le_bytes().into_iter().take(size))
-        .collect();
-    let len = Shape::new(vec![Dim::from(values.len())]);
-    let device = x.device();
-    let le = |v: &[i64]| v.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>();
-    Ok((
-        Tensor::from_bytes_on(bytes, dtype, len.clone(), device),
-        Tensor::from_bytes_on(le(&inverse), DType::I64, x.shape().clone(), device),
-        Tensor::from_bytes_on(le(&counts), DType::I64, len, device),
-    ))
+    let (sorted, from) = flat.sort(0, false)?;
+    let n_i = i64_of(n);
+    let differs = if n > 1 {
+        let (later, earlier) = (sorted.narrow(0, 1, n_i - 1)?, sorted.narrow(0, 0, n_i - 1)?);
+        let ne = if x.dtype() == DType::Bool {
+            later.logical_xor(&earlier)?
+        } else {
+            later.raw_binary(BinaryOp::Ne, &earlier)
+        };
+        Tensor::cat(&[&Tensor::full([1], true, DType::Bool).to(&x.device())?, &ne], 0)?
+    } else {
+        Tensor::full([1], true, DType::Bool).to(&x.device())?
+    };
+    let number = differs.cast_to(DType::I64).cumsum(0)?.sub(1)?;
+    let count = usize::try_from(number.narrow(0, n_i - 1, 1)?.item::<i64>()? + 1).unwrap_or(0);
+    let at_new = Tensor::where_cond(&differs, &number, -1i64)?;
+    let values = super::scatter::place_bits(&sorted, &at_new, count);
+    let inverse = super::scatter::place_bits(&number, &from, n).reshape_to(x.shape().clone());
+    let ones = number.full_like_scalar(Scalar::I32(1), DType::I32);
+    let counts =
+        super::scatter::scatter_add_into_zeros(&number, &ones, 0, Dim::from(count))?.cast_to(DType::I64);
+    Ok((values, inverse, counts))
 }
 
 /// Which ranks a selection picks along the axis.
