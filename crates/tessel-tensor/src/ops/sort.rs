@@ -245,7 +245,10 @@ fn unique_impl(x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         } else {
             later.raw_binary(BinaryOp::Ne, &earlier)
         };
-        Tensor::cat(&[&Tensor::full([1], true, DType::Bool).to(&x.device())?, &ne], 0)?
+        Tensor::cat(
+            &[&Tensor::full([1], true, DType::Bool).to(&x.device())?, &ne],
+            0,
+        )?
     } else {
         Tensor::full([1], true, DType::Bool).to(&x.device())?
     };
@@ -255,8 +258,8 @@ fn unique_impl(x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
     let values = super::scatter::place_bits(&sorted, &at_new, count);
     let inverse = super::scatter::place_bits(&number, &from, n).reshape_to(x.shape().clone());
     let ones = number.full_like_scalar(Scalar::I32(1), DType::I32);
-    let counts =
-        super::scatter::scatter_add_into_zeros(&number, &ones, 0, Dim::from(count))?.cast_to(DType::I64);
+    let counts = super::scatter::scatter_add_into_zeros(&number, &ones, 0, Dim::from(count))?
+        .cast_to(DType::I64);
     Ok((values, inverse, counts))
 }
 

@@ -504,18 +504,20 @@ fn long_rows_sort_through_the_network() -> Result<()> {
 #[test]
 fn topk_of_long_rows_by_radix_selection() -> Result<()> {
     let n = 3000;
-    let dtypes = [
-        DType::F32,
-        DType::BF16,
-        DType::F16,
-        DType::I32,
-        DType::U8,
-        DType::I16,
+    // Every case compiles its own kernels: a few per dtype keep the test short on PoCL.
+    let cases: [(DType, &[(usize, bool)]); 4] = [
+        (DType::F32, &[(50, true), (50, false), (700, false)]),
+        (DType::BF16, &[(50, true)]),
+        (DType::I32, &[(1, true)]),
+        (DType::U8, &[(50, false)]),
     ];
-    for (seed, &dtype) in common::on_device(dtypes).iter().enumerate() {
-        let x = data(700 + seed as u64, dtype, &[2, n]);
-        let t = x.tensor(dtype);
-        for (k, largest) in [(1, true), (50, true), (50, false), (700, false)] {
+    for (seed, (dtype, ks)) in cases.iter().enumerate() {
+        if common::on_device([*dtype]).is_empty() {
+            continue;
+        }
+        let x = data(700 + seed as u64, *dtype, &[2, n]);
+        let t = x.tensor(*dtype);
+        for &(k, largest) in *ks {
             let what = format!("topk {k} largest {largest} {dtype}");
             let (v, i) = t.topk(k, -1, largest, true)?;
             assert_exact(
