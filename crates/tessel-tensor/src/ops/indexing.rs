@@ -1,10 +1,12 @@
-//! Indexing ops: reads and writes at positions held in index tensors.
+//! Indexing ops: reads at positions held in index tensors (the writes are in `scatter.rs`),
+//! and checked indexing.
 //!
 //! A read is an [`Op::Gather`]: a load whose address is another buffer's value, fused into
 //! its consumers like any load (an embedding lookup, the positions added and the first
-//! layer norm are one kernel). A write with a sum is an [`Op::ScatterAdd`]: a kernel over
-//! the sources adding each value atomically into a buffer the launch zeroes (repeated
-//! indices add up, in no fixed order). The gradient of a gather is a scatter-add (or, for
+//! layer norm take at most two kernels, with no gathered intermediate in memory). A write
+//! with a sum is an [`Op::ScatterAdd`]: a kernel over the sources adding each value
+//! atomically into a buffer the launch zeroes (repeated indices add up, in no fixed
+//! order). The gradient of a gather is a scatter-add (or, for
 //! one read per row, as cross-entropy's target logit, the comparison with the position,
 //! fused where it is consumed), and the gradient of a scatter-add is a gather.
 //! `scatter` (last write wins) and `scatter_reduce` with `"prod"`, `"amax"` or `"amin"`
