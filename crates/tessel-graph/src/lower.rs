@@ -324,7 +324,10 @@ fn lower_scatter_kernel(
         let at = lw.kb.binary(BinaryOp::Max, at, lo);
         let at = lw.kb.binary(BinaryOp::Min, at, hi);
         let at = if ity == idx { at } else { lw.kb.cast(at, idx) };
-        let var = loop_var("g0", n);
+        // Numbered after the gathers the index and source bound, so that each variable
+        // names one coordinate in the kernel.
+        let var = loop_var(&format!("g{}", lw.n_gathers), n);
+        lw.n_gathers += 1;
         lw.kb.bind(var, at, idx);
         let mut target = coords.clone();
         target[axis] = Expr::from(var);

@@ -1005,3 +1005,45 @@ fn index_put_with_and_without_accumulate() -> Result<()> {
     }
     Ok(())
 }
+
+/// A scatter-add whose source is a gather from a table shaped like the destination (an
+/// embedding's rows added into a table of the same size): one kernel binds a gathered
+/// coordinate for the read and another for the write, of equal bounds.
+#[test]
+fn scatter_of_a_gather_from_a_table_of_the_same_shape() -> Result<()> {
+    let (rows, width) = (6, 4);
+    let table = Nd::random(
+        &mut Rng::new(70),
+        DType::F32,
+        &[rows, width],
+        DEFAULT.quantized(0.25),
+    );
+    let base = Nd::random(
+        &mut Rng::new(71),
+        DType::F32,
+        &[rows, width],
+        DEFAULT.quantized(0.25),
+    );
+    let read = Nd::new(&[5], vec![3.0, 0.0, 5.0, 3.0, 1.0]);
+    let write = Nd::new(&[5], vec![2.0, 2.0, 4.0, 0.0, 5.0]);
+    let picked = table
+        .tensor(DType::F32)
+        .index_select(0, &read.tensor(DType::I64))?;
+    let got = base
+        .tensor(DType::F32)
+        .index_add(0, &write.tensor(DType::I64), &picked)?;
+    let mut want = base.clone();
+    for j in 0..5 {
+        let (from, to) = (read.data[j] as usize, write.data[j] as usize);
+        for c in 0..width {
+            want.data[to * width + c] += table.data[from * width + c];
+        }
+    }
+    assert_close(
+        "index_add of gathered rows",
+        &Nd::of(&got).data,
+        &want.data,
+        1e-6,
+    );
+    Ok(())
+}
