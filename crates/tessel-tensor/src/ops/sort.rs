@@ -14,6 +14,10 @@
 //!   previous one and a `where`, sort it; the position breaks ties. `m·log2²(m)` work; the
 //!   kernelizer materializes every second stage, so about one kernel per stage.
 //!
+//! `topk`, `kthvalue` and `median` of rows longer than 1024 (dtypes of 32 bits or fewer)
+//! select by radix instead of sorting: an order-preserving 32-bit key per element, four
+//! byte-wise histogram passes that locate the wanted key, `O(n)` per row.
+//!
 //! Both are stable; `-0.0` and `+0.0` compare equal (they keep their order), and NaN sorts
 //! after everything ascending and before everything descending, as in `PyTorch`.
 //!
@@ -378,6 +382,17 @@ fn select_ranked(
             shape,
         );
         (empty, idx)
+    } else if n > RANK_SORT_MAX
+        && matches!(target, Target::Kth(_) | Target::Median)
+        && radix_key(&last).is_some()
+    {
+        let rank = match target {
+            Target::Kth(k) => {
+                filled(&last, Scalar::I64(i64_of(k) - 1), DType::I64).narrow(-1, 0, 1)?
+            }
+            _ => median_rank(&last, n)?,
+        };
+        radix_rank(&last, n, &rank)?
     } else if n > RANK_SORT_MAX {
         let (sorted, from) = bitonic(&last, n, descending)?;
         match target {
@@ -684,16 +699,12 @@ fn radix_key(x: &Tensor) -> Option<Tensor> {
     Some(key)
 }
 
-/// `topk` of the last axis (`n` long) by radix selection, `O(n)` per row instead of a sort:
-/// four passes, one per byte of [`radix_key`] from the top, each a histogram of the
-/// candidates' next byte (a scatter-add into 256 bins per row) whose suffix sums locate
-/// the byte of the `k`-th key; then the elements above that key, and the first of those
-/// equal to it in row order, are placed in row order by a prefix sum and a scatter, and
-/// those `k` sorted (stable: equal values keep row order, as the full sort's `topk`).
-fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tensor, Tensor)> {
-    use tessel_shape::{BinaryOp, UnaryOp};
+/// The keys of the last axis of `last` as `[rows, n]` (inverted for `largest`, so the
+/// wanted elements always have the largest keys), and the rows' shape.
+fn radix_rows(last: &Tensor, n: usize, largest: bool) -> Result<(Tensor, Vec<usize>)> {
+    use tessel_shape::UnaryOp;
     let Some(key) = radix_key(last) else {
-        return Err(Error::Internal("radix_topk on a 64-bit dtype".into()));
+        return Err(Error::Internal("radix selection on a 64-bit dtype".into()));
     };
     let key = if largest {
         key
@@ -701,33 +712,41 @@ fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tenso
         key.raw_unary(UnaryOp::Not)
     };
     let nd = last.ndim();
-    let dims = last.shape().as_usizes().ok_or_else(|| {
-        Error::Internal("topk: symbolic batch dims reached the radix selection".into())
-    })?;
+    let dims = last
+        .shape()
+        .as_usizes()
+        .ok_or_else(|| Error::Internal("symbolic batch dims reached the radix selection".into()))?;
     let rows: usize = dims[..nd - 1].iter().product();
     let flat = Shape::new(vec![Dim::from(rows), Dim::from(n)]);
-    let key = key.reshape_to(flat.clone());
+    Ok((key.reshape_to(flat), dims[..nd - 1].to_vec()))
+}
+
+/// Radix selection on `key` (`[rows, n]` `u32`): per row, the `need`-th largest key
+/// (`need` is `[rows, 1]` `i64`, 1-based), and how many of the elements equal to it, in row
+/// order, are still to be taken. Four passes, one per byte from the top, each a histogram
+/// of the candidates' next byte (a scatter-add into 256 bins per row) whose suffix sums
+/// locate the byte of the wanted key. `O(n)` per row.
+fn radix_select(key: &Tensor, need: &Tensor) -> Result<(Tensor, Tensor)> {
+    use tessel_shape::BinaryOp;
+    let dims = key.shape().as_usizes().unwrap_or_default();
+    let (rows, n) = (dims[0], dims[1]);
+    let flat = key.shape().clone();
     let u32c = |like: &Tensor, v: u32| like.full_like_scalar(Scalar::U32(v), DType::U32);
     let i64c = |like: &Tensor, v: i64| like.full_like_scalar(Scalar::I64(v), DType::I64);
-    let row = index(&key, 0, flat.dims());
-    let column = |t: &Tensor| -> Result<Tensor> {
-        Ok(t.reshape_to(Shape::new(vec![Dim::from(rows), Dim::constant(1)])))
-    };
-    // The k-th key's bytes found so far, and how many of the elements sharing them are
-    // still to be taken.
-    let mut prefix = column(&Tensor::zeros([rows], DType::U32).to(&last.device())?)?;
-    let mut need = column(&Tensor::full([rows], i64_of(k), DType::I64).to(&last.device())?)?;
+    let row = index(key, 0, flat.dims());
+    let mut prefix = need.full_like_scalar(Scalar::U32(0), DType::U32);
+    let mut need = need.clone();
     for pass in 0..4u32 {
         let shift = 24 - 8 * pass;
         let digit = key
-            .raw_binary(BinaryOp::Shr, &u32c(&key, shift))
-            .raw_binary(BinaryOp::And, &u32c(&key, 255))
+            .raw_binary(BinaryOp::Shr, &u32c(key, shift))
+            .raw_binary(BinaryOp::And, &u32c(key, 255))
             .cast_to(DType::I64);
         let mut bin = row
             .raw_binary(BinaryOp::Mul, &i64c(&row, 256))
             .raw_binary(BinaryOp::Add, &digit);
         if pass > 0 {
-            let high = u32c(&key, shift + 8);
+            let high = u32c(key, shift + 8);
             let same = key.raw_binary(BinaryOp::Shr, &high).raw_binary(
                 BinaryOp::Eq,
                 &prefix
@@ -762,12 +781,28 @@ fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tenso
                 .raw_binary(BinaryOp::Shl, &u32c(&prefix, shift)),
         );
     }
-    let kth = prefix.broadcast_to_shape(&flat);
+    Ok((prefix, need))
+}
+
+/// `topk` of the last axis (`n` long) by [`radix_select`] instead of a sort: the elements
+/// above the `k`-th key, and the first of those equal to it in row order, placed in row
+/// order by a prefix sum and a scatter, then those `k` sorted (stable: equal values keep
+/// row order, as the full sort's `topk`).
+fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tensor, Tensor)> {
+    use tessel_shape::BinaryOp;
+    let (key, batch) = radix_rows(last, n, largest)?;
+    let rows: usize = batch.iter().product();
+    let flat = key.shape().clone();
+    let i64c = |like: &Tensor, v: i64| like.full_like_scalar(Scalar::I64(v), DType::I64);
+    let need = Tensor::full([rows, 1], i64_of(k), DType::I64).to(&last.device())?;
+    let (kth, need) = radix_select(&key, &need)?;
+    let kth = kth.broadcast_to_shape(&flat);
     let greater = key.raw_binary(BinaryOp::Gt, &kth);
     let equal = key.raw_binary(BinaryOp::Eq, &kth);
     let equal_rank = equal.cast_to(DType::I64).cumsum(-1)?;
     let take = greater.logical_or(&equal.logical_and(&equal_rank.le(&need)?)?)?;
     let at = take.cast_to(DType::I64).cumsum(-1)?.sub(1)?;
+    let row = index(&key, 0, flat.dims());
     let dest = take.raw_where(
         &row.raw_binary(BinaryOp::Mul, &i64c(&row, i64_of(k)))
             .raw_binary(BinaryOp::Add, &at),
@@ -776,10 +811,7 @@ fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tenso
     let whole = Shape::new(vec![Dim::from(rows * n)]);
     let dest = dest.reshape_to(whole.clone());
     let positions = index(&key, 1, flat.dims());
-    let mut out = dims[..nd - 1]
-        .iter()
-        .map(|&d| Dim::from(d))
-        .collect::<Vec<_>>();
+    let mut out = batch.iter().map(|&d| Dim::from(d)).collect::<Vec<_>>();
     out.push(Dim::from(k));
     let out = Shape::new(out);
     let values = super::scatter::place_bits(&last.reshape_to(whole.clone()), &dest, rows * k)
@@ -788,4 +820,32 @@ fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tenso
         super::scatter::place_bits(&positions.reshape_to(whole), &dest, rows * k).reshape_to(out);
     let (sorted, order) = values.sort(-1, largest)?;
     Ok((sorted, indices.gather(-1, &order)?))
+}
+
+/// The element of each row of the last axis (`n` long) at 0-based ascending `rank`
+/// (`[.., 1]` `i64`, per row) and its index, by [`radix_select`]: `kthvalue` and `median`
+/// of long rows without a sort. Among equal elements the earliest in row order comes
+/// first, as in the stable sort.
+fn radix_rank(last: &Tensor, n: usize, rank: &Tensor) -> Result<(Tensor, Tensor)> {
+    use tessel_shape::BinaryOp;
+    // Ascending rank r is the (r + 1)-th largest of the inverted keys.
+    let (key, batch) = radix_rows(last, n, false)?;
+    let rows: usize = batch.iter().product();
+    let flat = key.shape().clone();
+    let column = Shape::new(vec![Dim::from(rows), Dim::constant(1)]);
+    let need = rank.reshape_to(column).add(1)?;
+    let (kth, need) = radix_select(&key, &need)?;
+    let equal = key.raw_binary(BinaryOp::Eq, &kth.broadcast_to_shape(&flat));
+    let equal_rank = equal.cast_to(DType::I64).cumsum(-1)?;
+    let hit = equal.logical_and(&equal_rank.eq(&need)?)?;
+    let positions = index(&key, 1, flat.dims());
+    let at = Tensor::where_cond(&hit, &positions, -1i64)?.max(&[-1], true)?;
+    let mut out = batch.iter().map(|&d| Dim::from(d)).collect::<Vec<_>>();
+    out.push(Dim::constant(1));
+    let out = Shape::new(out);
+    let value = last
+        .reshape_to(flat)
+        .gather(-1, &at)?
+        .reshape_to(out.clone());
+    Ok((value, at.reshape_to(out)))
 }
