@@ -312,18 +312,10 @@ fn lower_scatter_kernel(
         };
         let at = lw.eval_node(index, &coords, false)?;
         let value = lw.eval_node(src, &coords, false)?;
-        let ity = graph.node(index).dtype;
-        let lo = lw.kb.constant_as(0, ity);
-        let len = lw.kb.expr(n, ity);
-        let above = lw.kb.binary(BinaryOp::Ge, at, lo);
-        let below = lw.kb.lt(at, len);
-        let inside = lw.kb.binary(BinaryOp::And, above, below);
+        // The clamp is the identity under the condition; it shows every add lands in the
+        // buffer.
+        let (inside, at) = lw.index_into(at, graph.node(index).dtype, n);
         let open = lw.open_if(inside);
-        // The identity under the condition; it shows every add lands in the buffer.
-        let hi = lw.kb.expr(n - 1, ity);
-        let at = lw.kb.binary(BinaryOp::Max, at, lo);
-        let at = lw.kb.binary(BinaryOp::Min, at, hi);
-        let at = if ity == idx { at } else { lw.kb.cast(at, idx) };
         // Numbered after the gathers the index and source bound, so that each variable
         // names one coordinate in the kernel.
         let var = loop_var(&format!("g{}", lw.n_gathers), n);
@@ -776,9 +768,20 @@ impl Lowerer<'_> {
             return Ok(zero);
         }
         let at = self.eval_node(index, coords, false)?;
-        // Compared and clamped in the index's own dtype: an i64 index narrowed first could
-        // wrap into range.
-        let ity = self.graph.node(index).dtype;
+        let (inside, clamped) = self.index_into(at, self.graph.node(index).dtype, n);
+        let var = loop_var(&format!("g{}", self.n_gathers), n);
+        self.n_gathers += 1;
+        self.kb.bind(var, clamped, self.idx);
+        let mut mapped = coords.to_vec();
+        mapped[axis] = Expr::from(var);
+        let v = self.eval_node(src, &mapped, false)?;
+        Ok(self.kb.select(inside, v, zero))
+    }
+
+    /// Whether index value `at` (of the integer dtype `ity`) lies in `0..n`, and `at`
+    /// clamped into that range, in the kernel's index dtype. Compared and clamped in the
+    /// index's own dtype: an `i64` index narrowed first could wrap into range.
+    fn index_into(&mut self, at: Value, ity: DType, n: Dim) -> (Value, Value) {
         let lo = self.kb.constant_as(0, ity);
         let hi = self.kb.expr(n - 1, ity);
         let len = self.kb.expr(n, ity);
@@ -792,13 +795,7 @@ impl Lowerer<'_> {
         } else {
             self.kb.cast(clamped, self.idx)
         };
-        let var = loop_var(&format!("g{}", self.n_gathers), n);
-        self.n_gathers += 1;
-        self.kb.bind(var, clamped, self.idx);
-        let mut mapped = coords.to_vec();
-        mapped[axis] = Expr::from(var);
-        let v = self.eval_node(src, &mapped, false)?;
-        Ok(self.kb.select(inside, v, zero))
+        (inside, clamped)
     }
 
     /// `valid ? child[mapped] : pad`, evaluating the child only where valid.
