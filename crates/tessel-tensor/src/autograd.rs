@@ -282,10 +282,10 @@ impl Tape {
                     ),
                 )]
             }
-            Op::Reduce(op, a, axes) => {
-                let x = self.tensor(*a);
-                vec![(*a, reduce_vjp(*op, x, out, g, axes))]
-            }
+            Op::Reduce(op, a, axes) => match self.matmul_vjp(node, g)? {
+                Some(contributions) => contributions,
+                None => vec![(*a, reduce_vjp(*op, self.tensor(*a), out, g, axes))],
+            },
             // Each read element's gradient adds into the position it was read from
             // (out-of-range reads read nothing, and their gradient is dropped).
             Op::Gather(src, index, axis) => {
@@ -303,6 +303,104 @@ impl Tape {
             }
         })
     }
+}
+
+impl Tape {
+    /// The gradients of a product recorded by [`Tensor::matmul`] (the sum over `k` of
+    /// `[..batch, m, k, n]` elementwise products of two broadcast operands), given to the
+    /// operands before their broadcast as products themselves: `g · yᵀ` and `xᵀ · g`, as
+    /// PyTorch computes them. The primitive rules would give the same values as reductions
+    /// of broadcast products, which no library routine matches: a weight's gradient would
+    /// run as a generated reduction over every token. Where an operand is shared by the
+    /// whole batch (a linear layer's weight), its gradient is one product over the batch
+    /// folded into rows. `None` for any other reduction.
+    fn matmul_vjp(&self, node: &Node, g: &Tensor) -> Result<Option<Vec<(NodeId, Tensor)>>> {
+        let Op::Reduce(ReduceOp::Sum, product, axes) = &node.op else {
+            return Ok(None);
+        };
+        let Op::Binary(BinaryOp::Mul, ex, ey) = self.nodes[product].op else {
+            return Ok(None);
+        };
+        let space = self.nodes[product].shape.dims().to_vec();
+        let Some(rank) = space.len().checked_sub(3) else {
+            return Ok(None);
+        };
+        if axes.as_ref() != [rank + 1] || !node.dtype.is_float() {
+            return Ok(None);
+        }
+        let unbroadcast = |e: NodeId| match self.nodes[&e].op {
+            Op::Expand(v) => v,
+            _ => e,
+        };
+        let (vx, vy) = (unbroadcast(ex), unbroadcast(ey));
+        let (sx, sy) = (self.nodes[&vx].shape.dims(), self.nodes[&vy].shape.dims());
+        let one = Dim::constant(1);
+        let (m, k, n) = (space[rank], space[rank + 1], space[rank + 2]);
+        let batch = &space[..rank];
+        // Each batch dim of an operand is the batch's or 1.
+        let fits = |s: &[Dim], tail: [Dim; 3]| {
+            s.len() == rank + 3
+                && s[rank..] == tail
+                && s[..rank]
+                    .iter()
+                    .zip(batch)
+                    .all(|(d, b)| d == b || *d == one)
+        };
+        if !fits(sx, [m, k, one]) || !fits(sy, [one, k, n]) {
+            return Ok(None);
+        }
+        let matrices = |t: &Tensor, s: &[Dim], rows: Dim, cols: Dim| {
+            t.reshape_to(s[..rank].iter().copied().chain([rows, cols]).collect())
+        };
+        let x = matrices(self.tensor(vx), sx, m, k);
+        let y = matrices(self.tensor(vy), sy, k, n);
+        let g = matrices(g, batch, m, n);
+        let shared = |s: &[Dim]| rank > 0 && s[..rank].iter().all(|d| *d == one);
+        let whole = |s: &[Dim]| s[..rank] == *batch;
+        let rows = batch.iter().fold(one, |acc, d| acc * *d);
+        // `t` of shape [..batch, r, c] as [r, batch·c]: the batch moved into the columns.
+        let batch_into_columns = |t: &Tensor, r: Dim, c: Dim| -> Result<Tensor> {
+            let mut axes: Vec<i64> = vec![rank as i64];
+            axes.extend((0..rank as i64).chain([rank as i64 + 1]));
+            Ok(t.permute(&axes)?.reshape_to(Shape::new(vec![r, rows * c])))
+        };
+        let mut out = Vec::new();
+        if self.needs(vx) {
+            let dx = if shared(sx) && whole(sy) {
+                batch_into_columns(&g, m, n)?.matmul(&batch_into_columns(&y, k, n)?.t()?)?
+            } else {
+                summed_to(&g.matmul(&y.transpose(-1, -2)?)?, &sx[..rank], [m, k])
+            };
+            out.push((vx, dx.reshape_to(Shape::new(sx.to_vec()))));
+        }
+        if self.needs(vy) {
+            let dy = if shared(sy) && whole(sx) {
+                let flat = |t: &Tensor, c: Dim| t.reshape_to(Shape::new(vec![rows * m, c]));
+                flat(&x, k).t()?.matmul(&flat(&g, n))?
+            } else {
+                summed_to(&x.transpose(-1, -2)?.matmul(&g)?, &sy[..rank], [k, n])
+            };
+            out.push((vy, dy.reshape_to(Shape::new(sy.to_vec()))));
+        }
+        Ok(Some(out))
+    }
+}
+
+/// `t` of shape `[..batch, r, c]` summed over the batch axes where `own` (an operand's
+/// batch dims) is 1.
+fn summed_to(t: &Tensor, own: &[Dim], [r, c]: [Dim; 2]) -> Tensor {
+    let axes: Vec<usize> = (0..own.len())
+        .filter(|&a| own[a] == Dim::constant(1) && t.shape()[a] != Dim::constant(1))
+        .collect();
+    if axes.is_empty() {
+        return t.clone();
+    }
+    reduce(
+        t,
+        ReduceOp::Sum,
+        &axes,
+        own.iter().copied().chain([r, c]).collect(),
+    )
 }
 
 /// The gradient of `x` read by a gather at `index` along `axis`. One read per row of the

@@ -125,6 +125,15 @@ struct Measurer<'c> {
 /// Timed runs after the first (validating) one; fewer for slow candidates.
 const RUNS: usize = 5;
 
+/// How far a candidate's output may be from the reference computed from the same inputs,
+/// relative to the largest reference magnitude.
+const CANDIDATE_TOLERANCE: f64 = 1e-3;
+
+/// The same for a whole plan's targets. Rounding differences of every program add up
+/// along the plan and some steps amplify them (an Adam update divides a gradient by its
+/// own magnitude); a program wired to the wrong values is off by the values' own size.
+const PLAN_TOLERANCE: f64 = 1e-2;
+
 impl<'c> Measurer<'c> {
     fn new(compiled: &'c Compiled, dims: &Bindings) -> Self {
         Measurer {
@@ -164,6 +173,18 @@ impl<'c> Measurer<'c> {
     fn free(&mut self) {
         for (d, b) in std::mem::take(&mut self.owned) {
             let _ = self.backend(d).free(b);
+        }
+    }
+
+    /// Frees one buffer of [`Self::owned`] before the end.
+    fn release(&mut self, device: usize, buffer: BufferId) {
+        if let Some(i) = self
+            .owned
+            .iter()
+            .position(|&(d, b)| d == device && b == buffer)
+        {
+            self.owned.swap_remove(i);
+            let _ = self.backend(device).free(buffer);
         }
     }
 
@@ -245,6 +266,16 @@ impl<'c> Measurer<'c> {
             let b = &compiled.programs[k];
             (!compiled.candidates[b.candidate].default, b.device)
         });
+        // A value's reference is kept while a program that has not run yet reads it or
+        // writes it (and is checked against it), and to the end for targets: a training
+        // step's candidates write many gigabytes in all.
+        let mut uses: FxHashMap<PlanSlot, usize> = FxHashMap::default();
+        for b in &compiled.programs {
+            let c = &compiled.candidates[b.candidate];
+            for slot in c.reads().chain(c.writes.iter().map(|&w| PlanSlot::Node(w))) {
+                *uses.entry(slot).or_default() += 1;
+            }
+        }
         let mut measured: FxHashMap<u128, f64> = FxHashMap::default();
         while !pending.is_empty() {
             let Some(at) = pending.iter().position(|&k| {
@@ -269,6 +300,30 @@ impl<'c> Measurer<'c> {
                 Err(e) if c.default && b.device == 0 => return Err(e),
                 Err(e) => {
                     tracing::warn!(target: "tessel::plan", "{}: dropping {}: {e}", self.device(b.device), c.work.name());
+                }
+            }
+            for slot in c.reads().chain(c.writes.iter().map(|&w| PlanSlot::Node(w))) {
+                let left = uses.get_mut(&slot).map(|n| {
+                    *n -= 1;
+                    *n
+                });
+                let kept = match slot {
+                    PlanSlot::Node(p) => {
+                        compiled.targets.contains(&p) || compiled.empty.contains(&p)
+                    }
+                    PlanSlot::Input(_) => true,
+                };
+                if left == Some(0) && !kept {
+                    let places: Vec<(usize, BufferId)> = self
+                        .real
+                        .iter()
+                        .filter(|(p, _)| p.slot == slot)
+                        .map(|(p, &b)| (p.device, b))
+                        .collect();
+                    for (d, buffer) in places {
+                        self.real.remove(&Place { slot, device: d });
+                        self.release(d, buffer);
+                    }
                 }
             }
         }
@@ -305,14 +360,39 @@ impl<'c> Measurer<'c> {
         let backend = self.backend(d).clone();
         let program = b.program.id;
         let first = backend.time(program, &args, &self.dims)?;
-        for (slot, ref_device, reference, fresh) in checks {
-            if let Some(why) = self.disagreement(slot, (ref_device, reference), (d, fresh))? {
+        let mut agrees = true;
+        for &(slot, ref_device, reference, fresh) in &checks {
+            if let Some(why) = self.disagreement(
+                slot,
+                (ref_device, reference),
+                (d, fresh),
+                CANDIDATE_TOLERANCE,
+            )? {
                 tracing::warn!(target: "tessel::plan", "{}: dropping {}: its output differs from the reference ({why})", self.device(d), c.work.name());
-                return Ok(None);
+                agrees = false;
+                break;
             }
         }
-        if let Some(t) = known {
-            return Ok(Some(t));
+        let timed = match known {
+            _ if !agrees => None,
+            Some(t) => Some(t),
+            None => Some(self.time(k, &args, first)?),
+        };
+        // What was checked against a reference is not needed after this program.
+        for (_, _, _, fresh) in checks {
+            self.release(d, fresh);
+        }
+        Ok(timed)
+    }
+
+    /// The median time of program `k` on `args`, after a first run of `first`.
+    fn time(&self, k: usize, args: &[BufferId], first: Duration) -> Result<f64> {
+        let backend = self.backend(self.compiled.programs[k].device);
+        let program = self.compiled.programs[k].program.id;
+        // A candidate slower than a second (a generated kernel far from any routine) is
+        // timed by its checking run alone: it loses to the routine anyway.
+        if first > Duration::from_secs(1) {
+            return Ok(first.as_secs_f64());
         }
         let runs = if first > Duration::from_millis(50) {
             2
@@ -321,9 +401,9 @@ impl<'c> Measurer<'c> {
         };
         let mut samples = Vec::with_capacity(runs);
         for _ in 0..runs {
-            samples.push(backend.time(program, &args, &self.dims)?.as_secs_f64());
+            samples.push(backend.time(program, args, &self.dims)?.as_secs_f64());
         }
-        Ok(Some(median(samples)))
+        Ok(median(samples))
     }
 
     /// Runs `steps` on fresh buffers (inputs shared) and says why its targets differ from
@@ -386,7 +466,7 @@ impl<'c> Measurer<'c> {
             let (Some(&got), Some(&want)) = (bufs.get(&place), self.real.get(&place)) else {
                 continue;
             };
-            if let Some(why) = self.disagreement(place.slot, (0, want), (0, got))? {
+            if let Some(why) = self.disagreement(place.slot, (0, want), (0, got), PLAN_TOLERANCE)? {
                 return Ok(Some(format!("target at {t}: {why}")));
             }
         }
@@ -463,14 +543,15 @@ impl<'c> Measurer<'c> {
         Ok(t)
     }
 
-    /// Why two buffers holding `slot`'s value disagree beyond rounding, if they do. Floats
-    /// compare against the largest reference magnitude (a different summation order moves
-    /// every element by about the same absolute amount); other dtypes compare exactly.
+    /// Why two buffers holding `slot`'s value disagree beyond `tolerance` (relative to the
+    /// largest reference magnitude: a different summation order moves every element by
+    /// about the same absolute amount), if they do; other dtypes compare exactly.
     fn disagreement(
         &self,
         slot: PlanSlot,
         reference: (usize, BufferId),
         other: (usize, BufferId),
+        tolerance: f64,
     ) -> Result<Option<String>> {
         let (dtype, _) = self.compiled.size(slot);
         let len = self.bytes(slot)?;
@@ -480,15 +561,18 @@ impl<'c> Measurer<'c> {
             self.backend(reference.0).read(reference.1, 0, &mut x)?;
             self.backend(other.0).read(other.1, 0, &mut y)?;
         }
-        let (Some(xs), Some(ys)) = (floats(dtype, &x), floats(dtype, &y)) else {
+        let Some(decode) = float_decoder(dtype) else {
             return Ok((x != y).then(|| "the bytes differ".to_string()));
         };
-        let scale = xs
-            .iter()
+        let width = dtype.size_bytes();
+        let scale = x
+            .chunks_exact(width)
+            .map(decode)
             .filter(|v| v.is_finite())
             .fold(0.0f64, |m, v| m.max(v.abs()));
-        let tolerance = 1e-3 * scale;
-        for (i, (p, q)) in xs.iter().zip(&ys).enumerate() {
+        let tolerance = tolerance * scale;
+        let pairs = x.chunks_exact(width).zip(y.chunks_exact(width));
+        for (i, (p, q)) in pairs.map(|(p, q)| (decode(p), decode(q))).enumerate() {
             let same = (p.is_nan() && q.is_nan()) || p == q || (p - q).abs() <= tolerance;
             if !same {
                 return Ok(Some(format!("element {i}: {q} instead of {p}")));
@@ -510,17 +594,15 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-/// The values of a float buffer, `None` for other dtypes.
-fn floats(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
-    let width = dtype.size_bytes();
-    let decode: fn(&[u8]) -> f64 = match dtype {
+/// How to read one element of a float dtype as f64, `None` for other dtypes.
+fn float_decoder(dtype: DType) -> Option<fn(&[u8]) -> f64> {
+    Some(match dtype {
         DType::F32 => |b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         DType::F64 => |b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
         DType::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
         DType::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
         _ => return None,
-    };
-    Some(bytes.chunks_exact(width).map(decode).collect())
+    })
 }
 
 /// The disk timing cache: one small file per (backend, device, driver, program text,

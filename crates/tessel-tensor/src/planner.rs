@@ -34,6 +34,7 @@
 //! Without alternatives (no product, no routine on this backend, one device) the default
 //! partition is the plan, and nothing is measured.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
@@ -46,7 +47,7 @@ use tessel_graph::{
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, materialized_for,
     signature, views_to_split,
 };
-use tessel_ir::{Backend, Kernel, ProgramId, ProgramOrigin, VendorOp};
+use tessel_ir::{Backend, BackendError, Kernel, ProgramId, ProgramOrigin, VendorOp};
 use tessel_shape::{DType, Dim};
 
 use crate::device::Device;
@@ -621,6 +622,10 @@ fn cooperative_workgroups(device: Device) -> bool {
 }
 
 /// Compiles every candidate for every device (see the module docs for what failures mean).
+///
+/// Kernels compile on several threads (NVRTC, the C compiler and the GPU drivers are
+/// thread-safe, and a model's first realize compiles hundreds of kernels); each distinct
+/// kernel is compiled once, and its repeats then hit the backend's program cache.
 pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Compiled> {
     let mut out = Compiled {
         devices,
@@ -654,22 +659,28 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
                 }
             }
         }
-        for (i, c) in out.candidates.iter().enumerate() {
-            let Work::Kernel(kernel) = &c.work else {
-                continue;
-            };
-            let wanted = (c.default || !c.for_routine || any_vendor)
-                && (!c.cooperative || cooperative_workgroups(device));
-            if !wanted {
-                continue;
-            }
-            tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
-            match backend.compile(device.ordinal, kernel) {
+        let wanted: Vec<(usize, &Kernel)> = out
+            .candidates
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match &c.work {
+                Work::Kernel(kernel)
+                    if (c.default || !c.for_routine || any_vendor)
+                        && (!c.cooperative || cooperative_workgroups(device)) =>
+                {
+                    Some((i, kernel))
+                }
+                _ => None,
+            })
+            .collect();
+        for ((i, kernel), result) in wanted.iter().zip(compile_all(&*backend, device, &wanted)) {
+            let c = &out.candidates[*i];
+            match result {
                 Ok(id) => {
                     // `id` was just made, so the backend knows it.
                     let origin = backend.origin(id).unwrap_or(ProgramOrigin::Compiled);
                     out.origins.count(origin);
-                    built.push((i, id));
+                    built.push((*i, id));
                 }
                 Err(e) if c.default && d == 0 => return Err(e.into()),
                 Err(e) => {
@@ -686,6 +697,66 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
         }
     }
     Ok(out)
+}
+
+/// Compiles `kernels` on `device`, first occurrences in parallel, repeats after them.
+fn compile_all(
+    backend: &dyn Backend,
+    device: Device,
+    kernels: &[(usize, &Kernel)],
+) -> Vec<std::result::Result<ProgramId, BackendError>> {
+    let compile = |kernel: &Kernel| {
+        tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
+        backend.compile(device.ordinal, kernel)
+    };
+    let mut seen: FxHashSet<String> = FxHashSet::default();
+    let unique: Vec<usize> = (0..kernels.len())
+        .filter(|&k| seen.insert(kernels[k].1.to_string()))
+        .collect();
+    let mut results: Vec<Option<std::result::Result<ProgramId, BackendError>>> =
+        (0..kernels.len()).map(|_| None).collect();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(unique.len());
+    if threads <= 1 {
+        for &k in &unique {
+            results[k] = Some(compile(kernels[k].1));
+        }
+    } else {
+        let next = AtomicUsize::new(0);
+        let done: Vec<(usize, std::result::Result<ProgramId, BackendError>)> =
+            std::thread::scope(|s| {
+                let workers: Vec<_> = (0..threads)
+                    .map(|_| {
+                        s.spawn(|| {
+                            let mut mine = Vec::new();
+                            loop {
+                                let n = next.fetch_add(1, Ordering::Relaxed);
+                                let Some(&k) = unique.get(n) else {
+                                    return mine;
+                                };
+                                mine.push((k, compile(kernels[k].1)));
+                            }
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .flat_map(|w| {
+                        w.join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                    })
+                    .collect()
+            });
+        for (k, result) in done {
+            results[k] = Some(result);
+        }
+    }
+    results
+        .into_iter()
+        .zip(kernels)
+        .map(|(result, (_, kernel))| result.unwrap_or_else(|| compile(kernel)))
+        .collect()
 }
 
 fn program(backend: &Arc<dyn Backend>, device: Device, id: ProgramId) -> Arc<Program> {

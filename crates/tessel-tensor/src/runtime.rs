@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 use tessel_graph::{Graph, LeafId, Node, NodeId, Op, Signature, signature};
@@ -375,14 +376,21 @@ impl Runtime {
                 return Ok((st, plan, leaves, key));
             }
             let devices = planner::placement_devices(device);
+            let started = Instant::now();
             let parts = planner::partition(&st.graph, targets, &leaves, &devices)?;
             drop(st);
+            let partitioned = started.elapsed();
+            tracing::debug!(target: "tessel::first_call", "{device}: partitioned in {:.2} s", partitioned.as_secs_f64());
             let mut plan_devices = Vec::with_capacity(devices.len());
             for d in devices {
                 plan_devices.push((d, self.backend(d)?));
             }
             // Compile without the lock: other threads keep recording.
+            let started = Instant::now();
             let compiled = planner::compile(parts, plan_devices)?;
+            let compiling = started.elapsed();
+            tracing::debug!(target: "tessel::first_call", "{device}: {} programs compiled in {:.2} s", compiled.programs.len(), compiling.as_secs_f64());
+            let started = Instant::now();
             let origins = compiled.origins;
             report.compiled += origins.compiled;
             report.cached += origins.cached;
@@ -406,6 +414,18 @@ impl Runtime {
             } else {
                 compiled.default_plan()
             };
+            tracing::info!(
+                target: "tessel::first_call",
+                "{device}: new plan of {} steps: partitioned in {:.2} s; {} kernels compiled, \
+                 {} from caches, {} interpreted in {:.2} s; measured and chosen in {:.2} s",
+                plan.steps.len(),
+                partitioned.as_secs_f64(),
+                origins.compiled,
+                origins.cached,
+                origins.interpreted,
+                compiling.as_secs_f64(),
+                started.elapsed().as_secs_f64(),
+            );
             let plan = Arc::new(plan);
             let mut st = self.lock();
             // Another thread may have realized part of this subgraph meanwhile; the plan is

@@ -187,9 +187,18 @@ fn reductions_match_finite_differences() {
 #[test]
 fn contractions_convolutions_and_pooling_match_finite_differences() {
     gradcheck("matmul", &[&[3, 4], &[4, 2]], WIDE, &|x| x[0].matmul(&x[1]));
-    gradcheck("batched matmul", &[&[2, 3, 4], &[4, 5]], WIDE, &|x| {
-        x[0].matmul(&x[1])
-    });
+    // Products of every batch layout: each operand's gradient is a product of its own
+    // (folded over a shared operand's batch, summed over a partially broadcast one).
+    for (name, a, b) in [
+        ("batched matmul", &[2, 3, 4][..], &[4, 5][..]),
+        ("matmul of a shared lhs", &[3, 4], &[2, 4, 5]),
+        ("matmul of two batches", &[2, 3, 4], &[2, 4, 5]),
+        ("matmul broadcast along one axis", &[2, 1, 3, 4], &[3, 4, 2]),
+        ("matrix times vector", &[3, 4], &[4]),
+        ("vector times batch", &[4], &[2, 4, 3]),
+    ] {
+        gradcheck(name, &[a, b], WIDE, &|x| x[0].matmul(&x[1]));
+    }
     let conv = Conv2dOptions {
         stride: [2, 1],
         padding: Padding::Explicit([1, 1]),
