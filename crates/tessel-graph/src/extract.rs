@@ -30,6 +30,10 @@
 //!    before producers), give each needed class its cheapest-by-tree-cost producer that
 //!    writes no class already written and closes no cycle (the check of step 3). No
 //!    backtracking: if a class has no such producer, only the search can find a plan.
+//!    A second greedy plan orders producers by *path* cost instead (cost plus the largest
+//!    path cost among the reads): tree costs count a shared producer once per path to it,
+//!    which in deep graphs of shared values overprices the forms that share most. The
+//!    cheaper of the two is the first upper bound.
 //! 3. **Branch and bound**: depth first, pick the unresolved needed class of highest rank and
 //!    try its producers in tree-cost order, skipping any that would write a written class or
 //!    close a cycle (a walk from its reads through chosen writers reaching its writes). A node
@@ -216,8 +220,17 @@ pub fn extract(problem: &Problem, budget: Budget) -> Result<Extraction, ExtractE
         }
     }
     let mut s = Search::new(&m, budget, start);
-    if let Some(plan) = s.greedy() {
-        s.offer(plan);
+    for (name, order) in [("tree", &m.producers), ("path", &m.by_path)] {
+        let plan = s.greedy(order);
+        if let Some(plan) = &plan {
+            let cost: f64 = plan.iter().map(|&p| m.cost[p]).sum();
+            tracing::debug!(target: "tessel::plan", "greedy plan by {name} cost: {} candidates, {cost:.6} s", plan.len());
+        } else {
+            tracing::debug!(target: "tessel::plan", "greedy plan by {name} cost: none");
+        }
+        if let Some(plan) = plan {
+            s.offer(plan);
+        }
     }
     s.run();
     let Some((best, cost)) = s.best.take() else {
@@ -241,6 +254,66 @@ pub fn extract(problem: &Problem, budget: Budget) -> Result<Extraction, ExtractE
 /// Marks "no candidate" / "no rank" in dense tables.
 const NONE: usize = usize::MAX;
 
+/// Knuth's generalisation of Dijkstra to AND-OR graphs: each class's cheapest cost, each
+/// candidate's cost (its own plus its reads' costs folded by `combine`: a sum gives tree
+/// costs, a max path costs), and the order classes settled in (0 for available, `NONE` if
+/// only cycles produce them). A cost is tentative until its class is ranked; heap keys are
+/// cost bits, since non-negative floats order like their bit patterns.
+fn and_or_costs(
+    available: &[bool],
+    eligible: &[bool],
+    reads: &[Vec<usize>],
+    writes: &[Vec<usize>],
+    cost: &[f64],
+    combine: fn(f64, f64) -> f64,
+) -> (Vec<f64>, Vec<f64>, Vec<usize>) {
+    let (n, np) = (available.len(), cost.len());
+    let mut readers = vec![Vec::new(); n];
+    for p in (0..np).filter(|&p| eligible[p]) {
+        reads[p].iter().for_each(|&r| readers[r].push(p));
+    }
+    let mut missing: Vec<usize> = reads.iter().map(Vec::len).collect();
+    let mut class_cost: Vec<f64> = available
+        .iter()
+        .map(|&a| if a { 0.0 } else { f64::INFINITY })
+        .collect();
+    let mut rank: Vec<usize> = available
+        .iter()
+        .map(|&a| if a { 0 } else { NONE })
+        .collect();
+    let mut candidate_cost = vec![f64::INFINITY; np];
+    let mut ready: Vec<usize> = (0..np)
+        .filter(|&p| eligible[p] && missing[p] == 0)
+        .collect();
+    let (mut heap, mut settled) = (BinaryHeap::new(), 0);
+    loop {
+        for p in ready.drain(..) {
+            let inputs = reads[p].iter().map(|&r| class_cost[r]).fold(0.0, combine);
+            candidate_cost[p] = cost[p] + inputs;
+            for &w in &writes[p] {
+                if candidate_cost[p] < class_cost[w] {
+                    class_cost[w] = candidate_cost[p];
+                    heap.push(Reverse((candidate_cost[p].to_bits(), w)));
+                }
+            }
+        }
+        let Some(Reverse((_, c))) = heap.pop() else {
+            break;
+        };
+        if rank[c] == NONE {
+            settled += 1;
+            rank[c] = settled;
+            for &p in &readers[c] {
+                missing[p] -= 1;
+                if missing[p] == 0 {
+                    ready.push(p);
+                }
+            }
+        }
+    }
+    (class_cost, candidate_cost, rank)
+}
+
 /// Dense, validated form of a [`Problem`], shared by the greedy pass and the search.
 struct Model {
     /// Dense class index to its id.
@@ -255,6 +328,12 @@ struct Model {
     cost: Vec<f64>,
     /// Per class: the candidates that may appear in some plan, cheapest tree cost first.
     producers: Vec<Vec<usize>>,
+    /// The same candidates, cheapest path cost first: a candidate's cost plus the largest
+    /// path cost among its reads. Tree costs count a shared producer once per reader, so
+    /// in a deep graph whose values all read one chain (a residual stream kept as a sum of
+    /// every layer's output) they grow exponentially with depth and make the greedy plan
+    /// shun that form; path costs stay linear.
+    by_path: Vec<Vec<usize>>,
     /// Per class: tree cost (0 if available, infinite if only cycles produce it).
     tree: Vec<f64>,
     /// Per class: settling order of the tree-cost pass (0 for available, `NONE` if unsettled).
@@ -312,50 +391,9 @@ impl Model {
             })
             .collect();
 
-        // Tree costs (Knuth's AND-OR Dijkstra). `tree` is tentative until a class is ranked;
-        // heap keys are cost bits, since non-negative floats order like their bit patterns.
-        let mut readers = vec![Vec::new(); n];
-        for p in (0..np).filter(|&p| eligible[p]) {
-            reads[p].iter().for_each(|&r| readers[r].push(p));
-        }
-        let mut missing: Vec<usize> = reads.iter().map(Vec::len).collect();
-        let mut tree: Vec<f64> = available
-            .iter()
-            .map(|&a| if a { 0.0 } else { f64::INFINITY })
-            .collect();
-        let mut rank: Vec<usize> = available
-            .iter()
-            .map(|&a| if a { 0 } else { NONE })
-            .collect();
-        let mut ctree = vec![f64::INFINITY; np];
-        let mut ready: Vec<usize> = (0..np)
-            .filter(|&p| eligible[p] && missing[p] == 0)
-            .collect();
-        let (mut heap, mut settled) = (BinaryHeap::new(), 0);
-        loop {
-            for p in ready.drain(..) {
-                ctree[p] = cost[p] + reads[p].iter().map(|&r| tree[r]).sum::<f64>();
-                for &w in &writes[p] {
-                    if ctree[p] < tree[w] {
-                        tree[w] = ctree[p];
-                        heap.push(Reverse((ctree[p].to_bits(), w)));
-                    }
-                }
-            }
-            let Some(Reverse((_, c))) = heap.pop() else {
-                break;
-            };
-            if rank[c] == NONE {
-                settled += 1;
-                rank[c] = settled;
-                for &p in &readers[c] {
-                    missing[p] -= 1;
-                    if missing[p] == 0 {
-                        ready.push(p);
-                    }
-                }
-            }
-        }
+        let (tree, ctree, rank) =
+            and_or_costs(&available, &eligible, &reads, &writes, &cost, |a, b| a + b);
+        let (_, cpath, _) = and_or_costs(&available, &eligible, &reads, &writes, &cost, f64::max);
 
         // A candidate is usable iff all its reads settled: then its writes settled too.
         let mut producers = vec![Vec::new(); n];
@@ -374,6 +412,10 @@ impl Model {
                     .then(a.cmp(&b))
             });
         }
+        let mut by_path = producers.clone();
+        for list in &mut by_path {
+            list.sort_by(|&a, &b| cpath[a].total_cmp(&cpath[b]));
+        }
         Ok(Model {
             classes,
             available,
@@ -382,6 +424,7 @@ impl Model {
             reads,
             cost,
             producers,
+            by_path,
             tree,
             rank,
             share,
@@ -571,7 +614,7 @@ impl<'a> Search<'a> {
     /// The greedy plan (module docs, step 2), sorted; `None` when single-writer conflicts
     /// or cycles leave a needed class without a producer, and only the search can find one.
     /// Leaves the search state as it found it.
-    fn greedy(&mut self) -> Option<Vec<usize>> {
+    fn greedy(&mut self, producers: &[Vec<usize>]) -> Option<Vec<usize>> {
         let m = self.m;
         // Consumers before producers: a multi-output producer picked for a consumer's input
         // then covers its other outputs instead of duplicating them. Reads are mostly
@@ -583,7 +626,7 @@ impl<'a> Search<'a> {
             if self.writer[c] != NONE {
                 continue;
             }
-            let mut usable = m.producers[c].iter().copied();
+            let mut usable = producers[c].iter().copied();
             let Some(p) = usable.find(|&p| self.fits(p) && !self.closes_cycle(p)) else {
                 complete = false;
                 break;

@@ -184,6 +184,48 @@ fn tiny_budget_returns_the_greedy_plan() {
     }
 }
 
+/// A 30-layer network in two forms: a chain of expensive fused kernels, and cheap
+/// products whose inputs each re-read every earlier product (a residual stream kept as a
+/// sum). Tree costs count each product once per path and grow as 2^layers, so the
+/// tree-cost greedy plan takes the chain; the path-cost one takes the cheap form, and
+/// with no search at all that is the plan.
+#[test]
+fn the_greedy_plan_is_not_fooled_by_shared_values_in_deep_graphs() {
+    const LAYERS: u32 = 30;
+    let (chain, product, stream) = (100, 200, 300);
+    let mut owned: Vec<(Vec<u32>, Vec<u32>, f64)> = Vec::new();
+    for l in 0..LAYERS {
+        let previous = if l == 0 { 0 } else { chain + l };
+        owned.push((vec![chain + l + 1], vec![previous], 1.0));
+        let input = if l == 0 { 0 } else { stream + l };
+        owned.push((vec![product + l], vec![input], 0.01));
+        owned.push((
+            (vec![stream + l + 1]),
+            (0..=l).map(|k| product + k).collect(),
+            0.001,
+        ));
+    }
+    owned.push((vec![1], vec![chain + LAYERS], 0.0));
+    owned.push((vec![1], vec![stream + LAYERS], 0.0));
+    let specs: Vec<Spec<'_>> = owned.iter().map(|(w, r, c)| (&w[..], &r[..], *c)).collect();
+    let p = problem(&specs, &[0], &[1]);
+    let e = extract(
+        &p,
+        Budget {
+            max_nodes: 0,
+            ..big()
+        },
+    )
+    .unwrap();
+    let cheap = f64::from(LAYERS) * 0.011;
+    assert!(
+        (e.cost - cheap).abs() < 1e-9,
+        "cost {} instead of {cheap}",
+        e.cost
+    );
+    assert!(valid_order(&p, &e.chosen));
+}
+
 #[test]
 fn execution_order_respects_dependencies() {
     // d = 4 from b = 2 and c = 3, both from a = 1, from the leaf; consumers listed first.
