@@ -120,19 +120,28 @@ struct Measurer<'c> {
     owned: Vec<(usize, BufferId)>,
     /// The dynamic dims' values for this measurement.
     dims: Bindings,
+    /// [`CANDIDATE_TOLERANCE`], or the rounding of the narrowest float the realize holds.
+    precision: f64,
+    /// [`Measurer::magnitude`]'s answers.
+    magnitudes: FxHashMap<PlanSlot, f64>,
 }
 
 /// Timed runs after the first (validating) one; fewer for slow candidates.
 const RUNS: usize = 5;
 
 /// How far a candidate's output may be from the reference computed from the same inputs,
-/// relative to the largest reference magnitude.
+/// relative to the largest reference magnitude, when every value is f32 or wider. Where
+/// the realize holds narrower floats, the tolerance is that of their rounding
+/// ([`Measurer::precision`]): two candidates rounding an f32 product to bf16 at different
+/// points differ by bf16's 2^-8, and with 1e-3 every library product of a bf16 model was
+/// dropped for it.
 const CANDIDATE_TOLERANCE: f64 = 1e-3;
 
-/// The same for a whole plan's targets. Rounding differences of every program add up
-/// along the plan and some steps amplify them (an Adam update divides a gradient by its
-/// own magnitude); a program wired to the wrong values is off by the values' own size.
-const PLAN_TOLERANCE: f64 = 1e-2;
+/// The same for a whole plan's targets, as a multiple of the candidates' tolerance.
+/// Rounding differences of every program add up along the plan and some steps amplify
+/// them (an Adam update divides a gradient by its own magnitude); a program wired to the
+/// wrong values is off by the values' own size.
+const PLAN_TOLERANCE: f64 = 10.0;
 
 impl<'c> Measurer<'c> {
     fn new(compiled: &'c Compiled, dims: &Bindings) -> Self {
@@ -141,7 +150,25 @@ impl<'c> Measurer<'c> {
             real: FxHashMap::default(),
             owned: Vec::new(),
             dims: dims.clone(),
+            precision: Self::precision(compiled),
+            magnitudes: FxHashMap::default(),
         }
+    }
+
+    /// How far two correct programs of this realize may disagree: 1e-3 in f32 and wider,
+    /// 5e-2 where a half-precision value is stored, 1e-1 for float8. Partitions round to
+    /// half precision at different points (a fused kernel keeps f32 where a materialized
+    /// value is rounded), and in a 12-layer residual stream the two roundings of bf16
+    /// drift apart by a few percent of the largest value.
+    fn precision(compiled: &Compiled) -> f64 {
+        let dtypes = compiled.input_sizes.iter().chain(compiled.buffers.values());
+        dtypes
+            .map(|&(dtype, _)| match dtype {
+                d if d.is_float8() => 1e-1,
+                DType::F16 | DType::BF16 => 5e-2,
+                _ => CANDIDATE_TOLERANCE,
+            })
+            .fold(CANDIDATE_TOLERANCE, f64::max)
     }
 
     fn backend(&self, device: usize) -> &Arc<dyn Backend> {
@@ -369,14 +396,19 @@ impl<'c> Measurer<'c> {
         let backend = self.backend(d).clone();
         let program = b.program.id;
         let first = backend.time(program, &args, &self.dims)?;
+        // In half precision a value computed by cancellation (a mean, a difference) is
+        // small against the rounding of the values it came from: tolerances scale with
+        // those too.
+        let mut floor = 0.0f64;
+        if self.precision > CANDIDATE_TOLERANCE && !checks.is_empty() {
+            for slot in c.reads() {
+                floor = floor.max(self.magnitude(slot)?);
+            }
+        }
         let mut agrees = true;
         for &(slot, ref_device, reference, fresh) in &checks {
-            if let Some(why) = self.disagreement(
-                slot,
-                (ref_device, reference),
-                (d, fresh),
-                CANDIDATE_TOLERANCE,
-            )? {
+            let (reference, fresh) = ((ref_device, reference), (d, fresh));
+            if let Some(why) = self.disagreement(slot, reference, fresh, self.precision, floor)? {
                 tracing::warn!(target: "tessel::plan", "{}: dropping {}: its output differs from the reference ({why})", self.device(d), c.work.name());
                 agrees = false;
                 break;
@@ -475,7 +507,13 @@ impl<'c> Measurer<'c> {
             let (Some(&got), Some(&want)) = (bufs.get(&place), self.real.get(&place)) else {
                 continue;
             };
-            let Some(why) = self.disagreement(place.slot, (0, want), (0, got), PLAN_TOLERANCE)?
+            let Some(why) = self.disagreement(
+                place.slot,
+                (0, want),
+                (0, got),
+                PLAN_TOLERANCE * self.precision,
+                0.0,
+            )?
             else {
                 continue;
             };
@@ -502,7 +540,13 @@ impl<'c> Measurer<'c> {
                 let (Some(&got), Some(&want)) = (bufs.get(&place), self.real.get(&place)) else {
                     return Ok(Some(format!("target at {t}: {why}")));
                 };
-                if let Some(inner) = self.disagreement(slot, (0, want), (0, got), PLAN_TOLERANCE)? {
+                if let Some(inner) = self.disagreement(
+                    slot,
+                    (0, want),
+                    (0, got),
+                    PLAN_TOLERANCE * self.precision,
+                    0.0,
+                )? {
                     return Ok(Some(format!(
                         "target at {t}: {why}; its input {slot:?}: {inner}"
                     )));
@@ -583,6 +627,30 @@ impl<'c> Measurer<'c> {
         Ok(t)
     }
 
+    /// The largest finite magnitude of `slot`'s reference value (0 for other dtypes),
+    /// read once.
+    fn magnitude(&mut self, slot: PlanSlot) -> Result<f64> {
+        if let Some(&m) = self.magnitudes.get(&slot) {
+            return Ok(m);
+        }
+        let (dtype, _) = self.compiled.size(slot);
+        let (Some(decode), Some((place, &buffer))) = (float_decoder(dtype), self.reference(slot))
+        else {
+            return Ok(0.0);
+        };
+        let mut bytes = vec![0u8; self.bytes(slot)?];
+        if !bytes.is_empty() {
+            self.backend(place.device).read(buffer, 0, &mut bytes)?;
+        }
+        let m = bytes
+            .chunks_exact(dtype.size_bytes())
+            .map(decode)
+            .filter(|v| v.is_finite())
+            .fold(0.0f64, |m, v| m.max(v.abs()));
+        self.magnitudes.insert(slot, m);
+        Ok(m)
+    }
+
     /// Why two buffers holding `slot`'s value disagree beyond `tolerance` (relative to the
     /// largest reference magnitude: a different summation order moves every element by
     /// about the same absolute amount), if they do; other dtypes compare exactly.
@@ -592,6 +660,7 @@ impl<'c> Measurer<'c> {
         reference: (usize, BufferId),
         other: (usize, BufferId),
         tolerance: f64,
+        floor: f64,
     ) -> Result<Option<String>> {
         let (dtype, _) = self.compiled.size(slot);
         let len = self.bytes(slot)?;
@@ -609,7 +678,7 @@ impl<'c> Measurer<'c> {
             .chunks_exact(width)
             .map(decode)
             .filter(|v| v.is_finite())
-            .fold(0.0f64, |m, v| m.max(v.abs()));
+            .fold(floor, |m, v| m.max(v.abs()));
         let tolerance = tolerance * scale;
         let pairs = x.chunks_exact(width).zip(y.chunks_exact(width));
         for (i, (p, q)) in pairs.map(|(p, q)| (decode(p), decode(q))).enumerate() {
