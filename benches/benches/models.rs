@@ -10,7 +10,9 @@
 //! ```
 //!
 //! Options: `--device D` (default: `Device::default()`), `--only NAME[,NAME]` (workloads
-//! by name prefix), `--runs N` (5).
+//! by name prefix), `--runs N` (5), `--tokens B,T` (GPT-2's forward and training step on
+//! the first `B` rows and `T` tokens of the saved input instead of all [8, 512], for a
+//! CPU; the forward's output is then not checked, as PyTorch's is for the whole input).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -79,24 +81,44 @@ fn report(
     );
 }
 
-fn gpt2_forward(dir: &Path, device: Device, dtype: DType, runs: usize) -> Result<()> {
+/// The saved GPT-2 input, or its first `tokens` (rows, tokens) where given.
+fn gpt2_ids(r: &HashMap<String, Tensor>, tokens: Option<(i64, i64)>) -> Result<Tensor> {
+    let ids = &r["input_ids"];
+    match tokens {
+        Some((rows, length)) => ids.narrow(0, 0, rows)?.narrow(1, 0, length),
+        None => Ok(ids.clone()),
+    }
+}
+
+fn gpt2_forward(
+    dir: &Path,
+    device: Device,
+    dtype: DType,
+    runs: usize,
+    tokens: Option<(i64, i64)>,
+) -> Result<()> {
     let r = reference(dir, device)?;
     let start = Instant::now();
     let model = Gpt2::from_dir(dir, dtype, &device)?;
     let load = start.elapsed();
-    let ids = &r["input_ids"];
+    let ids = &gpt2_ids(&r, tokens)?;
     let (first, steady) = timed(device, runs, || model.forward(ids)?.realize().map(|_| ()))?;
-    let last = model.forward(ids)?.narrow(1, 511, 1)?.squeeze(Some(&[1]))?;
-    let check = format!(
-        "last logits vs PyTorch f32: {:.2e} rel",
-        rel_diff(&last, &r["last_logits"])?
-    );
+    let check = if tokens.is_some() {
+        "not checked (--tokens)".to_owned()
+    } else {
+        let last = model.forward(ids)?.narrow(1, 511, 1)?.squeeze(Some(&[1]))?;
+        format!(
+            "last logits vs PyTorch f32: {:.2e} rel",
+            rel_diff(&last, &r["last_logits"])?
+        )
+    };
+    let [rows, length] = [ids.dims()[0], ids.dims()[1]];
     report(
-        &format!("gpt2 forward [8,512] {dtype}"),
+        &format!("gpt2 forward [{rows},{length}] {dtype}"),
         load,
         first,
         steady,
-        8.0 * 512.0,
+        (rows * length) as f64,
         "tokens/s",
         &check,
     );
@@ -135,14 +157,15 @@ fn gpt2_decode(dir: &Path, device: Device, runs: usize) -> Result<()> {
     Ok(())
 }
 
-fn gpt2_train(dir: &Path, device: Device, runs: usize) -> Result<()> {
+fn gpt2_train(dir: &Path, device: Device, runs: usize, tokens: Option<(i64, i64)>) -> Result<()> {
     let r = reference(dir, device)?;
     let start = Instant::now();
     let model = Gpt2::from_dir(dir, DType::F32, &device)?;
     let load = start.elapsed();
-    let ids = &r["input_ids"];
-    let inputs = ids.narrow(1, 0, 511)?;
-    let targets = ids.narrow(1, 1, 511)?.reshape(&[-1])?;
+    let ids = &gpt2_ids(&r, tokens.map(|(rows, length)| (rows, length + 1)))?;
+    let [rows, length] = [ids.dims()[0], ids.dims()[1] - 1];
+    let inputs = ids.narrow(1, 0, length as i64)?;
+    let targets = ids.narrow(1, 1, length as i64)?.reshape(&[-1])?;
     let mut opt = AdamW::new(
         model.parameters(),
         AdamWConfig {
@@ -161,11 +184,11 @@ fn gpt2_train(dir: &Path, device: Device, runs: usize) -> Result<()> {
         opt.step(&loss)
     })?;
     report(
-        "gpt2 AdamW step [8,512] f32",
+        &format!("gpt2 AdamW step [{rows},{}] f32", length + 1),
         load,
         first,
         steady,
-        8.0 * 512.0,
+        (rows * (length + 1)) as f64,
         "tokens/s",
         "",
     );
@@ -252,7 +275,7 @@ fn main() -> std::process::ExitCode {
         .map(PathBuf::from)
     else {
         eprintln!(
-            "usage: models DIR [--device D] [--only NAME,...] [--runs N] (DIR from benches/models_torch.py)"
+            "usage: models DIR [--device D] [--only NAME,...] [--runs N] [--tokens B,T] (DIR from benches/models_torch.py)"
         );
         return std::process::ExitCode::FAILURE;
     };
@@ -265,15 +288,19 @@ fn main() -> std::process::ExitCode {
     };
     let runs: usize = value("--runs").and_then(|r| r.parse().ok()).unwrap_or(5);
     let only = value("--only");
+    let tokens: Option<(i64, i64)> = value("--tokens").and_then(|t| {
+        let (rows, length) = t.split_once(',')?;
+        Some((rows.parse().ok()?, length.parse().ok()?))
+    });
     let gpt2 = root.join("gpt2");
     let workloads: Vec<(&str, Workload<'_>)> = vec![
         (
             "gpt2-f32",
-            Box::new(|| gpt2_forward(&gpt2, device, DType::F32, runs)),
+            Box::new(|| gpt2_forward(&gpt2, device, DType::F32, runs, tokens)),
         ),
         (
             "gpt2-bf16",
-            Box::new(|| gpt2_forward(&gpt2, device, DType::BF16, runs)),
+            Box::new(|| gpt2_forward(&gpt2, device, DType::BF16, runs, tokens)),
         ),
         (
             "gpt2-decode",
@@ -297,7 +324,7 @@ fn main() -> std::process::ExitCode {
         ),
         (
             "gpt2-train",
-            Box::new(|| gpt2_train(&gpt2, device, runs.min(3))),
+            Box::new(|| gpt2_train(&gpt2, device, runs.min(3), tokens)),
         ),
     ];
     println!("Tessel on {device}");
