@@ -222,12 +222,10 @@ pub fn extract(problem: &Problem, budget: Budget) -> Result<Extraction, ExtractE
     let mut s = Search::new(&m, budget, start);
     for (name, order) in [("tree", &m.producers), ("path", &m.by_path)] {
         let plan = s.greedy(order);
-        if let Some(plan) = &plan {
-            let cost: f64 = plan.iter().map(|&p| m.cost[p]).sum();
-            tracing::debug!(target: "tessel::plan", "greedy plan by {name} cost: {} candidates, {cost:.6} s", plan.len());
-        } else {
-            tracing::debug!(target: "tessel::plan", "greedy plan by {name} cost: none");
-        }
+        let cost = plan
+            .as_ref()
+            .map(|p| p.iter().map(|&c| m.cost[c]).sum::<f64>());
+        tracing::debug!(target: "tessel::plan", "greedy plan by {name} cost: {cost:?} s");
         if let Some(plan) = plan {
             s.offer(plan);
         }

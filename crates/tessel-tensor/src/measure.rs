@@ -299,7 +299,7 @@ impl<'c> Measurer<'c> {
         let mut uses: FxHashMap<PlanSlot, usize> = FxHashMap::default();
         for b in &compiled.programs {
             let c = &compiled.candidates[b.candidate];
-            for slot in c.reads().chain(c.writes.iter().map(|&w| PlanSlot::Node(w))) {
+            for slot in c.touched() {
                 *uses.entry(slot).or_default() += 1;
             }
         }
@@ -340,7 +340,7 @@ impl<'c> Measurer<'c> {
                     tracing::warn!(target: "tessel::plan", "{}: dropping {}: {e}", self.device(b.device), c.work.name());
                 }
             }
-            for slot in c.reads().chain(c.writes.iter().map(|&w| PlanSlot::Node(w))) {
+            for slot in c.touched() {
                 let left = uses.get_mut(&slot).map(|n| {
                     *n -= 1;
                     *n
@@ -642,11 +642,7 @@ impl<'c> Measurer<'c> {
         if !bytes.is_empty() {
             self.backend(place.device).read(buffer, 0, &mut bytes)?;
         }
-        let m = bytes
-            .chunks_exact(dtype.size_bytes())
-            .map(decode)
-            .filter(|v| v.is_finite())
-            .fold(0.0f64, |m, v| m.max(v.abs()));
+        let m = largest_magnitude(&bytes, dtype.size_bytes(), decode, 0.0);
         self.magnitudes.insert(slot, m);
         Ok(m)
     }
@@ -674,11 +670,7 @@ impl<'c> Measurer<'c> {
             return Ok((x != y).then(|| "the bytes differ".to_string()));
         };
         let width = dtype.size_bytes();
-        let scale = x
-            .chunks_exact(width)
-            .map(decode)
-            .filter(|v| v.is_finite())
-            .fold(floor, |m, v| m.max(v.abs()));
+        let scale = largest_magnitude(&x, width, decode, floor);
         let tolerance = tolerance * scale;
         let pairs = x.chunks_exact(width).zip(y.chunks_exact(width));
         for (i, (p, q)) in pairs.map(|(p, q)| (decode(p), decode(q))).enumerate() {
@@ -701,6 +693,15 @@ fn eval(numel: Dim, dims: &Bindings) -> Result<usize> {
 fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
+}
+
+/// The largest finite magnitude among `bytes`' elements, and `floor`.
+fn largest_magnitude(bytes: &[u8], width: usize, decode: fn(&[u8]) -> f64, floor: f64) -> f64 {
+    bytes
+        .chunks_exact(width)
+        .map(decode)
+        .filter(|v| v.is_finite())
+        .fold(floor, |m, v| m.max(v.abs()))
 }
 
 /// How to read one element of a float dtype as f64, `None` for other dtypes.

@@ -273,6 +273,12 @@ impl Candidate {
             }
     }
 
+    /// The values it reads, then those it writes.
+    pub(crate) fn touched(&self) -> impl Iterator<Item = PlanSlot> + '_ {
+        self.reads()
+            .chain(self.writes.iter().map(|&w| PlanSlot::Node(w)))
+    }
+
     /// The values it reads (inputs included), each once.
     pub(crate) fn reads(&self) -> impl Iterator<Item = PlanSlot> + '_ {
         let mut seen = Vec::new();
