@@ -4,6 +4,8 @@ bandwidth, which the elementwise and reduction figures are measured against.
 
     python3 benches/gpu_torch.py
 """
+import time
+
 import torch
 
 torch.backends.cuda.matmul.allow_tf32 = False  # f32 matmul in true f32, as Tessel's
@@ -53,6 +55,11 @@ del s
 for m in (4096, 1024):
     p, q = torch.rand(m, m, device=dev), torch.rand(m, m, device=dev)
     rows.append((f"matmul f32 {m}", time_ms(lambda: p @ q), 2 * m**3, "GFLOP/s"))
+for dtype in (torch.bfloat16, torch.float16):
+    p, q = (torch.rand(4096, 4096, device=dev).to(dtype) for _ in range(2))
+    name = str(dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float16", "f16")
+    rows.append((f"matmul {name} 4096", time_ms(lambda: p @ q), 2 * 4096**3, "GFLOP/s"))
+del p, q
 
 # Issue 9: the same names as benches/gpu.rs.
 torch.backends.cudnn.benchmark = True  # cuDNN picks its fastest conv algorithm, once
@@ -106,6 +113,17 @@ tokens = bn * bs
 block_flops = 2 * (tokens * be * 12 * be + 2 * bn * bs * bs * be)
 with torch.no_grad():
     rows.append(("transformer block fwd f32 [8,512,768]", time_ms(lambda: block(bx, *bw)), block_flops, "GFLOP/s"))
+    hx, hw = bx.bfloat16(), [w.bfloat16() for w in bw]
+    rows.append(("transformer block fwd bf16 [8,512,768]", time_ms(lambda: block(hx, *hw)), block_flops, "GFLOP/s"))
+    try:
+        compiled_block = torch.compile(block)
+        start = time.perf_counter()
+        compiled_block(hx, *hw)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - start
+        rows.append((f"block bf16 torch.compile (first {first:.1f} s)", time_ms(lambda: compiled_block(hx, *hw)), block_flops, "GFLOP/s"))
+    except Exception as e:
+        print(f"torch.compile unavailable: {e}")
 
 print(f"\n{'workload (PyTorch ' + torch.__version__ + ')':<40} {'median ms':>10}    throughput")
 for name, ms, amount, unit in rows:

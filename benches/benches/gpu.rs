@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use tessel_tensor::{Conv2dOptions, Device, Padding, PoolOptions, Result, Tensor};
+use tessel_tensor::{Conv2dOptions, DType, Device, Padding, PoolOptions, Result, Tensor};
 
 /// One workload: builds its output from its inputs, and says how much work it is.
 struct Workload {
@@ -23,6 +23,8 @@ struct Workload {
     /// The work per run in that unit's base (bytes or flops).
     amount: f64,
     inputs: Vec<Vec<usize>>,
+    /// The dtype every float input is cast to (on the device) before the timed runs.
+    dtype: DType,
     run: fn(&[Tensor]) -> Result<Tensor>,
 }
 
@@ -43,6 +45,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GB/s",
             amount: 2.0 * 4.0 * n as f64,
             inputs: vec![vec![n]],
+            dtype: DType::F32,
             run: |x| chain8(&x[0]),
         },
         Workload {
@@ -50,6 +53,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GB/s",
             amount: 4.0 * (rows * rows + rows) as f64,
             inputs: vec![vec![rows, rows]],
+            dtype: DType::F32,
             run: |x| x[0].sum(&[-1], false),
         },
         Workload {
@@ -57,6 +61,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GB/s",
             amount: 2.0 * 4.0 * (soft * soft) as f64,
             inputs: vec![vec![soft, soft]],
+            dtype: DType::F32,
             run: |x| x[0].softmax(-1),
         },
         Workload {
@@ -64,6 +69,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GB/s",
             amount: 2.0 * 4.0 * (soft * soft) as f64,
             inputs: vec![vec![soft, soft]],
+            dtype: DType::F32,
             run: |x| layer_norm(&x[0]),
         },
         Workload {
@@ -71,6 +77,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GFLOP/s",
             amount: 2.0 * (m * m * m) as f64,
             inputs: vec![vec![m, m], vec![m, m]],
+            dtype: DType::F32,
             run: |x| x[0].matmul(&x[1]),
         },
         Workload {
@@ -78,6 +85,24 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GFLOP/s",
             amount: 2.0 * (small_m * small_m * small_m) as f64,
             inputs: vec![vec![small_m, small_m], vec![small_m, small_m]],
+            dtype: DType::F32,
+            run: |x| x[0].matmul(&x[1]),
+        },
+        // Half-precision products: the library's tensor-core routines where there is one.
+        Workload {
+            name: "matmul bf16 (large)",
+            unit: "GFLOP/s",
+            amount: 2.0 * (m * m * m) as f64,
+            inputs: vec![vec![m, m], vec![m, m]],
+            dtype: DType::BF16,
+            run: |x| x[0].matmul(&x[1]),
+        },
+        Workload {
+            name: "matmul f16 (large)",
+            unit: "GFLOP/s",
+            amount: 2.0 * (m * m * m) as f64,
+            inputs: vec![vec![m, m], vec![m, m]],
+            dtype: DType::F16,
             run: |x| x[0].matmul(&x[1]),
         },
         // Issue 9: a ResNet-50 stage convolution, a stem max-pool, and a long sort.
@@ -86,6 +111,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GFLOP/s",
             amount: 2.0 * (batch * 64 * 56 * 56 * 64 * 9) as f64,
             inputs: vec![vec![batch, 64, 56, 56], vec![64, 64, 3, 3]],
+            dtype: DType::F32,
             run: |x| {
                 let opts = Conv2dOptions {
                     padding: Padding::Explicit([1, 1]),
@@ -99,6 +125,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GB/s",
             amount: 4.0 * (batch * 64 * (112 * 112 + 56 * 56)) as f64,
             inputs: vec![vec![batch, 64, 112, 112]],
+            dtype: DType::F32,
             run: |x| {
                 x[0].max_pool2d(&PoolOptions {
                     stride: Some([2, 2]),
@@ -113,6 +140,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             // Read once; values (4 bytes) and indices (8 bytes) written once.
             amount: 16.0 * sort_n as f64,
             inputs: vec![vec![sort_n]],
+            dtype: DType::F32,
             run: |x| {
                 let (values, indices) = x[0].sort(0, false)?;
                 Tensor::realize_all(&[&values, &indices])?;
@@ -126,6 +154,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             // Each row read once and written once.
             amount: 2.0 * 4.0 * (tokens * 768) as f64,
             inputs: vec![vec![tokens], vec![VOCAB, 768]],
+            dtype: DType::F32,
             run: |x| Tensor::embedding(&x[1], &token_ids(&x[0])?),
         },
         Workload {
@@ -134,6 +163,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             // The table's gradient written once, the rows' gradients read once.
             amount: 4.0 * ((VOCAB + tokens) * 768) as f64,
             inputs: vec![vec![tokens], vec![VOCAB, 768], vec![tokens, 768]],
+            dtype: DType::F32,
             run: |x| {
                 let rows = Tensor::embedding(&x[1], &token_ids(&x[0])?)?;
                 let loss = (&rows * &x[2])?.sum_all()?;
@@ -146,6 +176,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             // The logits read once and their gradient written once.
             amount: 2.0 * 4.0 * (ce_rows * VOCAB) as f64,
             inputs: vec![vec![ce_rows, VOCAB], vec![ce_rows]],
+            dtype: DType::F32,
             run: |x| {
                 let loss = tessel_nn::loss::cross_entropy(
                     &x[0],
@@ -162,6 +193,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             unit: "GB/s",
             amount: 4.0 * (64 * VOCAB) as f64,
             inputs: vec![vec![64, VOCAB]],
+            dtype: DType::F32,
             run: |x| {
                 let (values, indices) = x[0].topk(50, -1, true, true)?;
                 Tensor::realize_all(&[&values, &indices])?;
@@ -184,6 +216,25 @@ fn workloads(scale: usize) -> Vec<Workload> {
                 vec![4 * 768, 768],
                 vec![768],
             ],
+            dtype: DType::F32,
+            run: block,
+        },
+        Workload {
+            name: "transformer block fwd bf16 [8,512,768]",
+            unit: "GFLOP/s",
+            amount: block_flops(8 / scale.min(8), 512, 768),
+            inputs: vec![
+                vec![8 / scale.min(8), 512, 768],
+                vec![768, 3 * 768],
+                vec![3 * 768],
+                vec![768, 768],
+                vec![768],
+                vec![768, 4 * 768],
+                vec![4 * 768],
+                vec![4 * 768, 768],
+                vec![768],
+            ],
+            dtype: DType::BF16,
             run: block,
         },
     ]
@@ -279,7 +330,8 @@ fn time(w: &Workload, device: Device, runs: usize) -> Result<(Duration, Duration
         .enumerate()
         .map(|(i, dims)| {
             let t = Tensor::from_vec(data(dims.iter().product(), i as u32), dims.as_slice())?
-                .to(&device)?;
+                .to(&device)?
+                .cast(w.dtype);
             t.realize()?;
             Ok(t)
         })

@@ -1,7 +1,8 @@
 //! Library routines in place of generated kernels ([`tessel_ir::vendor`]): the matrix
-//! product through the `gemm` crate, for `f32` and `f64`. Other element types get no
-//! program: gemm has no bf16 or integer routines, and its f16 one is left out because
-//! Tessel computes f16 in f32, which it need not match.
+//! product through the `gemm` crate, for `f32` and `f64`, and for `f16`/`bf16` as the
+//! generated kernels compute them: operands widened to `f32`, summed in `f32` by gemm's
+//! `f32` routine, rounded once at the end (gemm's own f16 routine sums in f16, and it has
+//! no bf16 one). Integers get no program.
 //!
 //! A launch evaluates the op's sizes, locks its three buffers in id order (as kernel
 //! launches do: `lhs` and `rhs` for reading, `out` for writing), checks every length, and
@@ -12,6 +13,7 @@
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use gemm::Parallelism;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::ThreadPool;
 use rayon::prelude::*;
 use tessel_ir::{BackendError, BufferId, Matmul, MatmulSizes, VendorOp};
@@ -29,7 +31,8 @@ impl VendorProgram {
     pub(crate) fn new(op: &VendorOp) -> Option<Self> {
         match op {
             VendorOp::Matmul(m) => {
-                matches!(m.dtype, DType::F32 | DType::F64).then(|| VendorProgram { op: m.clone() })
+                matches!(m.dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+                    .then(|| VendorProgram { op: m.clone() })
             }
         }
     }
@@ -99,6 +102,8 @@ impl VendorProgram {
         match op.dtype {
             DType::F32 => operands.run::<f32>(lhs_bytes, rhs_bytes, out_bytes),
             DType::F64 => operands.run::<f64>(lhs_bytes, rhs_bytes, out_bytes),
+            DType::F16 => operands.run_widened::<half::f16>(lhs_bytes, rhs_bytes, out_bytes),
+            DType::BF16 => operands.run_widened::<half::bf16>(lhs_bytes, rhs_bytes, out_bytes),
             other => Err(format!("no gemm routine for {other}")),
         }
         .map_err(invalid)
@@ -122,6 +127,39 @@ impl Element for f64 {
     const NAME: &'static str = "f64";
 }
 
+/// A half-precision type, stored as its 16 bits.
+trait Half {
+    const NAME: &'static str;
+    /// `wide[i] = bits[i]` as `f32` (exact).
+    fn widen(bits: &[u16], wide: &mut [f32]);
+    /// `bits[i] = wide[i]` rounded to nearest even.
+    fn narrow(wide: &[f32], bits: &mut [u16]);
+}
+
+impl Half for half::f16 {
+    const NAME: &'static str = "f16";
+    fn widen(bits: &[u16], wide: &mut [f32]) {
+        bits.reinterpret_cast::<half::f16>()
+            .convert_to_f32_slice(wide);
+    }
+    fn narrow(wide: &[f32], bits: &mut [u16]) {
+        bits.reinterpret_cast_mut::<half::f16>()
+            .convert_from_f32_slice(wide);
+    }
+}
+
+impl Half for half::bf16 {
+    const NAME: &'static str = "bf16";
+    fn widen(bits: &[u16], wide: &mut [f32]) {
+        bits.reinterpret_cast::<half::bf16>()
+            .convert_to_f32_slice(wide);
+    }
+    fn narrow(wide: &[f32], bits: &mut [u16]) {
+        bits.reinterpret_cast_mut::<half::bf16>()
+            .convert_from_f32_slice(wide);
+    }
+}
+
 /// One launch's sizes and layout, checked to fit ([`fits`]).
 struct Operands<'p> {
     /// `[lhs, rhs, out]`, for error messages.
@@ -135,6 +173,61 @@ struct Operands<'p> {
 }
 
 impl Operands<'_> {
+    /// A half-precision product: the spans of both operands widened to `f32`, multiplied by
+    /// [`run`](Self::run) into an `f32` scratch matrix, rounded to `H` into `out`.
+    fn run_widened<H: Half>(&self, lhs: &[u8], rhs: &[u8], out: &mut [u8]) -> Result<(), String> {
+        let s = &self.sizes;
+        let (need_lhs, need_rhs, need_out) = if s.batch == 0 {
+            (0, 0, 0)
+        } else {
+            s.min_elements()
+        };
+        let widen = |slot: usize, bytes: &[u8], need: usize| {
+            self.halves::<H>(slot, bytes, need).map(|bits| {
+                let mut wide = vec![0f32; need];
+                H::widen(bits, &mut wide);
+                wide
+            })
+        };
+        let lhs = widen(0, lhs, need_lhs)?;
+        let rhs = widen(1, rhs, need_rhs)?;
+        // Checked before the product runs, so a short output costs no work.
+        self.halves::<H>(2, out, need_out)?;
+        let mut wide = vec![0f32; need_out];
+        self.run::<f32>(
+            bytemuck::cast_slice(&lhs),
+            bytemuck::cast_slice(&rhs),
+            bytemuck::cast_slice_mut(&mut wide),
+        )?;
+        let out = bytemuck::try_cast_slice_mut::<u8, u16>(&mut out[..need_out * 2])
+            .map_err(|e| format!("the output buffer is misaligned: {e}"))?;
+        H::narrow(&wide, out);
+        Ok(())
+    }
+
+    /// The first `need` elements of operand `slot` of a half-precision product, as bits.
+    fn halves<'a, H: Half>(
+        &self,
+        slot: usize,
+        bytes: &'a [u8],
+        need: usize,
+    ) -> Result<&'a [u16], String> {
+        bytes
+            .get(..need.saturating_mul(2))
+            .and_then(|b| bytemuck::try_cast_slice::<u8, u16>(b).ok())
+            .ok_or_else(|| {
+                format!(
+                    "{} buffer {} has {} bytes, but {} need {need} elements of {} = {} bytes",
+                    ["lhs", "rhs", "out"][slot],
+                    self.ids[slot].0,
+                    bytes.len(),
+                    describe(&self.sizes),
+                    H::NAME,
+                    need.saturating_mul(2),
+                )
+            })
+    }
+
     fn run<T: Element>(&self, lhs: &[u8], rhs: &[u8], out: &mut [u8]) -> Result<(), String> {
         let s = &self.sizes;
         // `min_elements` asks for one matrix of each operand even when `batch` is 0, but

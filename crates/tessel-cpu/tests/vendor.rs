@@ -8,7 +8,7 @@ use std::path::Path;
 use tessel_cpu::{CpuBackend, CpuConfig};
 use tessel_ir::{Backend, BackendError, BufferId, Matmul, ProgramId, VendorOp, samples};
 use tessel_shape::{Bindings, DType, Dim, Var};
-use tessel_testkit::{Rng, f32_bytes, f32_values};
+use tessel_testkit::{Rng, f32_bytes};
 
 /// A backend with `threads` workers. Vendor programs never compile, so the compiler and
 /// cache directory matter only to [`generated_kernel_agrees`].
@@ -127,32 +127,33 @@ impl Case {
     }
 }
 
-/// `n` random values of `dtype` (f32 or f64) in `[-1, 1)`, as bytes and widened to f64.
+/// `n` random values of `dtype` (a float) in `[-1, 1)`, as bytes and widened to f64.
 fn random(rng: &mut Rng, dtype: DType, n: usize) -> (Vec<u8>, Vec<f64>) {
-    if dtype == DType::F32 {
-        let values = rng.f32s(n);
-        (
-            f32_bytes(&values),
-            values.iter().map(|&v| v.into()).collect(),
-        )
-    } else {
-        let values: Vec<f64> = (0..n).map(|_| rng.unit()).collect();
-        (
-            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            values,
-        )
-    }
+    let bytes: Vec<u8> = (0..n)
+        .flat_map(|_| {
+            let v = rng.unit();
+            match dtype {
+                DType::F32 => (v as f32).to_le_bytes().to_vec(),
+                DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+                DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+                _ => v.to_le_bytes().to_vec(),
+            }
+        })
+        .collect();
+    let values = values(dtype, &bytes);
+    (bytes, values)
 }
 
 fn values(dtype: DType, bytes: &[u8]) -> Vec<f64> {
-    if dtype == DType::F32 {
-        f32_values(bytes).into_iter().map(f64::from).collect()
-    } else {
-        bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
+    bytes
+        .chunks_exact(dtype.size_bytes())
+        .map(|c| match dtype {
+            DType::F32 => f64::from(f32::from_le_bytes(c.try_into().unwrap())),
+            DType::F16 => half::f16::from_le_bytes(c.try_into().unwrap()).to_f64(),
+            DType::BF16 => half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64(),
+            _ => f64::from_le_bytes(c.try_into().unwrap()),
+        })
+        .collect()
 }
 
 /// A buffer holding `data`.
@@ -165,18 +166,24 @@ fn buffer(cpu: &CpuBackend, data: &[u8]) -> BufferId {
 fn vendor(cpu: &CpuBackend, op: Matmul) -> ProgramId {
     cpu.vendor(0, &VendorOp::Matmul(op))
         .unwrap()
-        .expect("f32 and f64 matmuls have a vendor program")
+        .expect("float matmuls have a vendor program")
 }
 
 /// Checks that `got` is the product to within the tolerance of `dtype`: relative
-/// 1e-4·√k (f32) or 1e-12·√k (f64) of the sum of the terms' magnitudes, so that
-/// cancellation to a result near zero is judged by the rounding it can really have.
+/// 1e-4·√k (f32, and the f32 sums of f16/bf16) or 1e-12·√k (f64) of the sum of the terms'
+/// magnitudes, so that cancellation to a result near zero is judged by the rounding it can
+/// really have, plus half an ulp of the result for the final rounding to a half type.
 fn assert_close(what: &str, dtype: DType, k: usize, got: &[f64], want: &[f64], scale: &[f64]) {
-    let rel = if dtype == DType::F32 { 1e-4 } else { 1e-12 } * (k as f64).sqrt();
+    let rel = if dtype == DType::F64 { 1e-12 } else { 1e-4 } * (k as f64).sqrt();
+    let last_rounding = match dtype {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ => 0.0,
+    };
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (e, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
         assert!(
-            (g - w).abs() <= rel * s.max(f64::MIN_POSITIVE),
+            (g - w).abs() <= rel * s.max(f64::MIN_POSITIVE) + last_rounding * w.abs(),
             "{what}: element {e} is {g}, expected {w} (scale {s})"
         );
     }
@@ -224,7 +231,7 @@ fn check(cpu: &CpuBackend, dtype: DType, case: Case) {
     check_with(cpu, dtype, case, case.op(dtype), &Bindings::new(), false);
 }
 
-const FLOATS: [DType; 2] = [DType::F32, DType::F64];
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
 #[test]
 fn odd_sizes_match_the_reference() {
@@ -444,8 +451,7 @@ fn one_buffer_as_both_operands() {
 fn other_dtypes_have_no_vendor_program() {
     let cpu = cpu(4);
     for dtype in [
-        DType::F16,
-        DType::BF16,
+        DType::F8E4M3,
         DType::I32,
         DType::I64,
         DType::U8,
@@ -465,7 +471,7 @@ fn vendor_programs_time_and_release() {
     for dtype in FLOATS {
         check_with(&cpu, dtype, case, case.op(dtype), &Bindings::new(), true);
     }
-    assert_eq!(cpu.stats().launches, 2);
+    assert_eq!(cpu.stats().launches, FLOATS.len() as u64);
     let program = vendor(&cpu, case.op(DType::F32));
     let (lhs_len, rhs_len, out_len) = case.lens();
     let ids = [lhs_len, rhs_len, out_len].map(|n| cpu.alloc(0, n * 4).unwrap());

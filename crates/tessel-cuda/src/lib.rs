@@ -1,7 +1,7 @@
 //! Tessel's CUDA backend: kernels rendered in CUDA C++ ([`tessel_ir::codegen::CUDA`]),
 //! compiled by NVRTC to CUBIN for the device's exact architecture, and run through the CUDA
-//! driver API on every NVIDIA GPU the system has; `f32` and `f64` matrix products can also
-//! run on cuBLAS ([`Backend::vendor`]).
+//! driver API on every NVIDIA GPU the system has; float matrix products can also run on
+//! cuBLAS ([`Backend::vendor`]).
 //!
 //! ```no_run
 //! use tessel_cuda::CudaBackend;
@@ -74,9 +74,10 @@
 //!   kernel with `groups` blocks of `local` threads, the buffers' device pointers and then
 //!   the dims by value as arguments, and return; [`Backend::synchronize`] waits.
 //!   [`Backend::time`] brackets its launch with CUDA events on the stream.
-//! - **Vendor matmul**: [`Backend::vendor`] gives `f32` and `f64` [`Matmul`]s a program
-//!   that calls cuBLAS (`cublas{S,D}gemm`, `cublas{S,D}gemmStridedBatched` when
-//!   `batch > 1`; a batch stride of 0 broadcasts). The row-major product is run as the
+//! - **Vendor matmul**: [`Backend::vendor`] gives float [`Matmul`]s a program that calls
+//!   cuBLAS (`cublas{S,D}gemm`, `cublas{S,D}gemmStridedBatched` when `batch > 1`; for
+//!   `f16`/`bf16`, `cublasGemmEx`/`cublasGemmStridedBatchedEx` with `CUBLAS_COMPUTE_32F`,
+//!   which runs on tensor cores; a batch stride of 0 broadcasts). The row-major product is run as the
 //!   column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, so no operand is copied or transposed first. Each
 //!   device gets one cuBLAS handle, made by its first vendor program and bound to its
 //!   stream, so cuBLAS calls are ordered with kernels and copies, and [`Backend::time`]
@@ -84,7 +85,7 @@
 //!   checked against [`tessel_ir::MatmulSizes::min_elements`] (and the output may not be an
 //!   operand) before cuBLAS is called; sizes past cuBLAS's 32-bit `int` are
 //!   [`BackendError::Unsupported`]. `k == 0` zeroes the output; an empty output runs
-//!   nothing. Other dtypes get `Ok(None)`.
+//!   nothing. Integer dtypes get `Ok(None)`.
 //!
 //! # Numerics
 //!
@@ -93,7 +94,8 @@
 //! `erf` through `exp`), which are within the CUDA Programming Guide's ulp bounds. `f16` and
 //! `bf16` compute in `float` and round after every op, as the reference does.
 //!
-//! cuBLAS matmuls sum in their dtype, in an order of cuBLAS's choosing, so they differ from
+//! cuBLAS matmuls sum in their dtype (`f32` for `f16`/`bf16`, rounded once at the end, as
+//! the generated kernels accumulate), in an order of cuBLAS's choosing, so they differ from
 //! the generated kernel by rounding only. The handle keeps cuBLAS's default math mode
 //! (`CUBLAS_DEFAULT_MATH`): `f32` products use full `f32` arithmetic, never TF32 tensor cores
 //! (PyTorch's default for matmul too).
@@ -883,7 +885,8 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// `f32` and `f64` [`Matmul`]s run on cuBLAS; other dtypes, or no cuBLAS installed,
+    /// Float [`Matmul`]s (`f32`, `f64`, and `f16`/`bf16` through `GemmEx` with `f32`
+    /// accumulation) run on cuBLAS; integers, or no cuBLAS installed,
     /// are `Ok(None)`. The device's cuBLAS handle is made here, on first use.
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {
         let dev = self.device(device)?;

@@ -23,15 +23,20 @@
 use tessel_ir::{BackendError, Matmul, MatmulSizes};
 use tessel_shape::DType;
 
-/// The element type of a GEMM cuBLAS runs for this backend: its `S` and `D` routines.
-/// Half types and integers have no vendor program here (their accumulation type would
-/// differ from the generated kernel's).
+/// The element type of a GEMM cuBLAS runs for this backend. Every one accumulates in at
+/// least `f32`, as the generated kernels do, so a vendor program and a generated one compute
+/// the same sums up to their order. Integers have no vendor program here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Precision {
     /// `cublasSgemm`: `f32` in, `f32` accumulated, `f32` out.
     F32,
     /// `cublasDgemm`.
     F64,
+    /// `cublasGemmEx` with `CUDA_R_16F` operands and output, `CUBLAS_COMPUTE_32F`: tensor
+    /// cores, `f32` accumulation, one rounding to `f16` at the end.
+    F16,
+    /// `cublasGemmEx` with `CUDA_R_16BF` operands and output, `CUBLAS_COMPUTE_32F`.
+    BF16,
 }
 
 impl Precision {
@@ -40,6 +45,8 @@ impl Precision {
         match dtype {
             DType::F32 => Some(Precision::F32),
             DType::F64 => Some(Precision::F64),
+            DType::F16 => Some(Precision::F16),
+            DType::BF16 => Some(Precision::BF16),
             _ => None,
         }
     }
@@ -49,6 +56,7 @@ impl Precision {
         match self {
             Precision::F32 => 4,
             Precision::F64 => 8,
+            Precision::F16 | Precision::BF16 => 2,
         }
     }
 }
@@ -404,10 +412,12 @@ mod tests {
     }
 
     #[test]
-    fn only_f32_and_f64_run_on_cublas() {
+    fn floats_run_on_cublas_and_integers_do_not() {
         assert_eq!(Precision::of(DType::F32), Some(Precision::F32));
         assert_eq!(Precision::of(DType::F64), Some(Precision::F64));
-        for dtype in [DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8] {
+        assert_eq!(Precision::of(DType::F16), Some(Precision::F16));
+        assert_eq!(Precision::of(DType::BF16), Some(Precision::BF16));
+        for dtype in [DType::I32, DType::I64, DType::U8] {
             assert_eq!(Precision::of(dtype), None, "{dtype}");
         }
     }

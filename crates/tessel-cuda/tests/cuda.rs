@@ -349,29 +349,38 @@ fn cublas(test: &str, device: usize, op: &Matmul) -> Option<ProgramId> {
     program
 }
 
-/// Little-endian elements of `dtype` (`f32` or `f64`).
+/// The float dtypes cuBLAS runs.
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Little-endian elements of `dtype` (a float), rounded to nearest.
 fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
-    match dtype {
-        DType::F32 => values
-            .iter()
-            .flat_map(|&v| (v as f32).to_le_bytes())
-            .collect(),
-        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    }
+    values
+        .iter()
+        .flat_map(|&v| match dtype {
+            DType::F32 => (v as f32).to_le_bytes().to_vec(),
+            DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+            DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+            _ => v.to_le_bytes().to_vec(),
+        })
+        .collect()
 }
 
 /// The elements of `bytes`, widened to `f64`.
 fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
-    match dtype {
-        DType::F32 => tessel_testkit::f32_values(bytes)
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        _ => bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-            .collect(),
-    }
+    bytes
+        .chunks_exact(dtype.size_bytes())
+        .map(|c| match dtype {
+            DType::F32 => f64::from(f32::from_le_bytes(c.try_into().unwrap())),
+            DType::F16 => half::f16::from_le_bytes(c.try_into().unwrap()).to_f64(),
+            DType::BF16 => half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64(),
+            _ => f64::from_le_bytes(c.try_into().unwrap()),
+        })
+        .collect()
+}
+
+/// `value` as the device stores it in `dtype`.
+fn rounded(dtype: DType, value: f64) -> f64 {
+    decode(dtype, &encode(dtype, &[value]))[0]
 }
 
 /// `op`'s product with sizes `s`, straight from [`Matmul`]'s definition in `f64`, and for
@@ -410,8 +419,9 @@ fn reference(op: &Matmul, s: &MatmulSizes, lhs: &[f64], rhs: &[f64]) -> (Vec<f64
 
 /// Launches `program` (`op`'s) on `device` with `dims` on seeded random operands in
 /// `[-1, 1)`, each buffer exactly as large as [`MatmulSizes::min_elements`] asks, and checks
-/// the output against the `f64` reference: within `1e-4·√k` (`f32`; `1e-12·√k` for `f64`)
-/// of the terms' magnitude. The output starts as NaN, so an element left unwritten fails.
+/// the output against the `f64` reference: within `1e-4·√k` (`f32`, and the `f32`
+/// accumulation of `f16`/`bf16`; `1e-12·√k` for `f64`) of the terms' magnitude, plus the
+/// final rounding to a half type (half an ulp: `2⁻¹¹` relative for `f16`, `2⁻⁸` for `bf16`). The output starts as NaN, so an element left unwritten fails.
 /// When `timed`, runs it through [`Backend::time`] and returns the duration.
 fn check_program(
     test: &str,
@@ -427,11 +437,8 @@ fn check_program(
     let mut rng = Rng(0x5eed_0000 ^ (s.batch * 1_000_003 + s.m * 7919 + s.n * 101 + s.k) as u64);
     let mut values = |n: usize| -> Vec<f64> {
         (0..n)
-            .map(|_| match op.dtype {
-                // The values the device sees: rounded to f32.
-                DType::F32 => f64::from(rng.unit() as f32),
-                _ => rng.unit(),
-            })
+            // The values the device sees: rounded to the dtype.
+            .map(|_| rounded(op.dtype, rng.unit()))
             .collect()
     };
     let (lhs, rhs) = (values(nl), values(nr));
@@ -451,13 +458,18 @@ fn check_program(
     cuda.read(ids[2], 0, &mut bytes).unwrap();
     let got = decode(op.dtype, &bytes);
     let (want, scale) = reference(op, &s, &lhs, &rhs);
-    let eps = if op.dtype == DType::F32 { 1e-4 } else { 1e-12 };
+    let eps = if op.dtype == DType::F64 { 1e-12 } else { 1e-4 };
     let tolerance = eps * (s.k.max(1) as f64).sqrt();
+    let last_rounding = match op.dtype {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ => 0.0,
+    };
     for (i, ((g, w), magnitude)) in got.iter().zip(&want).zip(&scale).enumerate() {
+        let allowed = tolerance * magnitude + last_rounding * w.abs();
         assert!(
-            (g - w).abs() <= tolerance * magnitude,
-            "cuda::{test}: {op} with {s:?}: element {i} is {g}, want {w} (tolerance {})",
-            tolerance * magnitude
+            (g - w).abs() <= allowed,
+            "cuda::{test}: {op} with {s:?}: element {i} is {g}, want {w} (tolerance {allowed})"
         );
     }
     for id in ids {
@@ -477,8 +489,8 @@ fn check_matmul(test: &str, device: usize, op: &Matmul) -> bool {
     true
 }
 
-/// Odd sizes (no dimension a multiple of a tile), including 1×1×1 and vectors, in `f32` and
-/// `f64`.
+/// Odd sizes (no dimension a multiple of a tile), including 1×1×1 and vectors, in every
+/// float dtype.
 #[test]
 fn cublas_matmul_odd_sizes() {
     let test = "cublas_matmul_odd_sizes";
@@ -491,7 +503,7 @@ fn cublas_matmul_odd_sizes() {
             [1, 45, 1, 70],
             [1, 129, 65, 257],
         ];
-        for dtype in [DType::F32, DType::F64] {
+        for dtype in FLOATS {
             for shape in shapes {
                 if !check_matmul(test, device, &matmul(dtype, shape, (false, false), (0, 0))) {
                     return;
@@ -499,7 +511,7 @@ fn cublas_matmul_odd_sizes() {
             }
         }
         // Other tests share the backend, so its counter may have grown by more.
-        assert!(backend().stats().vendor_launches >= before + 10);
+        assert!(backend().stats().vendor_launches >= before + 20);
     }
 }
 
@@ -509,7 +521,7 @@ fn cublas_matmul_odd_sizes() {
 fn cublas_matmul_transposes() {
     let test = "cublas_matmul_transposes";
     for device in 0..devices(test) {
-        for dtype in [DType::F32, DType::F64] {
+        for dtype in FLOATS {
             for transposed in TRANSPOSES {
                 for shape in [[1, 23, 41, 17], [1, 64, 3, 100]] {
                     if !check_matmul(test, device, &matmul(dtype, shape, transposed, (0, 0))) {
@@ -529,7 +541,7 @@ fn cublas_matmul_batched_strides_and_broadcast() {
     for device in 0..devices(test) {
         let [batch, m, n, k] = [3, 19, 27, 13];
         let (mk, kn) = (m * k, k * n);
-        for dtype in [DType::F32, DType::F64] {
+        for dtype in FLOATS {
             for transposed in TRANSPOSES {
                 for strides in [(mk, kn), (mk + 5, kn + 3), (0, kn), (mk, 0), (0, 0)] {
                     let op = matmul(dtype, [batch, m, n, k], transposed, strides);
@@ -549,7 +561,7 @@ fn cublas_matmul_empty_sums_and_products() {
     let test = "cublas_matmul_empty_sums_and_products";
     let cuda = backend();
     for device in 0..devices(test) {
-        for dtype in [DType::F32, DType::F64] {
+        for dtype in FLOATS {
             let op = matmul(dtype, [2, 3, 5, 0], (false, true), (0, 0));
             let Some(program) = cublas(test, device, &op) else {
                 return;
@@ -680,14 +692,13 @@ fn cublas_matmul_rejects_bad_launches() {
     }
 }
 
-/// Only `f32` and `f64` have a cuBLAS program; other dtypes get `Ok(None)` and run as
-/// generated kernels.
+/// Integers have no cuBLAS program: they get `Ok(None)` and run as generated kernels.
 #[test]
-fn cublas_matmul_declines_other_dtypes() {
-    let test = "cublas_matmul_declines_other_dtypes";
+fn cublas_matmul_declines_integers() {
+    let test = "cublas_matmul_declines_integers";
     let cuda = backend();
     for device in 0..devices(test) {
-        for dtype in [DType::I32, DType::I64, DType::F16, DType::BF16] {
+        for dtype in [DType::I32, DType::I64, DType::U8] {
             let op = VendorOp::Matmul(matmul(dtype, [1, 8, 8, 8], (false, false), (0, 0)));
             assert_eq!(cuda.vendor(device, &op), Ok(None), "{op}");
         }

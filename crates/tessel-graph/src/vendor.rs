@@ -11,7 +11,7 @@
 
 use rustc_hash::FxHashMap;
 use tessel_ir::{Matmul, VendorOp};
-use tessel_shape::{Dim, Shape};
+use tessel_shape::{DType, Dim, Shape};
 
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
 
@@ -81,13 +81,91 @@ fn match_matmul(
         space[rank + 2],
     );
     // lhs varies over (batch, m, k) and is broadcast along n; rhs over (batch, k, n).
-    let lhs = operand(graph, x, rank, [rank, rank + 1], rank + 2, batch)?;
-    let rhs = operand(graph, y, rank, [rank + 1, rank + 2], rank, batch)?;
-    let batch_len = batch.iter().fold(Dim::constant(1), |acc, d| acc * *d);
+    let factors = |widened_from: Option<DType>| {
+        Some((
+            operand(
+                graph,
+                x,
+                rank,
+                [rank, rank + 1],
+                rank + 2,
+                batch,
+                widened_from,
+            )?,
+            operand(
+                graph,
+                y,
+                rank,
+                [rank + 1, rank + 2],
+                rank,
+                batch,
+                widened_from,
+            )?,
+        ))
+    };
+    // A half-precision product is recorded in `f32` between casts, `cast(sum(cast(a) ·
+    // cast(b)))`: each product of two halves is exact in `f32`, and the sum runs in `f32` and
+    // is rounded once, which is what a half GEMM with `f32` accumulation computes. Matched
+    // as that GEMM, it reads the half operands and writes the narrowed value, so no `f32`
+    // copy of either operand or of the product is made.
+    if let Some((narrowed, half)) = narrowed_output(graph, reduce, consumers)
+        && let Some((lhs, rhs)) = factors(Some(half))
+    {
+        return Some(routine(
+            graph,
+            half,
+            narrowed,
+            [lhs, rhs],
+            batch,
+            [m, k, n],
+            consumers,
+        ));
+    }
+    let (lhs, rhs) = factors(None)?;
+    Some(routine(
+        graph,
+        node.dtype,
+        reduce,
+        [lhs, rhs],
+        batch,
+        [m, k, n],
+        consumers,
+    ))
+}
 
+/// The cast of `reduce` (an `f32` sum) to `f16` or `bf16` when that is its only consumer,
+/// with the half dtype.
+fn narrowed_output(
+    graph: &Graph,
+    reduce: NodeId,
+    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
+) -> Option<(NodeId, DType)> {
+    if graph.node(reduce).dtype != DType::F32 {
+        return None;
+    }
+    let &[cast] = consumers.get(&reduce)?.as_slice() else {
+        return None;
+    };
+    let node = graph.node(cast);
+    (matches!(node.op, Op::Cast(_)) && matches!(node.dtype, DType::F16 | DType::BF16))
+        .then_some((cast, node.dtype))
+}
+
+/// The match of a product in `dtype` whose row-major bytes `product` holds, from its two
+/// factors and its `[batch, [m, k, n]]` sizes.
+fn routine(
+    graph: &Graph,
+    dtype: DType,
+    product: NodeId,
+    [lhs, rhs]: [Operand; 2],
+    batch: &[Dim],
+    [m, k, n]: [Dim; 3],
+    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
+) -> VendorMatch {
+    let batch_len = batch.iter().fold(Dim::constant(1), |acc, d| acc * *d);
     // The product's bytes are also every pure reshape stacked on it.
-    let mut writes = vec![reduce];
-    let mut top = reduce;
+    let mut writes = vec![product];
+    let mut top = product;
     while let Some([parent]) = consumers.get(&top).map(Vec::as_slice)
         && matches!(graph.node(*parent).op, Op::Reshape(_))
     {
@@ -108,9 +186,9 @@ fn match_matmul(
     } else {
         (batch_len, m)
     };
-    Some(VendorMatch {
+    VendorMatch {
         op: VendorOp::Matmul(Matmul {
-            dtype: node.dtype,
+            dtype,
             batch: batch_len,
             m,
             n,
@@ -127,7 +205,7 @@ fn match_matmul(
         operands: [lhs.node, rhs.node],
         writes,
         materialize,
-    })
+    }
 }
 
 /// How the routine reads one operand.
@@ -142,6 +220,8 @@ struct Operand {
 
 /// Resolves the factor `x` of the product: `x` is `expand(v)` (or `v` itself where
 /// nothing is broadcast) with `v` of shape `[..batch or 1s, rows/cols, 1 at unit_axis]`.
+/// With `widened_from`, the factor must be a cast from that dtype (below or among its
+/// views), and the operand is the value before the cast.
 fn operand(
     graph: &Graph,
     x: NodeId,
@@ -149,6 +229,7 @@ fn operand(
     matrix_axes: [usize; 2],
     unit_axis: usize,
     batch: &[Dim],
+    widened_from: Option<DType>,
 ) -> Option<Operand> {
     let v = match graph.node(x).op {
         Op::Expand(v) => v,
@@ -177,9 +258,14 @@ fn operand(
     let is_matrix = logical.ends_with(&rows_cols);
     let mut base = v;
     let mut transposed = false;
+    let mut widened = false;
     loop {
         match &graph.node(base).op {
             Op::Reshape(inner) => base = *inner,
+            Op::Cast(inner) if !widened && widened_from == Some(graph.node(*inner).dtype) => {
+                widened = true;
+                base = *inner;
+            }
             Op::Permute(inner, perm) => match layout(&graph.node(*inner).shape, perm) {
                 Some(Layout::Same) => base = *inner,
                 Some(Layout::Swapped)
@@ -192,6 +278,9 @@ fn operand(
             },
             _ => break,
         }
+    }
+    if widened_from.is_some() && !widened {
+        return None;
     }
     // A leaf is read in place; anything else (a cast, an elementwise op, another view) is
     // materialized contiguously, as the value the routine reads.

@@ -156,3 +156,38 @@ fn a_shared_rhs_folds_the_batch_into_the_rows() {
     assert_eq!((m.batch, m.m, m.k, m.n), (c(1), c(8), c(3), c(5)));
     assert_eq!(m.rhs_batch_stride, c(0));
 }
+
+/// A bf16 product as `Tensor::matmul` records it, `cast(sum(cast(a)·cast(b)))` in f32, is a
+/// bf16 routine: it reads the bf16 values (through a transpose below the cast) and writes
+/// the narrowed product and its reshape, never an f32 copy.
+#[test]
+fn a_half_product_between_casts_is_a_half_routine() {
+    let (f, h) = (DType::F32, DType::BF16);
+    let mut g = Graph::new();
+    let a = node(&mut g, Op::Leaf(LeafId(0)), h, &[4, 3]);
+    let bt = node(&mut g, Op::Leaf(LeafId(1)), h, &[5, 3]);
+    let b = node(&mut g, Op::Permute(bt, vec![1, 0].into()), h, &[3, 5]);
+    let aw = node(&mut g, Op::Cast(a), f, &[4, 3]);
+    let bw = node(&mut g, Op::Cast(b), f, &[3, 5]);
+    let (r, wide) = matmul(&mut g, aw, bw, 4, 3, 5);
+    // `matmul` reshaped the f32 sum; the tensor layer narrows the sum, then reshapes.
+    let narrowed = node(&mut g, Op::Cast(r), h, &[4, 1, 5]);
+    let out = node(&mut g, Op::Reshape(narrowed), h, &[4, 5]);
+    let found = find_matmuls(&g, &g.toposort(&[out]));
+    assert_eq!(found.len(), 1, "{found:?}");
+    let VendorOp::Matmul(m) = &found[0].op;
+    assert_eq!(
+        (m.dtype, m.rhs_transposed, m.lhs_transposed),
+        (h, true, false)
+    );
+    assert_eq!(found[0].operands, [a, bt]);
+    assert_eq!(found[0].writes, vec![narrowed, out]);
+    assert_eq!(found[0].materialize, vec![out]);
+
+    // An f32 product whose sum is also read in f32 stays an f32 routine over the casts.
+    let g2 = g.toposort(&[out, wide]);
+    let found = find_matmuls(&g, &g2);
+    let VendorOp::Matmul(m) = &found[0].op;
+    assert_eq!(m.dtype, f);
+    assert_eq!(found[0].operands, [aw, bw]);
+}

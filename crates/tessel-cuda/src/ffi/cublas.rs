@@ -1,5 +1,5 @@
 //! cuBLAS, through cudarc: finding the library, one handle per device that queues on the
-//! device's stream, and the `f32`/`f64` GEMM calls. Part of [`ffi`](super), under the same
+//! device's stream, and the GEMM calls (`f32`/`f64` routines, `GemmEx` for half types). Part of [`ffi`](super), under the same
 //! rule: each `unsafe` block says why it is sound.
 //!
 //! cudarc opens cuBLAS on first use, by bare file names through the dynamic loader, and
@@ -28,6 +28,8 @@ const SYMBOLS: &[&str] = &[
     "cublasDgemm_v2",
     "cublasSgemmStridedBatched",
     "cublasDgemmStridedBatched",
+    "cublasGemmEx",
+    "cublasGemmStridedBatchedEx",
 ];
 
 /// Whether cuBLAS can be used; `Err` says why not. It is looked for once per process, and
@@ -70,6 +72,10 @@ fn find() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Half-precision products accumulate in `f32` (tensor cores; `alpha`/`beta` are `f32`), as
+/// the generated kernels do; `CUBLAS_COMPUTE_32F_FAST_16F` would round partial sums to half.
+const F32_ACCUMULATION: bsys::cublasComputeType_t = bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
 
 /// A cuBLAS handle bound to one device's stream; destroyed on drop.
 pub(crate) struct Blas {
@@ -147,12 +153,18 @@ impl Blas {
         let c = std::ptr::with_exposed_provenance_mut::<c_void>(c as usize);
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
         let batched = g.batch > 1;
+        // The storage type of half operands and output (unused for `f32`/`f64`).
+        let half = match precision {
+            Precision::F16 => bsys::cudaDataType::CUDA_R_16F,
+            _ => bsys::cudaDataType::CUDA_R_16BF,
+        };
         // SAFETY: the handle is live and its context current. `a`, `b` and `c` lie in live
         // allocations of this context, large enough for every element the sizes, leading
         // dimensions and batch strides of `g` reach (the caller's checks), and the memory
         // pool keeps them allocated until the work queued on this stream before their reuse
         // has run. `alpha` and `beta` point to host locals: in cuBLAS's default (host)
-        // pointer mode they are read before the call returns.
+        // pointer mode they are read before the call returns; for `GemmEx` with
+        // `CUBLAS_COMPUTE_32F` they are `f32`, as passed.
         let (routine, result) = unsafe {
             match (precision, batched) {
                 (Precision::F32, false) => (
@@ -237,6 +249,58 @@ impl Blas {
                         g.ldc,
                         g.stride_c,
                         g.batch,
+                    ),
+                ),
+                (Precision::F16 | Precision::BF16, false) => (
+                    "cublasGemmEx",
+                    blas::gemm_ex(
+                        h,
+                        ta,
+                        tb,
+                        g.m,
+                        g.n,
+                        g.k,
+                        (&raw const one32).cast(),
+                        a,
+                        half,
+                        g.lda,
+                        b,
+                        half,
+                        g.ldb,
+                        (&raw const zero32).cast(),
+                        c,
+                        half,
+                        g.ldc,
+                        F32_ACCUMULATION,
+                        bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                    ),
+                ),
+                (Precision::F16 | Precision::BF16, true) => (
+                    "cublasGemmStridedBatchedEx",
+                    blas::gemm_strided_batched_ex(
+                        h,
+                        ta,
+                        tb,
+                        g.m,
+                        g.n,
+                        g.k,
+                        (&raw const one32).cast(),
+                        a,
+                        half,
+                        g.lda,
+                        g.stride_a,
+                        b,
+                        half,
+                        g.ldb,
+                        g.stride_b,
+                        (&raw const zero32).cast(),
+                        c,
+                        half,
+                        g.ldc,
+                        g.stride_c,
+                        g.batch,
+                        F32_ACCUMULATION,
+                        bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
                     ),
                 ),
             }
