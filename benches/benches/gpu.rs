@@ -201,43 +201,32 @@ fn workloads(scale: usize) -> Vec<Workload> {
             },
         },
         // DESIGN.md's target: a transformer block forward faster than PyTorch eager.
-        Workload {
-            name: "transformer block fwd f32 [8,512,768]",
-            unit: "GFLOP/s",
-            amount: block_flops(8 / scale.min(8), 512, 768),
-            inputs: vec![
-                vec![8 / scale.min(8), 512, 768],
-                vec![768, 3 * 768],
-                vec![3 * 768],
-                vec![768, 768],
-                vec![768],
-                vec![768, 4 * 768],
-                vec![4 * 768],
-                vec![4 * 768, 768],
-                vec![768],
-            ],
-            dtype: DType::F32,
-            run: block,
-        },
-        Workload {
-            name: "transformer block fwd bf16 [8,512,768]",
-            unit: "GFLOP/s",
-            amount: block_flops(8 / scale.min(8), 512, 768),
-            inputs: vec![
-                vec![8 / scale.min(8), 512, 768],
-                vec![768, 3 * 768],
-                vec![3 * 768],
-                vec![768, 768],
-                vec![768],
-                vec![768, 4 * 768],
-                vec![4 * 768],
-                vec![4 * 768, 768],
-                vec![768],
-            ],
-            dtype: DType::BF16,
-            run: block,
-        },
+        block_workload("transformer block fwd f32 [8,512,768]", DType::F32, scale),
+        block_workload("transformer block fwd bf16 [8,512,768]", DType::BF16, scale),
     ]
+}
+
+/// The GPT-2-small [`block`] on `8 / scale` sequences of 512 tokens, inputs in `dtype`.
+fn block_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
+    let batch = 8 / scale.min(8);
+    Workload {
+        name,
+        unit: "GFLOP/s",
+        amount: block_flops(batch, 512, 768),
+        inputs: vec![
+            vec![batch, 512, 768],
+            vec![768, 3 * 768],
+            vec![3 * 768],
+            vec![768, 768],
+            vec![768],
+            vec![768, 4 * 768],
+            vec![4 * 768],
+            vec![4 * 768, 768],
+            vec![768],
+        ],
+        dtype,
+        run: block,
+    }
 }
 
 /// `(x - mean) / sqrt(var + 1e-5)` over the last axis (`F.layer_norm` without affine).
