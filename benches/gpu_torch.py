@@ -55,6 +55,10 @@ del s
 for m in (4096, 1024):
     p, q = torch.rand(m, m, device=dev), torch.rand(m, m, device=dev)
     rows.append((f"matmul f32 {m}", time_ms(lambda: p @ q), 2 * m**3, "GFLOP/s"))
+    if m == 4096:
+        torch.backends.cuda.matmul.allow_tf32 = True  # as set_float32_matmul_precision(High)
+        rows.append((f"matmul f32 tf32 {m}", time_ms(lambda: p @ q), 2 * m**3, "GFLOP/s"))
+        torch.backends.cuda.matmul.allow_tf32 = False
 for dtype in (torch.bfloat16, torch.float16):
     p, q = (torch.rand(4096, 4096, device=dev).to(dtype) for _ in range(2))
     name = str(dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float16", "f16")
@@ -101,8 +105,10 @@ del tk, table
 F = torch.nn.functional
 bn, bs, be, bh = 8, 512, 768, 12
 bx = torch.rand(bn, bs, be, device=dev) * 2 - 1
-bw = [torch.rand(*d, device=dev) * 2 - 1 for d in
-      [(be, 3 * be), (3 * be,), (be, be), (be,), (be, 4 * be), (4 * be,), (4 * be, be), (be,)]]
+# Weights and biases in ±1/√in, as torch.nn.Linear initializes them (gpu.rs's Init::Linear).
+bw = [(torch.rand(*d, device=dev) * 2 - 1) / fan_in ** 0.5 for d, fan_in in
+      [((be, 3 * be), be), ((3 * be,), be), ((be, be), be), ((be,), be),
+       ((be, 4 * be), be), ((4 * be,), be), ((4 * be, be), 4 * be), ((be,), 4 * be)]]
 def block(x, w_qkv, b_qkv, w_o, b_o, w_up, b_up, w_down, b_down):
     qkv = F.layer_norm(x, (be,)) @ w_qkv + b_qkv
     q, k, v = (t.reshape(bn, bs, bh, be // bh).transpose(1, 2) for t in qkv.split(be, dim=2))

@@ -12,7 +12,10 @@
 
 use std::time::{Duration, Instant};
 
-use tessel_tensor::{Conv2dOptions, DType, Device, Padding, PoolOptions, Result, Tensor};
+use tessel_tensor::{
+    Conv2dOptions, DType, Device, Float32MatmulPrecision, Padding, PoolOptions, Result, Tensor,
+    set_float32_matmul_precision,
+};
 
 /// One workload: builds its output from its inputs, and says how much work it is.
 struct Workload {
@@ -25,7 +28,36 @@ struct Workload {
     inputs: Vec<Vec<usize>>,
     /// The dtype every float input is cast to (on the device) before the timed runs.
     dtype: DType,
+    init: Init,
+    /// `set_float32_matmul_precision` while the workload runs.
+    f32_matmul: Float32MatmulPrecision,
     run: fn(&[Tensor]) -> Result<Tensor>,
+}
+
+/// How a workload's inputs are filled.
+#[derive(Clone, Copy)]
+enum Init {
+    /// Every input in `[-1, 1)`.
+    Unit,
+    /// The first input in `[-1, 1)`; each weight `[in, out]` and the bias after it in
+    /// `±1/√in`, as `torch.nn.Linear` initializes them. Unscaled weights would make
+    /// attention logits of a few hundred, whose softmax flips between keys on bf16
+    /// rounding: no two correct kernels would agree.
+    Linear,
+}
+
+impl Init {
+    /// The bound of input `i` among `inputs`.
+    fn bound(self, i: usize, inputs: &[Vec<usize>]) -> f32 {
+        match self {
+            Init::Unit => 1.0,
+            Init::Linear if i == 0 => 1.0,
+            Init::Linear => {
+                let weight = if inputs[i].len() == 1 { i - 1 } else { i };
+                1.0 / (inputs[weight][0] as f32).sqrt()
+            }
+        }
+    }
 }
 
 fn workloads(scale: usize) -> Vec<Workload> {
@@ -46,6 +78,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * 4.0 * n as f64,
             inputs: vec![vec![n]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| chain8(&x[0]),
         },
         Workload {
@@ -54,6 +88,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 4.0 * (rows * rows + rows) as f64,
             inputs: vec![vec![rows, rows]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| x[0].sum(&[-1], false),
         },
         Workload {
@@ -62,6 +98,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * 4.0 * (soft * soft) as f64,
             inputs: vec![vec![soft, soft]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| x[0].softmax(-1),
         },
         Workload {
@@ -70,6 +108,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * 4.0 * (soft * soft) as f64,
             inputs: vec![vec![soft, soft]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| layer_norm(&x[0]),
         },
         Workload {
@@ -78,6 +118,18 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * (m * m * m) as f64,
             inputs: vec![vec![m, m], vec![m, m]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| x[0].matmul(&x[1]),
+        },
+        Workload {
+            name: "matmul f32 tf32 (large)",
+            unit: "GFLOP/s",
+            amount: 2.0 * (m * m * m) as f64,
+            inputs: vec![vec![m, m], vec![m, m]],
+            dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::High,
             run: |x| x[0].matmul(&x[1]),
         },
         Workload {
@@ -86,6 +138,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * (small_m * small_m * small_m) as f64,
             inputs: vec![vec![small_m, small_m], vec![small_m, small_m]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| x[0].matmul(&x[1]),
         },
         // Half-precision products: the library's tensor-core routines where there is one.
@@ -95,6 +149,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * (m * m * m) as f64,
             inputs: vec![vec![m, m], vec![m, m]],
             dtype: DType::BF16,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| x[0].matmul(&x[1]),
         },
         Workload {
@@ -103,6 +159,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * (m * m * m) as f64,
             inputs: vec![vec![m, m], vec![m, m]],
             dtype: DType::F16,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| x[0].matmul(&x[1]),
         },
         // Issue 9: a ResNet-50 stage convolution, a stem max-pool, and a long sort.
@@ -112,6 +170,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * (batch * 64 * 56 * 56 * 64 * 9) as f64,
             inputs: vec![vec![batch, 64, 56, 56], vec![64, 64, 3, 3]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| {
                 let opts = Conv2dOptions {
                     padding: Padding::Explicit([1, 1]),
@@ -126,6 +186,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 4.0 * (batch * 64 * (112 * 112 + 56 * 56)) as f64,
             inputs: vec![vec![batch, 64, 112, 112]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| {
                 x[0].max_pool2d(&PoolOptions {
                     stride: Some([2, 2]),
@@ -141,6 +203,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 16.0 * sort_n as f64,
             inputs: vec![vec![sort_n]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| {
                 let (values, indices) = x[0].sort(0, false)?;
                 Tensor::realize_all(&[&values, &indices])?;
@@ -155,6 +219,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * 4.0 * (tokens * 768) as f64,
             inputs: vec![vec![tokens], vec![VOCAB, 768]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| Tensor::embedding(&x[1], &token_ids(&x[0])?),
         },
         Workload {
@@ -164,6 +230,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 4.0 * ((VOCAB + tokens) * 768) as f64,
             inputs: vec![vec![tokens], vec![VOCAB, 768], vec![tokens, 768]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| {
                 let rows = Tensor::embedding(&x[1], &token_ids(&x[0])?)?;
                 let loss = (&rows * &x[2])?.sum_all()?;
@@ -177,6 +245,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 2.0 * 4.0 * (ce_rows * VOCAB) as f64,
             inputs: vec![vec![ce_rows, VOCAB], vec![ce_rows]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| {
                 let loss = tessel_nn::loss::cross_entropy(
                     &x[0],
@@ -194,6 +264,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             amount: 4.0 * (64 * VOCAB) as f64,
             inputs: vec![vec![64, VOCAB]],
             dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| {
                 let (values, indices) = x[0].topk(50, -1, true, true)?;
                 Tensor::realize_all(&[&values, &indices])?;
@@ -225,6 +297,8 @@ fn block_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
             vec![768],
         ],
         dtype,
+        init: Init::Linear,
+        f32_matmul: Float32MatmulPrecision::Highest,
         run: block,
     }
 }
@@ -318,7 +392,12 @@ fn time(w: &Workload, device: Device, runs: usize) -> Result<(Duration, Duration
         .iter()
         .enumerate()
         .map(|(i, dims)| {
-            let t = Tensor::from_vec(data(dims.iter().product(), i as u32), dims.as_slice())?
+            let bound = w.init.bound(i, &w.inputs);
+            let values = data(dims.iter().product(), i as u32)
+                .into_iter()
+                .map(|v| v * bound)
+                .collect();
+            let t = Tensor::from_vec(values, dims.as_slice())?
                 .to(&device)?
                 .cast(w.dtype);
             t.realize()?;
@@ -326,11 +405,24 @@ fn time(w: &Workload, device: Device, runs: usize) -> Result<(Duration, Duration
         })
         .collect::<Result<Vec<_>>>()?;
     device.synchronize()?;
+    set_float32_matmul_precision(w.f32_matmul);
+    let timed = run_timed(w, &inputs, device, runs);
+    set_float32_matmul_precision(Float32MatmulPrecision::Highest);
+    timed
+}
+
+/// [`time`]'s runs, on `inputs`.
+fn run_timed(
+    w: &Workload,
+    inputs: &[Tensor],
+    device: Device,
+    runs: usize,
+) -> Result<(Duration, Duration)> {
     let mut times = Vec::new();
     let mut first = Duration::ZERO;
     for k in 0..runs + 2 {
         let start = Instant::now();
-        let out = (w.run)(&inputs)?;
+        let out = (w.run)(inputs)?;
         out.realize()?;
         device.synchronize()?;
         if k == 0 {

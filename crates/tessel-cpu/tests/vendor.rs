@@ -75,6 +75,7 @@ impl Case {
             rhs_transposed: self.rhs_transposed,
             lhs_batch_stride: Dim::from(self.lhs_stride),
             rhs_batch_stride: Dim::from(self.rhs_stride),
+            allow_tf32: false,
         }
     }
 
@@ -340,6 +341,7 @@ fn symbolic_sizes_bind_at_launch() {
             rhs_transposed: true,
             lhs_batch_stride: Dim::from(rows) * Dim::from(k),
             rhs_batch_stride: Dim::from(0),
+            allow_tf32: false,
         };
         for (b, m) in [(1, 37), (3, 5), (2, 0)] {
             let dims = Bindings::new().with(rows, m as i64).with(batch, b as i64);

@@ -886,13 +886,13 @@ impl Backend for CudaBackend {
     }
 
     /// Float [`Matmul`]s (`f32`, `f64`, and `f16`/`bf16` through `GemmEx` with `f32`
-    /// accumulation) run on cuBLAS; integers, or no cuBLAS installed,
+    /// accumulation; `f32` on TF32 tensor cores where the matmul allows it) run on cuBLAS; integers, or no cuBLAS installed,
     /// are `Ok(None)`. The device's cuBLAS handle is made here, on first use.
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {
         let dev = self.device(device)?;
         match op {
             VendorOp::Matmul(matmul) => {
-                let Some(precision) = Precision::of(matmul.dtype) else {
+                let Some(precision) = Precision::of(matmul) else {
                     return Ok(None);
                 };
                 if !dev.ensure_blas()? {

@@ -37,12 +37,17 @@ pub(crate) enum Precision {
     F16,
     /// `cublasGemmEx` with `CUDA_R_16BF` operands and output, `CUBLAS_COMPUTE_32F`.
     BF16,
+    /// `cublasGemmEx` with `CUDA_R_32F` operands and output,
+    /// `CUBLAS_COMPUTE_32F_FAST_TF32`: operands rounded to TF32 on tensor cores, `f32`
+    /// accumulation. Only where the matmul allows it ([`Matmul::allow_tf32`]).
+    Tf32,
 }
 
 impl Precision {
-    /// The precision of `dtype`, if cuBLAS runs it here.
-    pub(crate) fn of(dtype: DType) -> Option<Precision> {
-        match dtype {
+    /// The precision of `op`, if cuBLAS runs it here.
+    pub(crate) fn of(op: &Matmul) -> Option<Precision> {
+        match op.dtype {
+            DType::F32 if op.allow_tf32 => Some(Precision::Tf32),
             DType::F32 => Some(Precision::F32),
             DType::F64 => Some(Precision::F64),
             DType::F16 => Some(Precision::F16),
@@ -54,7 +59,7 @@ impl Precision {
     /// Bytes per element.
     pub(crate) fn size_bytes(self) -> usize {
         match self {
-            Precision::F32 => 4,
+            Precision::F32 | Precision::Tf32 => 4,
             Precision::F64 => 8,
             Precision::F16 | Precision::BF16 => 2,
         }
@@ -220,6 +225,7 @@ mod tests {
             rhs_transposed: t.1,
             lhs_batch_stride: Dim::from(strides.0),
             rhs_batch_stride: Dim::from(strides.1),
+            allow_tf32: false,
         }
     }
 
@@ -413,12 +419,20 @@ mod tests {
 
     #[test]
     fn floats_run_on_cublas_and_integers_do_not() {
-        assert_eq!(Precision::of(DType::F32), Some(Precision::F32));
-        assert_eq!(Precision::of(DType::F64), Some(Precision::F64));
-        assert_eq!(Precision::of(DType::F16), Some(Precision::F16));
-        assert_eq!(Precision::of(DType::BF16), Some(Precision::BF16));
+        let of = |dtype, allow_tf32| {
+            Precision::of(&Matmul {
+                dtype,
+                allow_tf32,
+                ..matmul(1, 2, 2, 2, (false, false), (0, 0))
+            })
+        };
+        assert_eq!(of(DType::F32, false), Some(Precision::F32));
+        assert_eq!(of(DType::F32, true), Some(Precision::Tf32));
+        assert_eq!(of(DType::F64, true), Some(Precision::F64));
+        assert_eq!(of(DType::F16, false), Some(Precision::F16));
+        assert_eq!(of(DType::BF16, true), Some(Precision::BF16));
         for dtype in [DType::I32, DType::I64, DType::U8] {
-            assert_eq!(Precision::of(dtype), None, "{dtype}");
+            assert_eq!(of(dtype, false), None, "{dtype}");
         }
     }
 }

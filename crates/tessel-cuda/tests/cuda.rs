@@ -328,6 +328,7 @@ fn matmul(dtype: DType, sizes: [i64; 4], transposed: (bool, bool), strides: (i64
         rhs_transposed: transposed.1,
         lhs_batch_stride: Dim::from(strides.0),
         rhs_batch_stride: Dim::from(strides.1),
+        allow_tf32: false,
     }
 }
 
@@ -731,44 +732,54 @@ fn cublas_matmul_is_timed() {
     }
 }
 
-/// `f32` products run in full `f32`, not on TF32 tensor cores (a 10-bit mantissa): every
-/// lhs element is `1 + 2⁻¹²`, which TF32 rounds to 1, and every rhs element 1. Each partial
-/// sum of up to 64 such terms is exact in `f32`, so in any summation order every output
-/// element is exactly `64 + 2⁻⁶`, where TF32 would give 64.
+/// `f32` products run in full `f32`, not on TF32 tensor cores (a 10-bit mantissa), unless
+/// the matmul allows TF32: every lhs element is `1 + 2⁻¹²`, which TF32 rounds to 1, and
+/// every rhs element 1. Each partial sum of up to 64 such terms is exact in `f32`, so in any
+/// summation order every output element is exactly `64 + 2⁻⁶` in full `f32`, and 64 in TF32.
 #[test]
-fn cublas_f32_matmul_is_full_precision() {
-    let test = "cublas_f32_matmul_is_full_precision";
+fn cublas_f32_matmul_is_full_precision_unless_tf32_is_allowed() {
+    let test = "cublas_f32_matmul_is_full_precision_unless_tf32_is_allowed";
     let cuda = backend();
     for device in 0..devices(test) {
-        let [m, n, k] = [128, 96, 64];
-        let op = matmul(
-            DType::F32,
-            [1, m as i64, n as i64, k as i64],
-            (false, false),
-            (0, 0),
-        );
-        let Some(program) = cublas(test, device, &op) else {
-            return;
-        };
-        let x = 1.0 + 2f64.powi(-12);
-        let ids = [m * k, k * n, m * n].map(|e: usize| cuda.alloc(device, e * 4).unwrap());
-        cuda.write(ids[0], 0, &encode(DType::F32, &vec![x; m * k]))
-            .unwrap();
-        cuda.write(ids[1], 0, &encode(DType::F32, &vec![1.0; k * n]))
-            .unwrap();
-        cuda.launch(program, &ids, &Bindings::new()).unwrap();
-        let mut out = vec![0u8; m * n * 4];
-        cuda.read(ids[2], 0, &mut out).unwrap();
-        let want = 64.0 + 2f64.powi(-6);
-        let got = decode(DType::F32, &out);
-        assert!(
-            got.iter().all(|&v| v == want),
-            "{op}: want {want} everywhere (full f32), got {:?} (64 would be TF32)",
-            got.iter().find(|&&v| v != want)
-        );
-        for id in ids {
-            cuda.free(id).unwrap();
+        for allow_tf32 in [false, true] {
+            let [m, n, k] = [128, 96, 64];
+            let op = Matmul {
+                allow_tf32,
+                ..matmul(
+                    DType::F32,
+                    [1, m as i64, n as i64, k as i64],
+                    (false, false),
+                    (0, 0),
+                )
+            };
+            let Some(program) = cublas(test, device, &op) else {
+                return;
+            };
+            let x = 1.0 + 2f64.powi(-12);
+            let ids = [m * k, k * n, m * n].map(|e: usize| cuda.alloc(device, e * 4).unwrap());
+            cuda.write(ids[0], 0, &encode(DType::F32, &vec![x; m * k]))
+                .unwrap();
+            cuda.write(ids[1], 0, &encode(DType::F32, &vec![1.0; k * n]))
+                .unwrap();
+            cuda.launch(program, &ids, &Bindings::new()).unwrap();
+            let mut out = vec![0u8; m * n * 4];
+            cuda.read(ids[2], 0, &mut out).unwrap();
+            let want = if allow_tf32 {
+                64.0
+            } else {
+                64.0 + 2f64.powi(-6)
+            };
+            let got = decode(DType::F32, &out);
+            assert!(
+                got.iter().all(|&v| v == want),
+                "{op}: want {want} everywhere ({}), got {:?}",
+                if allow_tf32 { "TF32" } else { "full f32" },
+                got.iter().find(|&&v| v != want)
+            );
+            for id in ids {
+                cuda.free(id).unwrap();
+            }
+            cuda.release(program).unwrap();
         }
-        cuda.release(program).unwrap();
     }
 }

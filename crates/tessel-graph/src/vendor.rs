@@ -201,6 +201,7 @@ fn routine(
                 Dim::constant(0)
             },
             rhs_batch_stride: if rhs.batched { k * n } else { Dim::constant(0) },
+            allow_tf32: false,
         }),
         operands: [lhs.node, rhs.node],
         writes,

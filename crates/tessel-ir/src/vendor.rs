@@ -39,7 +39,8 @@ impl fmt::Display for VendorOp {
 /// A batch stride of 0 broadcasts one matrix to every batch. Every operand and the output
 /// have element type `dtype`. Sizes are symbolic; a launch evaluates them with its dims.
 /// Sums run in `dtype` (the generated kernel does the same), in whatever order the
-/// library chooses.
+/// library chooses. With [`allow_tf32`](Matmul::allow_tf32), an `f32` product may round its
+/// operands to TF32 instead.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Matmul {
     /// Element type of the operands and the result.
@@ -60,6 +61,11 @@ pub struct Matmul {
     pub lhs_batch_stride: Dim,
     /// Elements between consecutive `rhs` matrices (0: one matrix for every batch).
     pub rhs_batch_stride: Dim,
+    /// An `f32` product may round its operands to TF32 (10-bit mantissa) on tensor cores,
+    /// still summing in `f32`, as `torch.backends.cuda.matmul.allow_tf32` permits. A
+    /// permission: a backend without TF32 computes in full `f32`. Meaningless for other
+    /// dtypes.
+    pub allow_tf32: bool,
 }
 
 /// A [`Matmul`] with its sizes evaluated for one launch.
@@ -141,6 +147,10 @@ impl fmt::Display for Matmul {
             t(self.rhs_transposed),
             self.lhs_batch_stride,
             self.rhs_batch_stride
-        )
+        )?;
+        if self.allow_tf32 && self.dtype == DType::F32 {
+            f.write_str(" allowing tf32")?;
+        }
+        Ok(())
     }
 }

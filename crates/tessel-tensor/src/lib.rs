@@ -18,6 +18,7 @@ pub mod inspect;
 mod measure;
 mod ops;
 mod planner;
+mod precision;
 mod runtime;
 mod safetensors;
 mod tensor;
@@ -32,6 +33,9 @@ pub use ops::{
     ScalarOperand,
 };
 pub use planner::set_placement;
+pub use precision::{
+    Float32MatmulPrecision, float32_matmul_precision, set_float32_matmul_precision,
+};
 pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
 pub use safetensors::{SafetensorsFile, load_safetensors, save_safetensors};
 pub use tensor::Tensor;

@@ -137,6 +137,10 @@ const RUNS: usize = 5;
 /// dropped for it.
 const CANDIDATE_TOLERANCE: f64 = 1e-3;
 
+/// The candidates' tolerance where `f32` products may run in TF32
+/// ([`crate::set_float32_matmul_precision`]).
+const TF32_TOLERANCE: f64 = 1e-2;
+
 /// The same for a whole plan's targets, as a multiple of the candidates' tolerance.
 /// Rounding differences of every program add up along the plan and some steps amplify
 /// them (an Adam update divides a gradient by its own magnitude); a program wired to the
@@ -156,19 +160,30 @@ impl<'c> Measurer<'c> {
     }
 
     /// How far two correct programs of this realize may disagree: 1e-3 in f32 and wider,
-    /// 5e-2 where a half-precision value is stored, 1e-1 for float8. Partitions round to
+    /// 5e-2 where a half-precision value is stored, 1e-1 for float8, at least 1e-2 where a
+    /// product may run in TF32. Partitions round to
     /// half precision at different points (a fused kernel keeps f32 where a materialized
     /// value is rounded), and in a 12-layer residual stream the two roundings of bf16
     /// drift apart by a few percent of the largest value.
     fn precision(compiled: &Compiled) -> f64 {
         let dtypes = compiled.input_sizes.iter().chain(compiled.buffers.values());
-        dtypes
+        let stored = dtypes
             .map(|&(dtype, _)| match dtype {
                 d if d.is_float8() => 1e-1,
                 DType::F16 | DType::BF16 => 5e-2,
                 _ => CANDIDATE_TOLERANCE,
             })
-            .fold(CANDIDATE_TOLERANCE, f64::max)
+            .fold(CANDIDATE_TOLERANCE, f64::max);
+        // TF32 rounds operands to an 11-bit significand (2^-11 ≈ 5e-4 each): a product's
+        // error against full f32 is a few of those, more where a softmax amplifies it.
+        let tf32 = compiled.candidates.iter().any(
+            |c| matches!(&c.work, Work::Vendor(tessel_ir::VendorOp::Matmul(m)) if m.allow_tf32),
+        );
+        if tf32 {
+            stored.max(TF32_TOLERANCE)
+        } else {
+            stored
+        }
     }
 
     fn backend(&self, device: usize) -> &Arc<dyn Backend> {

@@ -52,6 +52,7 @@ use tessel_shape::{DType, Dim};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::precision::Float32MatmulPrecision;
 
 /// A device a plan uses, with its backend. Index 0 of a plan's devices is its home.
 pub(crate) type PlanDevice = (Device, Arc<dyn Backend>);
@@ -323,6 +324,7 @@ pub(crate) fn partition(
     targets: &[NodeId],
     leaves: &[LeafId],
     devices: &[Device],
+    precision: Float32MatmulPrecision,
 ) -> Result<Partitions> {
     let size = graph.toposort(targets).len();
     let saturated = RewriteBudget {
@@ -431,7 +433,9 @@ pub(crate) fn partition(
                     .buffers
                     .insert(slots.pos[&w], (node.dtype, node.shape.numel()));
                 let candidate = Candidate {
-                    work: Work::Vendor(m.op.clone()),
+                    work: Work::Vendor(match &m.op {
+                        VendorOp::Matmul(op) => VendorOp::Matmul(precision.apply(op.clone())),
+                    }),
                     args: m
                         .operands
                         .iter()
@@ -962,7 +966,13 @@ mod tests {
         let scores = heads(0)?.matmul(&heads(1)?.transpose(-2, -1)?)?;
         let (graph, targets) = inspect::graph_of(&[&scores]);
         let (_, leaves) = signature(&graph, &targets);
-        let parts = partition(&graph, &targets, &leaves, &[Device::cpu()])?;
+        let parts = partition(
+            &graph,
+            &targets,
+            &leaves,
+            &[Device::cpu()],
+            crate::Float32MatmulPrecision::Highest,
+        )?;
         let routines: Vec<(bool, &[usize])> = parts
             .candidates
             .iter()
@@ -1045,7 +1055,13 @@ mod tests {
         let y = a.matmul(&b)?.t()?;
         let (graph, targets) = inspect::graph_of(&[&y]);
         let (_, leaves) = signature(&graph, &targets);
-        let parts = partition(&graph, &targets, &leaves, &[Device::cpu()])?;
+        let parts = partition(
+            &graph,
+            &targets,
+            &leaves,
+            &[Device::cpu()],
+            crate::Float32MatmulPrecision::Highest,
+        )?;
         let target = parts.targets[0];
         let direct: Vec<_> = parts
             .candidates

@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::host::HostBytes;
 use crate::measure;
 use crate::planner::{self, Place, Plan, PlanSlot, PlanStep, PlanView};
+use crate::precision::{Float32MatmulPrecision, float32_matmul_precision};
 
 /// Plans kept per runtime before the oldest is evicted.
 pub const PLAN_CACHE_LIMIT: usize = 512;
@@ -54,7 +55,8 @@ pub(crate) struct State {
 }
 
 /// A plan's cache key: the graph's structure and the device it runs on.
-type PlanKey = (Signature, Device);
+/// A plan per graph signature, device and `f32` matmul precision (its routines differ).
+type PlanKey = (Signature, Device, Float32MatmulPrecision);
 
 /// [`Runtime::plan_for`]'s plan, with the lock it was checked under, the leaves it reads
 /// and its key.
@@ -370,14 +372,15 @@ impl Runtime {
         loop {
             let st = self.lock();
             let (sig, leaves) = signature(&st.graph, targets);
-            let key = (sig, device);
+            let precision = float32_matmul_precision();
+            let key = (sig, device, precision);
             if let Some(plan) = st.plans.get(&key) {
                 let plan = plan.clone();
                 return Ok((st, plan, leaves, key));
             }
             let devices = planner::placement_devices(device);
             let started = Instant::now();
-            let parts = planner::partition(&st.graph, targets, &leaves, &devices)?;
+            let parts = planner::partition(&st.graph, targets, &leaves, &devices, precision)?;
             drop(st);
             let partitioned = started.elapsed();
             tracing::debug!(target: "tessel::first_call", "{device}: partitioned in {:.2} s", partitioned.as_secs_f64());
@@ -737,7 +740,11 @@ mod tests {
         let device = c.device();
         let key = {
             let st = runtime().lock();
-            (signature(&st.graph, &[c.node()]).0, device)
+            (
+                signature(&st.graph, &[c.node()]).0,
+                device,
+                Float32MatmulPrecision::Highest,
+            )
         };
         let (plan, runner_up) = {
             let mut st = runtime().lock();
@@ -849,7 +856,14 @@ mod placement_tests {
         let st = rt.lock();
         let targets = [c.node()];
         let (sig, leaves) = signature(&st.graph, &targets);
-        let parts = planner::partition(&st.graph, &targets, &leaves, &[home, other]).unwrap();
+        let parts = planner::partition(
+            &st.graph,
+            &targets,
+            &leaves,
+            &[home, other],
+            Float32MatmulPrecision::Highest,
+        )
+        .unwrap();
         drop(st);
         let devices: Vec<PlanDevice> = [home, other]
             .iter()
@@ -882,7 +896,9 @@ mod placement_tests {
                 .iter()
                 .any(|s| matches!(s, PlanStep::Launch { device: 1, .. }))
         );
-        rt.lock().plans.insert((sig, home), Arc::new(plan));
+        rt.lock()
+            .plans
+            .insert((sig, home, Float32MatmulPrecision::Highest), Arc::new(plan));
 
         let report = c.realize().unwrap();
         assert_eq!(report.copies, leaves.len() + 1, "{report:?}");

@@ -36,9 +36,10 @@
 
 pub use tessel_tensor::{
     BackendError, Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, DType, Device,
-    DeviceInfo, Dim, Element, Error, Features, Operand, PLAN_CACHE_LIMIT, Padding, PoolOptions,
-    RealizeReport, Result, RuntimeStats, ScalarOperand, Shape, Tensor, Var, bf16, f16, inspect,
-    set_placement, stats,
+    DeviceInfo, Dim, Element, Error, Features, Float32MatmulPrecision, Operand, PLAN_CACHE_LIMIT,
+    Padding, PoolOptions, RealizeReport, Result, RuntimeStats, ScalarOperand, Shape, Tensor, Var,
+    bf16, f16, float32_matmul_precision, inspect, set_float32_matmul_precision, set_placement,
+    stats,
 };
 
 /// GPT-2, BERT, Llama and ResNet from Hugging Face and torchvision files; generation.

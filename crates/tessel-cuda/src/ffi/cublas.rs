@@ -1,5 +1,5 @@
 //! cuBLAS, through cudarc: finding the library, one handle per device that queues on the
-//! device's stream, and the GEMM calls (`f32`/`f64` routines, `GemmEx` for half types). Part of [`ffi`](super), under the same
+//! device's stream, and the GEMM calls (`f32`/`f64` routines, `GemmEx` for half types and TF32). Part of [`ffi`](super), under the same
 //! rule: each `unsafe` block says why it is sound.
 //!
 //! cudarc opens cuBLAS on first use, by bare file names through the dynamic loader, and
@@ -77,6 +77,11 @@ fn find() -> Result<(), String> {
 /// the generated kernels do; `CUBLAS_COMPUTE_32F_FAST_16F` would round partial sums to half.
 const F32_ACCUMULATION: bsys::cublasComputeType_t = bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
 
+/// `f32` products where TF32 is allowed: operands rounded to TF32 on tensor cores, sums in
+/// `f32` (`alpha`/`beta` are `f32`).
+const TF32_OPERANDS: bsys::cublasComputeType_t =
+    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32;
+
 /// A cuBLAS handle bound to one device's stream; destroyed on drop.
 pub(crate) struct Blas {
     handle: bsys::cublasHandle_t,
@@ -109,8 +114,9 @@ impl Blas {
         unsafe { blas::set_stream(handle, stream.0.cast()) }
             .map_err(|e| format!("cublasSetStream failed: {e}"))?;
         // A new handle already has the default mode; stating it keeps the precision promise
-        // here, where it is made: `f32` products in full `f32`, never TF32 tensor cores
-        // (PyTorch's default for matmul too).
+        // here, where it is made: `Sgemm` runs in full `f32`, never on TF32 tensor cores
+        // (PyTorch's default for matmul too); TF32 is asked for per call, through
+        // `GemmEx`'s compute type, only where a matmul allows it.
         // SAFETY: the handle is live; the mode is one of the enum's values.
         unsafe { bsys::cublasSetMathMode(handle, bsys::cublasMath_t::CUBLAS_DEFAULT_MATH) }
             .result()
@@ -153,10 +159,12 @@ impl Blas {
         let c = std::ptr::with_exposed_provenance_mut::<c_void>(c as usize);
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
         let batched = g.batch > 1;
-        // The storage type of half operands and output (unused for `f32`/`f64`).
-        let half = match precision {
-            Precision::F16 => bsys::cudaDataType::CUDA_R_16F,
-            _ => bsys::cudaDataType::CUDA_R_16BF,
+        // `GemmEx`'s storage type of operands and output, and its compute type (unused for
+        // `Sgemm`/`Dgemm`).
+        let (storage, compute) = match precision {
+            Precision::F16 => (bsys::cudaDataType::CUDA_R_16F, F32_ACCUMULATION),
+            Precision::Tf32 => (bsys::cudaDataType::CUDA_R_32F, TF32_OPERANDS),
+            _ => (bsys::cudaDataType::CUDA_R_16BF, F32_ACCUMULATION),
         };
         // SAFETY: the handle is live and its context current. `a`, `b` and `c` lie in live
         // allocations of this context, large enough for every element the sizes, leading
@@ -164,7 +172,7 @@ impl Blas {
         // pool keeps them allocated until the work queued on this stream before their reuse
         // has run. `alpha` and `beta` point to host locals: in cuBLAS's default (host)
         // pointer mode they are read before the call returns; for `GemmEx` with
-        // `CUBLAS_COMPUTE_32F` they are `f32`, as passed.
+        // `CUBLAS_COMPUTE_32F` and `CUBLAS_COMPUTE_32F_FAST_TF32` they are `f32`, as passed.
         let (routine, result) = unsafe {
             match (precision, batched) {
                 (Precision::F32, false) => (
@@ -251,7 +259,7 @@ impl Blas {
                         g.batch,
                     ),
                 ),
-                (Precision::F16 | Precision::BF16, false) => (
+                (Precision::F16 | Precision::BF16 | Precision::Tf32, false) => (
                     "cublasGemmEx",
                     blas::gemm_ex(
                         h,
@@ -262,20 +270,20 @@ impl Blas {
                         g.k,
                         (&raw const one32).cast(),
                         a,
-                        half,
+                        storage,
                         g.lda,
                         b,
-                        half,
+                        storage,
                         g.ldb,
                         (&raw const zero32).cast(),
                         c,
-                        half,
+                        storage,
                         g.ldc,
-                        F32_ACCUMULATION,
+                        compute,
                         bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
                     ),
                 ),
-                (Precision::F16 | Precision::BF16, true) => (
+                (Precision::F16 | Precision::BF16 | Precision::Tf32, true) => (
                     "cublasGemmStridedBatchedEx",
                     blas::gemm_strided_batched_ex(
                         h,
@@ -286,20 +294,20 @@ impl Blas {
                         g.k,
                         (&raw const one32).cast(),
                         a,
-                        half,
+                        storage,
                         g.lda,
                         g.stride_a,
                         b,
-                        half,
+                        storage,
                         g.ldb,
                         g.stride_b,
                         (&raw const zero32).cast(),
                         c,
-                        half,
+                        storage,
                         g.ldc,
                         g.stride_c,
                         g.batch,
-                        F32_ACCUMULATION,
+                        compute,
                         bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
                     ),
                 ),
