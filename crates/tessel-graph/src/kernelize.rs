@@ -9,7 +9,9 @@
 //!   reduction;
 //! - a value that contains a reduction and has several consumers;
 //! - a value with several consumers whose computation inlines more than
-//!   `MAX_INLINE_OPS` (64) ops, so sharing stays linear in the graph's size. Where a
+//!   `MAX_INLINE_OPS` (64) ops, so sharing stays linear in the graph's size, or reads 4
+//!   distinct buffers of its own size or more (`SHARED_LOADS`: a residual stream's sums),
+//!   so no layer's kernels read every earlier layer's output again. Where a
 //!   shared value costs 16 ops or more, [`kernelize_shared`] makes the alternative
 //!   partition that materializes it, for measurement to choose.
 //!
@@ -500,6 +502,13 @@ const MAX_INLINE_OPS: usize = 64;
 /// kernels), and measuring the alternative would only cost compile time.
 pub const SHARED_MIN_OPS: usize = 16;
 
+/// A value with several consumers that reads this many distinct buffers of its own size is
+/// materialized:
+/// each consumer recomputing it reads all of them (`c·k` reads for `c` consumers), against
+/// `k` reads, a write and `c` reads once it is a buffer; from 4 on that is less for any
+/// `c ≥ 2`.
+const SHARED_LOADS: usize = 4;
+
 /// [`kernelize`], with every value that has several consumers and costs at least
 /// `min_ops` ops computed once into a buffer instead of inlined into each consumer: the
 /// other side of a choice only measurement settles (recomputing costs arithmetic, sharing
@@ -579,6 +588,10 @@ fn choose_materialized(
     // Ops a kernel evaluates to compute the node, shared operands counted once per use:
     // what recomputing it in each consumer costs.
     let mut inline_ops: FxHashMap<NodeId, usize> = FxHashMap::default();
+    // The distinct buffers of the node's size a kernel reads to compute it (leaves and
+    // materialized values), up to `SHARED_LOADS` of them: what recomputing it costs in
+    // memory traffic.
+    let mut inline_loads: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
     for &n in order {
         let node = graph.node(n);
         let own = usize::from(!node.op.is_movement() && !node.op.children().is_empty());
@@ -588,16 +601,35 @@ fn choose_materialized(
             .iter()
             .filter(|c| !out.contains(*c))
             .fold(own, |acc, c| acc.saturating_add(inline_ops[c]));
+        // Only reads as large as the value count: small tables (an interpolation's
+        // weights) stay in cache however often they are read.
+        let numel = node.shape.numel();
+        let mut loads: Vec<NodeId> = Vec::new();
+        for c in node.op.children() {
+            for &b in &inline_loads[&c] {
+                if loads.len() < SHARED_LOADS
+                    && !loads.contains(&b)
+                    && graph.node(b).shape.numel() == numel
+                {
+                    loads.push(b);
+                }
+            }
+        }
+        let shared = consumers.get(&n).copied().unwrap_or(0) > 1;
         // A large value used several times is computed once, not once per use: without
         // this a deep elementwise DAG that reuses values (a residual stream) grows every
-        // kernel with the depth.
+        // kernel with the depth. So is one that reads many buffers: a residual stream's
+        // sums are few ops each, but recomputed in every layer's kernels they read every
+        // earlier layer's output again.
         // A scatter's kernel runs over its sources, adding into its own buffer.
         if matches!(node.op, Op::ScatterAdd(..))
-            || (ops >= share_from && consumers.get(&n).copied().unwrap_or(0) > 1)
+            || (shared && (ops >= share_from || loads.len() >= SHARED_LOADS))
         {
             out.insert(n);
         }
         inline_ops.insert(n, if out.contains(&n) { 0 } else { ops });
+        let read_whole = out.contains(&n) || matches!(node.op, Op::Leaf(_));
+        inline_loads.insert(n, if read_whole { vec![n] } else { loads });
         // A reduction read at other coordinates than its own would be recomputed per
         // element read: broadcast (`Expand`) or gathered.
         if let Op::Expand(child) | Op::Gather(child, ..) = node.op
