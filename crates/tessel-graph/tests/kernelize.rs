@@ -483,3 +483,58 @@ fn the_shared_partition_computes_a_shared_value_once() {
         "nothing shared"
     );
 }
+
+/// A residual stream `h_l = h_{l-1} + p_l` whose every value is also read by a row sum
+/// (a layer norm's statistics): each `h_l` is a few adds but reads every earlier `p`, so
+/// it is materialized (it reads 4 distinct buffers of its size) instead of inlined into
+/// each later kernel, and no row sum's kernel reads more than a handful of buffers however
+/// deep the stream (without the rule the widest binds 11). The values match an f64
+/// reference.
+#[test]
+fn a_shared_value_reading_many_buffers_is_computed_once() {
+    let mut env = Env::new();
+    let mut rng = Rng(43);
+    let layers = 10;
+    let first = rng.vec(24);
+    let mut h = env.leaf(&[4, 6], first.clone());
+    let mut targets = Vec::new();
+    let mut parts = Vec::new();
+    for _ in 0..layers {
+        parts.push(rng.vec(24));
+        let p = env.leaf(&[4, 6], parts[parts.len() - 1].clone());
+        h = env.binary(BinaryOp::Add, h, p);
+        targets.push(env.reduce(ReduceOp::Sum, h, &[1]));
+    }
+    targets.push(h);
+    let schedule = kernelize(&env.g, &targets).unwrap();
+    // The row sums' kernels; the stream itself may be one kernel storing every
+    // materialized `h_l` as it passes it.
+    let widest = schedule
+        .kernels
+        .iter()
+        .filter(|k| k.kernel.name.starts_with("r_"))
+        .map(|k| {
+            k.kernel
+                .params
+                .iter()
+                .filter(|p| matches!(p, tessel_ir::Param::Buffer { .. }))
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(
+        widest <= 5,
+        "a row sum's kernel binds {widest} buffers: the stream is recomputed from its start"
+    );
+    let (got, _) = env.run(&targets, &schedule);
+    // The reference: every partial sum in f64, from the leaves.
+    let mut stream: Vec<f64> = first.iter().map(|&v| f64::from(v)).collect();
+    for l in 0..layers {
+        for (s, &p) in stream.iter_mut().zip(&parts[l]) {
+            *s += f64::from(p);
+        }
+        let sums: Vec<f64> = stream.chunks(6).map(|r| r.iter().sum()).collect();
+        assert_close(&got[l], &sums, 1e-5);
+    }
+    assert_close(&got[layers], &stream, 1e-5);
+}
