@@ -13,6 +13,7 @@
 use std::fmt;
 
 use rustc_hash::FxHashMap;
+use tessel_ir::AtomicOp;
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 /// A node in the graph.
@@ -105,11 +106,13 @@ pub enum Op {
     /// `index[c]` lies outside `0..src.size(axis)`. `src` has the node's rank and its sizes
     /// in every other axis; `index` is `i32` or `i64`. A load whose address is data.
     Gather(NodeId, NodeId, usize),
-    /// `ScatterAdd(index, src, axis)`: zeros of the node's shape, plus each `src[c]` added at
-    /// `c` with coordinate `axis` replaced by `index[c]` (dropped where that lies outside
-    /// `0..size(axis)`). `index` and `src` share a shape, the node's except along `axis`;
-    /// `index` is `i32` or `i64`. Repeated indices add up (in no fixed order).
-    ScatterAdd(NodeId, NodeId, usize),
+    /// `Scatter(op, index, src, axis)`: zeros of the node's shape, with each `src[c]`
+    /// combined by `op` into `c` with coordinate `axis` replaced by `index[c]` (dropped
+    /// where that lies outside `0..size(axis)`). `index` and `src` share a shape, the
+    /// node's except along `axis`; `index` is `i32` or `i64`; the node's dtype is one `op`
+    /// takes ([`AtomicOp::takes`]). Repeated indices add up, or keep the largest (as
+    /// unsigned integers), in no fixed order.
+    Scatter(AtomicOp, NodeId, NodeId, usize),
 }
 
 impl Op {
@@ -127,7 +130,7 @@ impl Op {
             | Op::Shrink(a, _)
             | Op::Flip(a, _)
             | Op::Reduce(_, a, _) => vec![*a],
-            Op::Binary(_, a, b) | Op::Gather(a, b, _) | Op::ScatterAdd(a, b, _) => vec![*a, *b],
+            Op::Binary(_, a, b) | Op::Gather(a, b, _) | Op::Scatter(_, a, b, _) => vec![*a, *b],
             Op::Ternary(_, a, b, c) => vec![*a, *b, *c],
         }
     }
@@ -160,9 +163,9 @@ impl Op {
                 let src = f(*src);
                 Op::Gather(src, f(*index), *axis)
             }
-            Op::ScatterAdd(index, src, axis) => {
+            Op::Scatter(op, index, src, axis) => {
                 let index = f(*index);
-                Op::ScatterAdd(index, f(*src), *axis)
+                Op::Scatter(*op, index, f(*src), *axis)
             }
         }
     }
@@ -200,7 +203,8 @@ impl Op {
             Op::Flip(..) => "flip",
             Op::Reduce(..) => "reduce",
             Op::Gather(..) => "gather",
-            Op::ScatterAdd(..) => "scatter_add",
+            Op::Scatter(AtomicOp::Add, ..) => "scatter_add",
+            Op::Scatter(AtomicOp::Max, ..) => "scatter_max",
         }
     }
 }

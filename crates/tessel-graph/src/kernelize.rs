@@ -124,7 +124,7 @@ fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {
         Op::Flip(a, axes) => Op::Flip(f(a), axes.clone()),
         Op::Reduce(r, a, axes) => Op::Reduce(*r, f(a), axes.clone()),
         Op::Gather(a, i, axis) => Op::Gather(f(a), f(i), *axis),
-        Op::ScatterAdd(i, a, axis) => Op::ScatterAdd(f(i), f(a), *axis),
+        Op::Scatter(op, i, a, axis) => Op::Scatter(*op, f(i), f(a), *axis),
     }
 }
 
@@ -388,7 +388,7 @@ fn build(
                     && !written_by.contains_key(m)
                     && graph.node(*m).shape == graph.node(root).shape
                     // A scatter runs over its sources, not over its output's elements.
-                    && !matches!(graph.node(*m).op, Op::ScatterAdd(..))
+                    && !matches!(graph.node(*m).op, Op::Scatter(..))
             })
             .collect();
         let lowered = loop {
@@ -622,7 +622,7 @@ fn choose_materialized(
         // sums are few ops each, but recomputed in every layer's kernels they read every
         // earlier layer's output again.
         // A scatter's kernel runs over its sources, adding into its own buffer.
-        if matches!(node.op, Op::ScatterAdd(..))
+        if matches!(node.op, Op::Scatter(..))
             || (shared && (ops >= share_from || loads.len() >= SHARED_LOADS))
         {
             out.insert(n);

@@ -13,7 +13,7 @@
 //! node used twice at the same coordinates is computed once.
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_ir::{Access, Buf, KernelBuilder, Mem, Value};
+use tessel_ir::{Access, AtomicOp, Buf, KernelBuilder, Mem, Value};
 use tessel_shape::{BinaryOp, DType, Dim, Expr, ExprView, Scalar, Shape, Var};
 
 use crate::graph::{Graph, LeafId, NodeId, Op, ReduceOp};
@@ -109,8 +109,8 @@ pub(crate) fn lower_kernel(
     leaf_slot: &FxHashMap<LeafId, usize>,
     mode: Mode,
 ) -> Result<Lowering, KernelizeError> {
-    if let Op::ScatterAdd(index, src, axis) = graph.node(root).op {
-        return lower_scatter_kernel(graph, root, (index, src, axis), materialized, leaf_slot);
+    if let Op::Scatter(op, index, src, axis) = graph.node(root).op {
+        return lower_scatter_kernel(graph, root, (op, index, src, axis), materialized, leaf_slot);
     }
     let lanes = if mode == Mode::Serial {
         None
@@ -241,14 +241,14 @@ pub(crate) fn lower_kernel(
     }))
 }
 
-/// Lowers the scatter-add `root` (see [`Op::ScatterAdd`]): one invocation per source
-/// element, each adding its value atomically into the root's buffer, which the launch
-/// zeroes first ([`Access::Accumulate`]). The index and the source fuse into it; an index
+/// Lowers the scatter `root` (see [`Op::Scatter`]): one invocation per source element,
+/// each combining its value atomically into the root's buffer, which the launch zeroes
+/// first ([`Access::Accumulate`]). The index and the source fuse into it; an index
 /// out of range adds nothing.
 fn lower_scatter_kernel(
     graph: &Graph,
     root: NodeId,
-    (index, src, axis): (NodeId, NodeId, usize),
+    (op, index, src, axis): (AtomicOp, NodeId, NodeId, usize),
     materialized: &FxHashSet<NodeId>,
     leaf_slot: &FxHashMap<LeafId, usize>,
 ) -> Result<Lowering, KernelizeError> {
@@ -329,7 +329,7 @@ fn lower_scatter_kernel(
             .map(|(&c, s)| c * s)
             .sum();
         let flat = lw.ix(flat.max(0).min(out_len - 1));
-        lw.kb.atomic_add(out, flat, value);
+        lw.kb.atomic(op, out, flat, value);
         lw.close_if(open);
         if let Some(open) = guard {
             lw.close_if(open);

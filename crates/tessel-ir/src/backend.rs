@@ -49,8 +49,8 @@ pub struct Features {
     /// off and the planner measures such kernels. The CPU backend runs a workgroup's
     /// invocations one after another, where they only add barriers.
     pub cooperative_workgroups: bool,
-    /// Atomic adds of 64-bit values (`i64`, `u64`, `f64`; see `Inst::AtomicAdd`). The
-    /// 32-bit ones (`f32`, `i32`, `u32`) every backend has.
+    /// Atomic adds of 64-bit values (`i64`, `u64`, `f64`) and maxima of `u64` (see `Inst::Atomic`). The
+    /// 32-bit ones (adds of `f32`, `i32`, `u32`, maxima of `u32`) every backend has.
     pub atomics64: bool,
 }
 

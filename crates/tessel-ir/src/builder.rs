@@ -24,7 +24,7 @@
 use rustc_hash::FxHashMap;
 use tessel_shape::{BinaryOp, DType, Dim, Expr, ExprView, Scalar, TernaryOp, UnaryOp, Var};
 
-use crate::kernel::{Access, Grid, Inst, Kernel, Mem, Param, Special, Value};
+use crate::kernel::{Access, AtomicOp, Grid, Inst, Kernel, Mem, Param, Special, Value};
 use crate::verify::{VerifyError, VerifyErrorKind, verify};
 
 /// A buffer parameter, by position; usable wherever a [`Mem`] is expected.
@@ -252,7 +252,14 @@ impl KernelBuilder {
 
     /// Adds a scalar atomically at `index` of a buffer declared [`Access::Accumulate`].
     pub fn atomic_add(&mut self, mem: impl Into<Mem>, index: Value, value: Value) {
-        self.push(Inst::AtomicAdd {
+        self.atomic(AtomicOp::Add, mem, index, value);
+    }
+
+    /// Combines a scalar atomically by `op` at `index` of a buffer declared
+    /// [`Access::Accumulate`].
+    pub fn atomic(&mut self, op: AtomicOp, mem: impl Into<Mem>, index: Value, value: Value) {
+        self.push(Inst::Atomic {
+            op,
             mem: mem.into(),
             index,
             value,

@@ -123,8 +123,14 @@ pub fn inst_text(kernel: &Kernel, i: usize) -> String {
         Inst::Store { mem, index, value } => {
             write!(s, "store {}[{index}], {value}", mem_text(kernel, *mem))
         }
-        Inst::AtomicAdd { mem, index, value } => {
-            write!(s, "atomic_add {}[{index}], {value}", mem_text(kernel, *mem))
+        Inst::Atomic {
+            op,
+            mem,
+            index,
+            value,
+        } => {
+            let (op, mem) = (op.name(), mem_text(kernel, *mem));
+            write!(s, "atomic_{op} {mem}[{index}], {value}")
         }
         Inst::Barrier => write!(s, "barrier"),
         Inst::Unary(op, a) => write!(s, "{op} {a}"),

@@ -45,7 +45,7 @@ use tessel_shape::{
     BinaryOp, Bindings, DType, EvalError, Expr, F8E4M3, F8E5M2, Scalar, ScalarError,
 };
 
-use crate::kernel::{Access, Inst, Kernel, Mem, Param, Special, Value};
+use crate::kernel::{Access, AtomicOp, Inst, Kernel, Mem, Param, Special, Value};
 use crate::verify::{Def, VerifyError, verify};
 
 /// Why a kernel could not be interpreted. Every message names the kernel.
@@ -406,7 +406,7 @@ impl<'k> Program<'k> {
             }
         }
         for (i, inst) in kernel.insts.iter().enumerate() {
-            let (Inst::Load { mem, .. } | Inst::Store { mem, .. } | Inst::AtomicAdd { mem, .. }) =
+            let (Inst::Load { mem, .. } | Inst::Store { mem, .. } | Inst::Atomic { mem, .. }) =
                 *inst
             else {
                 continue;
@@ -627,15 +627,22 @@ impl<'k> Program<'k> {
                         }
                     }
                 }
-                Inst::AtomicAdd { index, value, .. } => {
+                Inst::Atomic {
+                    op, index, value, ..
+                } => {
                     let (m, at) = self.access(pc, vals[slot(*index)], 1, ids)?;
                     let Target::Global { buffer, dtype } = m.target else {
-                        unreachable!("verified: atomic adds go to global buffers")
+                        unreachable!("verified: atomic updates go to global buffers")
                     };
-                    let sum = read_elem(buffers[buffer], at, dtype)
-                        .binary(BinaryOp::Add, vals[slot(*value)])
+                    // Unsigned dtypes only for `Max` (verified), whose `Max` is unsigned.
+                    let op = match op {
+                        AtomicOp::Add => BinaryOp::Add,
+                        AtomicOp::Max => BinaryOp::Max,
+                    };
+                    let combined = read_elem(buffers[buffer], at, dtype)
+                        .binary(op, vals[slot(*value)])
                         .map_err(|e| op_err(pc, e))?;
-                    write_elem(buffers[buffer], at, dtype, sum);
+                    write_elem(buffers[buffer], at, dtype, combined);
                 }
                 Inst::Barrier => {
                     wg.pc[inv] = pc + 1;
@@ -710,7 +717,7 @@ impl<'k> Program<'k> {
         let first = int_of(index);
         if first < 0 || first + i128::from(width) > m.len as i128 {
             let mem = match self.kernel.insts[at] {
-                Inst::Load { mem, .. } | Inst::Store { mem, .. } | Inst::AtomicAdd { mem, .. } => {
+                Inst::Load { mem, .. } | Inst::Store { mem, .. } | Inst::Atomic { mem, .. } => {
                     match mem {
                         Mem::Global(p) => format!("buffer `{}`", self.kernel.params[p].name()),
                         Mem::Local(v) => format!("local memory {v}"),

@@ -78,8 +78,9 @@ pub enum Access {
     Write,
     /// Loads and stores.
     ReadWrite,
-    /// Atomic adds only ([`Inst::AtomicAdd`]), onto zeros: every launch clears the buffer
-    /// before the kernel runs, so a launch computes the same sums however often it runs.
+    /// Atomic updates only ([`Inst::Atomic`]), onto zeros: every launch clears the buffer
+    /// before the kernel runs, so a launch computes the same result however often it runs.
+    /// Zero is the identity of both [`AtomicOp`]s (a sum, an unsigned maximum).
     Accumulate,
 }
 
@@ -175,6 +176,38 @@ pub enum Mem {
     Reg(Value),
 }
 
+/// How an [`Inst::Atomic`] combines its value with the element it updates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// The sum. Integers wrap. Element types: `f32`, `f64`, `i32`, `u32`, `i64`, `u64`.
+    Add,
+    /// The larger, compared as unsigned integers. Element types: `u32`, `u64`. Ordered
+    /// keys of other dtypes (a float's bits with the sign folded in) make it a maximum or
+    /// minimum of any dtype, and `position + 1` keys pick the last of several writers.
+    Max,
+}
+
+impl AtomicOp {
+    /// The name in the text form (`atomic_add`, `atomic_max`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            AtomicOp::Add => "add",
+            AtomicOp::Max => "max",
+        }
+    }
+
+    /// Whether `dtype` elements can be updated by this op.
+    pub const fn takes(self, dtype: DType) -> bool {
+        match self {
+            AtomicOp::Add => matches!(
+                dtype,
+                DType::F32 | DType::F64 | DType::I32 | DType::U32 | DType::I64 | DType::U64
+            ),
+            AtomicOp::Max => matches!(dtype, DType::U32 | DType::U64),
+        }
+    }
+}
+
 /// One instruction. See the module docs for scoping and memory.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Inst {
@@ -230,16 +263,18 @@ pub enum Inst {
         /// The value written; its width is the store's width.
         value: Value,
     },
-    /// Adds the scalar `value` to the element at `index` of a global buffer with
-    /// [`Access::Accumulate`], atomically: concurrent adds to one element all land (in no
-    /// fixed order). Integers wrap. Element types: `f32`, `f64`, `i32`, `u32`, `i64`,
-    /// `u64`; a backend without atomics of a width fails to compile the kernel.
-    AtomicAdd {
-        /// The memory added into (a `Mem::Global` buffer).
+    /// Combines the scalar `value` into the element at `index` of a global buffer with
+    /// [`Access::Accumulate`] by `op`, atomically: concurrent updates of one element all
+    /// land (in no fixed order). See [`AtomicOp`] for the element types; a backend without
+    /// atomics of a width fails to compile the kernel.
+    Atomic {
+        /// How the value combines with the element.
+        op: AtomicOp,
+        /// The memory updated (a `Mem::Global` buffer).
         mem: Mem,
         /// The element index (an integer scalar).
         index: Value,
-        /// The value added.
+        /// The value combined in.
         value: Value,
     },
     /// Waits until every invocation of the workgroup reaches this point; local memory
@@ -278,7 +313,7 @@ impl Inst {
             Inst::Range { start, end } => vec![*start, *end],
             Inst::EndRange(v) | Inst::If(v) | Inst::EndIf(v) => vec![*v],
             Inst::Load { mem, index, .. } => mem_operand(mem).into_iter().chain([*index]).collect(),
-            Inst::Store { mem, index, value } | Inst::AtomicAdd { mem, index, value } => {
+            Inst::Store { mem, index, value } | Inst::Atomic { mem, index, value, .. } => {
                 mem_operand(mem)
                     .into_iter()
                     .chain([*index, *value])
@@ -343,14 +378,16 @@ impl Inst {
                     value: f(*value),
                 }
             }
-            Inst::AtomicAdd {
+            Inst::Atomic {
+                op,
                 mem: m,
                 index,
                 value,
             } => {
                 let m = mem(*m);
                 let index = f(*index);
-                Inst::AtomicAdd {
+                Inst::Atomic {
+                    op: *op,
                     mem: m,
                     index,
                     value: f(*value),
@@ -398,7 +435,7 @@ impl Inst {
             Inst::EndRange(_)
                 | Inst::EndIf(_)
                 | Inst::Store { .. }
-                | Inst::AtomicAdd { .. }
+                | Inst::Atomic { .. }
                 | Inst::Barrier
         )
     }

@@ -33,7 +33,7 @@ pub use backend::{
 pub use builder::{Buf, KernelBuilder};
 pub use display::inst_text;
 pub use handles::Handles;
-pub use kernel::{Access, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
+pub use kernel::{Access, AtomicOp, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
 pub use launch::LaunchArgs;
 pub use vendor::{Matmul, MatmulSizes, VendorOp};
 pub use verify::{Def, VerifyError, VerifyErrorKind, verify};

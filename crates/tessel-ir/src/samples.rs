@@ -22,7 +22,7 @@
 use tessel_shape::{BinaryOp, DType, Expr, Scalar, TernaryOp, Var};
 
 use crate::builder::KernelBuilder;
-use crate::kernel::{Access, Kernel};
+use crate::kernel::{Access, AtomicOp, Kernel};
 use crate::verify::{VerifyError, VerifyErrorKind};
 
 /// The dtype of every index computed by the samples.
@@ -411,14 +411,14 @@ pub fn dynamic_vector_add(var: Var, local: usize) -> Result<Kernel, VerifyError>
     kb.build()
 }
 
-/// `out[idx[i]] += x[i]` for every `i < n` whose `idx[i]` lies in `0..bins`, by atomic adds
-/// into a buffer the launch zeroes: a histogram-like scatter where many invocations hit
-/// one element.
+/// `out[idx[i]] = op(out[idx[i]], x[i])` for every `i < n` whose `idx[i]` lies in
+/// `0..bins`, by atomic updates of a buffer the launch zeroes: a histogram-like scatter
+/// where many invocations hit one element.
 ///
 /// - Parameters: `idx: i32[n] read`, `x: dtype[n] read`, `out: dtype[bins] accumulate`.
 /// - Grid: `ceil(n / 64)` workgroups of 64 invocations along x, guarded by `if i < n`.
-pub fn scatter_add(dtype: DType, n: usize, bins: usize) -> Result<Kernel, VerifyError> {
-    const NAME: &str = "scatter_add";
+pub fn scatter(op: AtomicOp, dtype: DType, n: usize, bins: usize) -> Result<Kernel, VerifyError> {
+    const NAME: &str = "scatter";
     let n_c = index_size(NAME, "n", n)?;
     let bins_c = index_size(NAME, "bins", bins)?;
     let groups = n.div_ceil(LOCAL);
@@ -443,7 +443,7 @@ pub fn scatter_add(dtype: DType, n: usize, bins: usize) -> Result<Kernel, Verify
             let last = kb.constant_as(bins_c - 1, INDEX);
             let at = kb.binary(BinaryOp::Max, at, zero);
             let at = kb.binary(BinaryOp::Min, at, last);
-            kb.atomic_add(out, at, v);
+            kb.atomic(op, out, at, v);
         });
     });
     kb.build()

@@ -371,10 +371,16 @@ impl<'k> Checker<'k> {
                 }
                 Def::None
             }
-            Inst::AtomicAdd { mem, index, value } => {
+            Inst::Atomic {
+                op,
+                mem,
+                index,
+                value,
+            } => {
+                let name = op.name();
                 self.int_scalar(*index, "index")?;
                 let Mem::Global(p) = *mem else {
-                    return ty_err("atomic adds go to global buffers only".into());
+                    return ty_err(format!("atomic {name}s go to global buffers only"));
                 };
                 let Some(Param::Buffer {
                     dtype,
@@ -383,18 +389,15 @@ impl<'k> Checker<'k> {
                 }) = self.kernel.params.get(p)
                 else {
                     return Err(VerifyErrorKind::Param(format!(
-                        "atomic add into parameter {p}, which is not a buffer declared accumulate"
+                        "atomic {name} into parameter {p}, which is not a buffer declared accumulate"
                     )));
                 };
                 let ty = self.data(*value)?;
                 if ty != Ty::scalar(*dtype) {
-                    return ty_err(format!("atomic add of {ty} into a buffer of {dtype}"));
+                    return ty_err(format!("atomic {name} of {ty} into a buffer of {dtype}"));
                 }
-                if !matches!(
-                    dtype,
-                    DType::F32 | DType::F64 | DType::I32 | DType::U32 | DType::I64 | DType::U64
-                ) {
-                    return ty_err(format!("no atomic add for {dtype}"));
+                if !op.takes(*dtype) {
+                    return ty_err(format!("no atomic {name} for {dtype}"));
                 }
                 Def::None
             }
@@ -548,7 +551,7 @@ fn check_bounds(kernel: &Kernel, defs: &[Def]) -> Result<(), VerifyError> {
             }
             Inst::Load { mem, index, .. }
             | Inst::Store { mem, index, .. }
-            | Inst::AtomicAdd { mem, index, .. } => {
+            | Inst::Atomic { mem, index, .. } => {
                 let width = match inst {
                     Inst::Load { width, .. } => *width,
                     Inst::Store { value, .. } => defs[value.index()].ty().map_or(1, |t| t.width),

@@ -340,8 +340,11 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
             matrix_units: false,
             subnormals_may_flush: false,
             cooperative_workgroups: true,
-            // `cl_khr_int64_base_atomics` is optional; the OpenCL C dialect does not use it.
-            atomics64: false,
+            // `atom_add`/`atom_cmpxchg` and `atom_max` on 64-bit words (and `f64` sums
+            // through them, which need `cl_khr_fp64` as well).
+            atomics64: f64
+                && has("cl_khr_int64_base_atomics")
+                && has("cl_khr_int64_extended_atomics"),
         },
     };
     let mut options = Vec::new();

@@ -15,7 +15,7 @@
 //! so reading a loss before taking its gradients works, as in PyTorch.
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_graph::{Node, NodeId, Op, ReduceOp};
+use tessel_graph::{AtomicOp, Node, NodeId, Op, ReduceOp};
 use tessel_shape::{BinaryOp, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use crate::error::{Error, Result};
@@ -292,7 +292,9 @@ impl Tape {
                 let (x, index) = (self.tensor(*src), self.tensor(*index));
                 vec![(*src, gather_vjp(x, index, *axis, g)?)]
             }
-            Op::ScatterAdd(index, src, axis) => {
+            // Keys of maxima are integers, which carry no gradient.
+            Op::Scatter(AtomicOp::Max, ..) => Vec::new(),
+            Op::Scatter(AtomicOp::Add, index, src, axis) => {
                 let index = self.tensor(*index);
                 let read = g.record(
                     Op::Gather(g.node(), index.node(), *axis),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tessel_ir::{Access, BackendError, Inst, KernelBuilder, Mem, samples};
+use tessel_ir::{Access, AtomicOp, BackendError, Inst, KernelBuilder, Mem, samples};
 use tessel_shape::{BinaryOp, Bindings, DType, Expr, TernaryOp, UnaryOp, Var};
 
 use crate::data::{Rng, add_in_rust, agrees, f32_bytes, f32_values, op_data, random_elements};
@@ -316,10 +316,10 @@ impl Conformance<'_> {
         assert_eq!(f32_values(&result[1]), expected, "{}", self.label());
     }
 
-    /// `samples::scatter_add`: 4096 atomic adds into 7 elements (and some out of range,
-    /// dropped), into a buffer holding garbage that the launch must zero, run twice. Values
-    /// are small integers, so every order of the float adds gives the same bits. 32-bit
-    /// types must work everywhere; a backend may refuse the 64-bit ones.
+    /// `samples::scatter`: 4096 atomic adds, and 4096 atomic maxima, into 7 elements (and
+    /// some out of range, dropped), into a buffer holding garbage that the launch must zero,
+    /// run twice. Values are small integers, so every order of the float adds gives the
+    /// same bits. 32-bit types must work everywhere; a backend may refuse the 64-bit ones.
     pub fn atomic_adds_collide(&self) {
         let (n, bins) = (4096usize, 7usize);
         let mut rng = Rng(29);
@@ -328,22 +328,27 @@ impl Conformance<'_> {
             .collect();
         let vals: Vec<i64> = (0..n).map(|_| rng.below(100) as i64).collect();
         let mut sums = vec![0i64; bins];
+        let mut maxima = vec![0i64; bins];
         for (&at, &v) in idx.iter().zip(&vals) {
             if let Ok(at) = usize::try_from(at)
                 && at < bins
             {
                 sums[at] += v;
+                maxima[at] = maxima[at].max(v);
             }
         }
         let idx_bytes: Vec<u8> = idx.iter().flat_map(|v| v.to_le_bytes()).collect();
-        for dtype in [
-            DType::F32,
-            DType::I32,
-            DType::U32,
-            DType::F64,
-            DType::I64,
-            DType::U64,
-        ] {
+        let cases = [
+            (AtomicOp::Add, DType::F32, &sums),
+            (AtomicOp::Add, DType::I32, &sums),
+            (AtomicOp::Add, DType::U32, &sums),
+            (AtomicOp::Add, DType::F64, &sums),
+            (AtomicOp::Add, DType::I64, &sums),
+            (AtomicOp::Add, DType::U64, &sums),
+            (AtomicOp::Max, DType::U32, &maxima),
+            (AtomicOp::Max, DType::U64, &maxima),
+        ];
+        for (op, dtype, expected) in cases {
             let bytes = |values: &[i64]| -> Vec<u8> {
                 values
                     .iter()
@@ -353,8 +358,8 @@ impl Conformance<'_> {
                     })
                     .collect()
             };
-            let kernel = samples::scatter_add(dtype, n, bins).unwrap();
-            let what = format!("scatter_add on {dtype}");
+            let kernel = samples::scatter(op, dtype, n, bins).unwrap();
+            let what = format!("atomic {} on {dtype}", op.name());
             let buffers = [
                 idx_bytes.clone(),
                 bytes(&vals),
@@ -365,7 +370,7 @@ impl Conformance<'_> {
                     Ok(result) => {
                         assert_eq!(
                             result[2],
-                            bytes(&sums),
+                            bytes(expected),
                             "{}: {what}, run {run}",
                             self.label()
                         );

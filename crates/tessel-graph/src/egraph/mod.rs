@@ -593,7 +593,7 @@ impl EGraph {
             // Empty sums are +0, empty products 1, empty mins +inf; empty maxes are -inf.
             Op::Reduce(op, a, _) => op != &ReduceOp::Max && clear(a),
             // Out-of-range reads and untouched positions are +0.
-            Op::Gather(a, ..) | Op::ScatterAdd(_, a, _) => clear(a),
+            Op::Gather(a, ..) | Op::Scatter(_, _, a, _) => clear(a),
         }
     }
 

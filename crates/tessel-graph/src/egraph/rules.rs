@@ -314,7 +314,7 @@ fn folded(egraph: &EGraph, node: &ENode) -> Option<Scalar> {
         | Op::Index(_)
         | Op::Reduce(..)
         | Op::Gather(..)
-        | Op::ScatterAdd(..) => return None,
+        | Op::Scatter(..) => return None,
     };
     (value.dtype() == node.dtype()).then_some(value)
 }

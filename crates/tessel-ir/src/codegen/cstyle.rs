@@ -7,6 +7,8 @@
 
 use tessel_shape::DType;
 
+use crate::kernel::AtomicOp;
+
 /// How a dialect runs workgroups and their invocations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Launch {
@@ -80,9 +82,9 @@ pub struct CStyle {
     /// transcendentals; else it is the reference's: fdlibm's `erf` in `double`, rounded once,
     /// bit-identical to the interpreter but an order of magnitude slower on a GPU (GELU).
     pub native_f32_erf: bool,
-    /// The statement adding `value` atomically to the element `at` points to, for a dtype
-    /// (`None` where the dialect has no atomic add of that width).
-    pub atomic_add: fn(dtype: DType, at: &str, value: &str) -> Option<String>,
+    /// The statement combining `value` atomically by an op into the element `at` points
+    /// to, for a dtype (`None` where the dialect has no such atomic of that width).
+    pub atomic: fn(op: AtomicOp, dtype: DType, at: &str, value: &str) -> Option<String>,
 }
 
 /// The bodies of the two `f16` conversion helpers, for a dialect with built-in conversions.
@@ -123,12 +125,26 @@ pub const C: CStyle = CStyle {
     f16_builtins: None,
     // The CPU keeps the reference's bits.
     native_f32_erf: false,
-    atomic_add: c_atomic_add,
+    atomic: c_atomic,
 };
 
 /// GCC's and Clang's `__atomic` built-ins: integers add directly (wrapping), floats loop
-/// on a compare-and-swap of the whole value.
-fn c_atomic_add(dtype: DType, at: &str, value: &str) -> Option<String> {
+/// on a compare-and-swap of the whole value, and so does the unsigned maximum (GCC has no
+/// `__atomic_fetch_max`), which stops as soon as the element is no smaller.
+fn c_atomic(op: AtomicOp, dtype: DType, at: &str, value: &str) -> Option<String> {
+    if op == AtomicOp::Max {
+        let ty = match dtype {
+            DType::U32 => "uint32_t",
+            DType::U64 => "uint64_t",
+            _ => return None,
+        };
+        return Some(format!(
+            "{{ {ty} *tsl_at = {at}; {ty} tsl_new = ({value}); \
+             {ty} tsl_old = __atomic_load_n(tsl_at, __ATOMIC_RELAXED); \
+             while (tsl_old < tsl_new && !__atomic_compare_exchange_n(tsl_at, &tsl_old, tsl_new, \
+             1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {{}} }}"
+        ));
+    }
     let float = match dtype {
         DType::I32 | DType::U32 | DType::I64 | DType::U64 => {
             return Some(format!(
@@ -223,28 +239,45 @@ pub const OPENCL: CStyle = CStyle {
     f16_builtins: Some(OPENCL_HALF),
     // OpenCL C's `erf` on `float`: 16 ulp at most (OpenCL C 1.2, 7.4), no `double` needed.
     native_f32_erf: true,
-    atomic_add: opencl_atomic_add,
+    atomic: opencl_atomic,
 };
 
-/// OpenCL C 1.2's 32-bit atomics: `atomic_add` on integers, a loop on `atomic_cmpxchg`
-/// of the bits for `float`. The 64-bit ones need `cl_khr_int64_base_atomics`, which is
-/// not assumed.
-fn opencl_atomic_add(dtype: DType, at: &str, value: &str) -> Option<String> {
-    match dtype {
-        DType::I32 => Some(format!(
-            "atomic_add((volatile __global int *)({at}), {value});"
-        )),
-        DType::U32 => Some(format!(
-            "atomic_add((volatile __global uint *)({at}), {value});"
-        )),
-        DType::F32 => Some(format!(
-            "{{ volatile __global uint *tsl_at = (volatile __global uint *)({at}); \
-             uint tsl_old = *tsl_at, tsl_seen; do {{ tsl_seen = tsl_old; \
-             tsl_old = atomic_cmpxchg(tsl_at, tsl_seen, as_uint(as_float(tsl_seen) + ({value}))); \
+/// OpenCL C 1.2's 32-bit atomics: `atomic_add` and `atomic_max` on integers, a loop on
+/// `atomic_cmpxchg` of the bits for `float`. The 64-bit ones are `cl_khr_int64_base_atomics`'
+/// `atom_add` and `atom_cmpxchg` and `cl_khr_int64_extended_atomics`' `atom_max`, which a
+/// kernel uses only on a device that has both (`Features::atomics64`).
+fn opencl_atomic(op: AtomicOp, dtype: DType, at: &str, value: &str) -> Option<String> {
+    let cas_add = |word: &str, cmpxchg: &str, as_word: &str, as_float: &str| {
+        format!(
+            "{{ volatile __global {word} *tsl_at = (volatile __global {word} *)({at}); \
+             {word} tsl_old = *tsl_at, tsl_seen; do {{ tsl_seen = tsl_old; \
+             tsl_old = {cmpxchg}(tsl_at, tsl_seen, {as_word}({as_float}(tsl_seen) + ({value}))); \
              }} while (tsl_old != tsl_seen); }}"
-        )),
-        _ => None,
-    }
+        )
+    };
+    Some(match (op, dtype) {
+        (AtomicOp::Add, DType::I32) => {
+            format!("atomic_add((volatile __global int *)({at}), {value});")
+        }
+        (AtomicOp::Add, DType::U32) => {
+            format!("atomic_add((volatile __global uint *)({at}), {value});")
+        }
+        (AtomicOp::Add, DType::I64) => {
+            format!("atom_add((volatile __global long *)({at}), {value});")
+        }
+        (AtomicOp::Add, DType::U64) => {
+            format!("atom_add((volatile __global ulong *)({at}), {value});")
+        }
+        (AtomicOp::Add, DType::F32) => cas_add("uint", "atomic_cmpxchg", "as_uint", "as_float"),
+        (AtomicOp::Add, DType::F64) => cas_add("ulong", "atom_cmpxchg", "as_ulong", "as_double"),
+        (AtomicOp::Max, DType::U32) => {
+            format!("atomic_max((volatile __global uint *)({at}), {value});")
+        }
+        (AtomicOp::Max, DType::U64) => {
+            format!("atom_max((volatile __global ulong *)({at}), {value});")
+        }
+        _ => return None,
+    })
 }
 
 /// [`OPENCL`] for a device without `cl_khr_fp64`: `f64` has no type, so any kernel that
@@ -261,10 +294,22 @@ pub const OPENCL_NO_FP64: CStyle = CStyle {
 const OPENCL_PRELUDE: &str = "\
 #pragma OPENCL FP_CONTRACT OFF
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#ifdef cl_khr_int64_base_atomics
+#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
+#endif
+#ifdef cl_khr_int64_extended_atomics
+#pragma OPENCL EXTENSION cl_khr_int64_extended_atomics : enable
+#endif
 ";
 
 const OPENCL_NO_FP64_PRELUDE: &str = "\
 #pragma OPENCL FP_CONTRACT OFF
+#ifdef cl_khr_int64_base_atomics
+#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
+#endif
+#ifdef cl_khr_int64_extended_atomics
+#pragma OPENCL EXTENSION cl_khr_int64_extended_atomics : enable
+#endif
 ";
 
 /// `f16` through the half-precision load and store built-ins, which OpenCL C 1.2 has
@@ -356,17 +401,19 @@ pub const CUDA: CStyle = CStyle {
     f16_builtins: None,
     // `erff`: 2 ulp at most (CUDA C++ Programming Guide, mathematical functions).
     native_f32_erf: true,
-    atomic_add: cuda_atomic_add,
+    atomic: cuda_atomic,
 };
 
-/// CUDA's `atomicAdd` overloads (`double` needs `sm_60`, which every supported device has);
-/// 64-bit integers go through the `unsigned long long` one, which wraps the same way.
-fn cuda_atomic_add(dtype: DType, at: &str, value: &str) -> Option<String> {
-    match dtype {
-        DType::F32 | DType::F64 | DType::I32 | DType::U32 | DType::U64 => {
-            Some(format!("atomicAdd({at}, {value});"))
+/// CUDA's `atomicAdd` and `atomicMax` overloads (`double` adds need `sm_60`, which every
+/// supported device has); 64-bit integers add through the `unsigned long long` overload,
+/// which wraps the same way.
+fn cuda_atomic(op: AtomicOp, dtype: DType, at: &str, value: &str) -> Option<String> {
+    match (op, dtype) {
+        (AtomicOp::Add, DType::F32 | DType::F64 | DType::I32 | DType::U32 | DType::U64)
+        | (AtomicOp::Max, DType::U32 | DType::U64) => {
+            Some(format!("atomic{}({at}, {value});", if op == AtomicOp::Add { "Add" } else { "Max" }))
         }
-        DType::I64 => Some(format!(
+        (AtomicOp::Add, DType::I64) => Some(format!(
             "atomicAdd((unsigned long long *)({at}), (unsigned long long)({value}));"
         )),
         _ => None,

@@ -722,20 +722,24 @@ impl<'k> Emitter<'k> {
                 }
                 pieces
             }
-            Inst::AtomicAdd { mem, index, value } => {
+            Inst::Atomic {
+                op,
+                mem,
+                index,
+                value,
+            } => {
                 let base = self.mem(*mem);
                 let idx = self.operand(*index, 0, site)?;
                 let v = self.operand(*value, 0, site)?;
                 let dtype = self.dtype(*value);
                 let dialect = self.dialect();
-                let line = (dialect.atomic_add)(dtype, &format!("&{base}[{idx}]"), &v).ok_or_else(
-                    || CodegenError::UnsupportedOp {
+                let line = (dialect.atomic)(*op, dtype, &format!("&{base}[{idx}]"), &v)
+                    .ok_or_else(|| CodegenError::UnsupportedOp {
                         kernel: self.kernel.name.clone(),
                         dialect: dialect.name,
-                        op: "atomic_add".into(),
+                        op: format!("atomic_{}", op.name()),
                         dtype,
-                    },
-                )?;
+                    })?;
                 vec![Piece::Line(line)]
             }
             Inst::Barrier => {

@@ -105,7 +105,7 @@ impl Key {
             | Inst::DefineReg { .. }
             | Inst::Load { .. }
             | Inst::Store { .. }
-            | Inst::AtomicAdd { .. }
+            | Inst::Atomic { .. }
             | Inst::Barrier => return None,
         })
     }

@@ -66,7 +66,7 @@ fn sweep(kernel: &Kernel, ends: &[usize], read: &[bool]) -> Vec<bool> {
                 Mem::Global(_) => true,
                 Mem::Local(v) | Mem::Reg(v) => read.get(v.index()).copied().unwrap_or(true),
             },
-            Inst::Barrier | Inst::AtomicAdd { .. } => true,
+            Inst::Barrier | Inst::Atomic { .. } => true,
             // Pure values, loads and memory definitions live through their users.
             _ => used[i],
         };

@@ -267,7 +267,7 @@ impl<'k> Rewriter<'k> {
             | Inst::DefineLocal { .. }
             | Inst::DefineReg { .. }
             | Inst::Store { .. }
-            | Inst::AtomicAdd { .. }
+            | Inst::Atomic { .. }
             | Inst::Barrier => None,
         }
     }

@@ -2,14 +2,18 @@
 //! `scatter_reduce`, `index_add`, `index_put`), and the ops whose result sizes depend on
 //! the data (`masked_select`, `nonzero`), which place their elements with a scatter.
 //!
-//! A sum is an [`Op::ScatterAdd`]: one kernel over the sources adding each value
-//! atomically into a buffer the launch zeroes, so repeated indices add up (in no fixed
-//! order). Where a device has no atomic adds of a 64-bit dtype (WGSL, OpenCL C), and for
-//! `scatter` (the last write wins) and the `"prod"`, `"amax"` and `"amin"` reductions, the
-//! sources are selected through a one-hot mask over the axis: `O(index × size)` work.
-//! Out-of-range indices and checked mode are described in `indexing.rs`.
+//! A sum is an [`Op::Scatter`] with [`AtomicOp::Add`]: one kernel over the sources adding
+//! each value atomically into a buffer the launch zeroes, so repeated indices add up (in no
+//! fixed order). `scatter` (the last write wins) and the `"amax"`/`"amin"` reductions take
+//! atomic maxima of unsigned keys instead ([`AtomicOp::Max`]): the largest ordered key of
+//! the values at each position, then the last source position that reaches it, whose value
+//! a gather reads back bit for bit (so the result is differentiable like any gather). Where
+//! a device has no 64-bit atomic adds (WGSL; OpenCL C without `cl_khr_int64_*_atomics`) and
+//! for `"prod"`, the sources are selected through a one-hot mask over the axis:
+//! `O(index × size)` work. Out-of-range indices and checked mode are described in
+//! `indexing.rs`.
 
-use tessel_graph::{Op, ReduceOp};
+use tessel_graph::{AtomicOp, Op, ReduceOp};
 use tessel_shape::{BinaryOp, DType, Dim, Shape, rules};
 
 use super::indexing::{
@@ -56,10 +60,133 @@ pub(crate) fn scatter_add_into_zeros(
         return Ok(scatter_add_by_selection(index, &src, axis, n)?.reshape_to(Shape::new(dims)));
     }
     Ok(src.record(
-        Op::ScatterAdd(index.node(), src.node(), axis),
+        Op::Scatter(AtomicOp::Add, index.node(), src.node(), axis),
         work,
         Shape::new(dims),
     ))
+}
+
+/// Zeros of `index`'s shape with `n` along `axis`, each element the largest of the `keys`
+/// (`u32` or `u64`, `index`'s shape) sent to it: one [`Op::Scatter`] of atomic maxima.
+fn scatter_max_into_zeros(index: &Tensor, keys: &Tensor, axis: usize, n: Dim) -> Tensor {
+    let mut dims = index.shape().clone().into_dims();
+    dims[axis] = n;
+    keys.record(
+        Op::Scatter(AtomicOp::Max, index.node(), keys.node(), axis),
+        keys.dtype(),
+        Shape::new(dims),
+    )
+}
+
+/// For each position along `axis` (`index`'s shape with `n` there): one more than the last
+/// source position along `axis` whose index names it, among those `eligible` (all if
+/// `None`), or `0` where none does. `u32`: one atomic maximum per source.
+fn last_writer(
+    op: &'static str,
+    index: &Tensor,
+    axis: usize,
+    n: Dim,
+    eligible: Option<&Tensor>,
+) -> Result<Tensor> {
+    if index.shape()[axis].bounds().hi >= i64::from(u32::MAX) {
+        return Err(invalid(
+            op,
+            format!(
+                "index {} has {} positions along dim {axis}; at most {} are supported",
+                index.shape(),
+                index.shape()[axis],
+                u32::MAX - 1
+            ),
+        ));
+    }
+    let at = Tensor::record_on(index.device(), Op::Index(axis), DType::U32, index.shape().clone());
+    let one = at.full_like_scalar(tessel_shape::Scalar::U32(1), DType::U32);
+    let mut position = at.raw_binary(BinaryOp::Add, &one);
+    if let Some(eligible) = eligible {
+        let none = at.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32);
+        position = eligible.raw_where(&position, &none);
+    }
+    Ok(scatter_max_into_zeros(index, &position, axis, n))
+}
+
+/// `src` (`index`'s shape) read at the source position [`last_writer`] found for each
+/// destination, and whether there was one.
+fn read_last(src: &Tensor, index: &Tensor, writer: &Tensor, axis: usize) -> Result<(Tensor, Tensor)> {
+    let zero = writer.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32);
+    let written = writer.raw_binary(BinaryOp::Gt, &zero);
+    let one = writer.full_like_scalar(tessel_shape::Scalar::U32(1), DType::U32);
+    let at = written
+        .raw_where(&writer.raw_binary(BinaryOp::Sub, &one), &zero)
+        .cast_to(index.dtype());
+    Ok((pick(src, &at, axis), written))
+}
+
+/// Unsigned keys of `x` whose order is `x`'s (`largest`) or its reverse, with NaN above
+/// everything either way (so a maximum of keys propagates NaN, as `amax` and `amin` do):
+/// one `u32` key for dtypes of 32 bits or fewer, the high and low `u32` halves of a `u64`
+/// key for the 64-bit ones (so that every device's 32-bit atomics suffice).
+fn ordered_keys(x: &Tensor, largest: bool) -> Vec<Tensor> {
+    use tessel_shape::Scalar;
+    let (wide, word) = match x.dtype() {
+        DType::F8E4M3 | DType::F8E5M2 | DType::F16 | DType::BF16 | DType::F32 => {
+            (DType::F32, DType::U32)
+        }
+        DType::I8 | DType::I16 | DType::I32 => (DType::I32, DType::U32),
+        DType::Bool | DType::U8 | DType::U16 | DType::U32 => (DType::U32, DType::U32),
+        DType::F64 => (DType::F64, DType::U64),
+        DType::I64 => (DType::I64, DType::U64),
+        DType::U64 => (DType::U64, DType::U64),
+    };
+    let wide_x = x.cast_to(wide);
+    let bits = wide_x.reinterpret(word);
+    let k = |v: u64| match word {
+        DType::U32 => bits.full_like_scalar(Scalar::U32(v as u32), word),
+        _ => bits.full_like_scalar(Scalar::U64(v), word),
+    };
+    let width = 8 * word.size_bytes() as u64;
+    let sign = 1u64 << (width - 1);
+    let all = if width == 64 { u64::MAX } else { (1 << width) - 1 };
+    let mut key = if wide.is_float() {
+        // Negative floats order reversed in their bits: flip them all; flip the sign of
+        // the others.
+        let negative = bits.raw_binary(BinaryOp::Shr, &k(width - 1)).raw_binary(BinaryOp::Eq, &k(1));
+        bits.raw_binary(BinaryOp::Xor, &negative.raw_where(&k(all), &k(sign)))
+    } else if wide.is_signed() {
+        bits.raw_binary(BinaryOp::Xor, &k(sign))
+    } else {
+        bits.clone()
+    };
+    if !largest {
+        key = key.raw_binary(BinaryOp::Xor, &k(all));
+    }
+    if wide.is_float() {
+        key = wide_x.isnan().raw_where(&k(all), &key);
+    }
+    if word == DType::U32 {
+        return vec![key];
+    }
+    let high = key.raw_binary(BinaryOp::Shr, &k(32)).cast_to(DType::U32);
+    vec![high, key.cast_to(DType::U32)]
+}
+
+/// Whether each source's value is the largest (`largest`) or smallest of those sent to
+/// its position, NaN counting as the extreme either way: atomic maxima of ordered keys,
+/// compared back at each source through a gather (two rounds for 64-bit keys).
+fn reaches_extreme(index: &Tensor, src: &Tensor, axis: usize, n: Dim, largest: bool) -> Result<Tensor> {
+    let mut reached: Option<Tensor> = None;
+    for key in ordered_keys(src, largest) {
+        let candidate = match &reached {
+            Some(r) => r.raw_where(&key, &key.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32)),
+            None => key.clone(),
+        };
+        let best = scatter_max_into_zeros(index, &candidate, axis, n);
+        let equal = key.raw_binary(BinaryOp::Eq, &pick(&best, index, axis));
+        reached = Some(match reached {
+            Some(r) => r.logical_and(&equal)?,
+            None => equal,
+        });
+    }
+    Ok(reached.expect("ordered_keys gives one or two keys"))
 }
 
 /// [`scatter_add_into_zeros`] as a sum over a one-hot mask `[.., m, n, ..]`.
@@ -101,19 +228,9 @@ impl Tensor {
         const OP: &str = "scatter";
         let plan = ScatterPlan::new(OP, self, dim, index, src)?;
         let axis = plan.axis;
-        let mask = one_hot_mask(index, axis, self.shape()[axis])?;
-        // The last source position `j` that writes each destination, or -1.
-        let j = Tensor::record_on(
-            self.device(),
-            Op::Index(axis),
-            index.dtype(),
-            mask.shape().clone(),
-        );
-        let none = j.full_like_scalar(tessel_shape::Scalar::I64(-1), index.dtype());
-        let last = reduce_axis(&mask.raw_where(&j, &none), ReduceOp::Max, axis);
-        let last = last.reshape_to(plan.spread_shape(self));
-        let written = last.ge(0)?;
-        let value = pick(&plan.src, &last, axis);
+        // The last source position that writes each destination: an atomic maximum.
+        let writer = last_writer(OP, index, axis, self.shape()[axis], None)?;
+        let (value, written) = read_last(&plan.src, index, &writer, axis)?;
         let (written, value) = (plan.pad(&written, false)?, plan.pad(&value, 0)?);
         Ok(written.raw_where(&value, self))
     }
@@ -438,7 +555,7 @@ pub(super) fn place_bits(values: &Tensor, positions: &Tensor, len: usize) -> Ten
     let shape = Shape::new(vec![Dim::from(len)]);
     let scatter = |word: &Tensor| {
         word.record(
-            Op::ScatterAdd(positions.node(), word.node(), 0),
+            Op::Scatter(AtomicOp::Add, positions.node(), word.node(), 0),
             DType::U32,
             shape.clone(),
         )
@@ -569,11 +686,14 @@ fn scatter_reduce_impl(
             ));
         }
     };
-    if x.dtype() == DType::Bool || (reduce == "mean" && !x.dtype().is_float()) {
+    if x.dtype() == DType::Bool
+        || x.dtype().is_float8()
+        || (reduce == "mean" && !x.dtype().is_float())
+    {
         return Err(Error::UnsupportedDType {
             op,
             dtype: x.dtype(),
-            hint: "scatter reductions take numeric tensors (\"mean\" a float one); cast first",
+            hint: "scatter reductions take numeric tensors other than float8 (\"mean\" a float one); cast first",
         });
     }
     let axis = plan.axis;
@@ -599,7 +719,21 @@ fn scatter_reduce_impl(
         let written = counts.gt(0)?;
         return Ok(written.raw_where(&combined, &base).cast_to(x.dtype()));
     }
-    // Products, maxima and minima still select through a one-hot mask over the axis.
+    if matches!(rop, ReduceOp::Max | ReduceOp::Min) {
+        // The last source holding each position's extreme, read back by a gather.
+        let largest = rop == ReduceOp::Max;
+        let reached = reaches_extreme(index, &plan.src, axis, n, largest)?;
+        let writer = last_writer(op, index, axis, n, Some(&reached))?;
+        let (value, written) = read_last(&plan.src, index, &writer, axis)?;
+        let (written, value) = (plan.pad(&written, false)?, plan.pad(&value, 0)?);
+        let combined = match (include_self, largest) {
+            (false, _) => value,
+            (true, true) => x.maximum(&value)?,
+            (true, false) => x.minimum(&value)?,
+        };
+        return Ok(written.raw_where(&combined, x));
+    }
+    // Products still select through a one-hot mask over the axis.
     let mask = one_hot_mask(index, axis, n)?;
     let mut dims = plan.src.shape().clone().into_dims();
     dims.insert(axis + 1, Dim::constant(1));
@@ -613,11 +747,10 @@ fn scatter_reduce_impl(
     let reduced = reduce_axis(&mask.raw_where(&vals, &fill), rop, axis).reshape_to(spread.clone());
     let counts = reduce_axis(&mask.cast_to(DType::I32), ReduceOp::Sum, axis).reshape_to(spread);
     let (reduced, counts) = (plan.pad(&reduced, 0)?, plan.pad(&counts, 0)?);
-    let combined = match (rop, include_self) {
-        (_, false) => reduced,
-        (ReduceOp::Prod, _) => base.mul(&reduced)?,
-        (ReduceOp::Max, _) => base.maximum(&reduced)?,
-        _ => base.minimum(&reduced)?,
+    let combined = if include_self {
+        base.mul(&reduced)?
+    } else {
+        reduced
     };
     let written = counts.gt(0)?;
     Ok(written.raw_where(&combined, &base).cast_to(x.dtype()))

@@ -227,7 +227,9 @@ fn contractions_convolutions_and_pooling_match_finite_differences() {
 #[test]
 fn indexing_ops_match_finite_differences() {
     let rows = || Tensor::from_vec(vec![2i64, 0, 2, 1], [4]).unwrap();
-    let cases: [(&str, &[&[usize]], &Case); 6] = [
+    // Column 1 sends two values to row 0: the last write wins, the first gets no gradient.
+    let to = || Tensor::from_vec(vec![2i64, 0, 2, 1, 0, 0, 1, 2], [2, 4]).unwrap();
+    let cases: [(&str, &[&[usize]], &Case); 12] = [
         ("gather", &[&[3, 4]], &|x| {
             let idx = Tensor::from_vec(vec![3i64, 0, 0, 1, 2, 2], [3, 2])?;
             x[0].gather(1, &idx)
@@ -243,6 +245,22 @@ fn indexing_ops_match_finite_differences() {
         }),
         ("tril", &[&[3, 3]], &|x| x[0].tril(-1)),
         ("roll", &[&[2, 3]], &|x| x[0].roll(&[1, -1], &[0, 1])),
+        ("scatter", &[&[3, 4], &[2, 4]], &move |x| x[0].scatter(0, &to(), &x[1])),
+        ("scatter_add", &[&[3, 4], &[2, 4]], &move |x| {
+            x[0].scatter_add(0, &to(), &x[1])
+        }),
+        ("scatter_reduce amax", &[&[3, 4], &[2, 4]], &move |x| {
+            x[0].scatter_reduce(0, &to(), &x[1], "amax", true)
+        }),
+        ("scatter_reduce amin", &[&[3, 4], &[2, 4]], &move |x| {
+            x[0].scatter_reduce(0, &to(), &x[1], "amin", false)
+        }),
+        ("index_add", &[&[3, 2], &[4, 2]], &move |x| {
+            x[0].index_add(0, &rows(), &x[1])
+        }),
+        ("index_put", &[&[3, 2], &[4, 2]], &move |x| {
+            x[0].index_put(&[&rows()], &x[1], false)
+        }),
     ];
     for (name, dims, f) in cases {
         gradcheck(name, dims, WIDE, f);

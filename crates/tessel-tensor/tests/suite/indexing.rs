@@ -574,6 +574,89 @@ fn scatter_family_with_duplicates() -> Result<()> {
     Ok(())
 }
 
+/// `amax`/`amin` by atomic maxima of ordered keys: each result is one of the values sent
+/// (bit for bit: `-0.0`, infinities), NaN wins as in `PyTorch`, 64-bit values that differ
+/// only in their low 32 bits are told apart, and a position nothing is sent to keeps its
+/// value.
+#[test]
+fn scatter_extremes_are_exact_and_propagate_nan() -> Result<()> {
+    // Destinations 0 and 1 get three and two values, 2 and 3 one each, 4 none.
+    let idx = Tensor::from_vec(vec![0i64, 1, 0, 2, 1, 0, 3, 2], [8])?;
+    let lists: [(&[DType], [f64; 8], [f64; 5]); 4] = [
+        (
+            &[DType::F32, DType::BF16, DType::F16, DType::F64],
+            [1.5, f64::NEG_INFINITY, f64::NAN, -2.0, 3.0, 7.0, -0.0, 2.5],
+            [0.5, 4.0, -3.0, -1.0, 9.0],
+        ),
+        (
+            &[DType::I8, DType::I16, DType::I32, DType::I64],
+            [5.0, -7.0, 100.0, -2.0, 3.0, 7.0, 0.0, -100.0],
+            [6.0, -8.0, 1.0, -1.0, 2.0],
+        ),
+        (
+            &[DType::U8, DType::U16, DType::U32, DType::U64],
+            [5.0, 255.0, 100.0, 2.0, 3.0, 7.0, 0.0, 200.0],
+            [6.0, 0.0, 1.0, 1.0, 2.0],
+        ),
+        // Equal high words: only the low 32 bits differ.
+        (
+            &[DType::I64, DType::F64],
+            [
+                5_000_000_001.0,
+                -5_000_000_001.0,
+                5_000_000_000.0,
+                1.0 + 2f64.powi(-40),
+                -5_000_000_000.0,
+                5_000_000_002.0,
+                -1.0,
+                1.0,
+            ],
+            [0.0, -5_000_000_002.0, 1.0 + 2f64.powi(-41), 2.0, 3.0],
+        ),
+    ];
+    for (dtypes, src, own) in lists {
+        for dtype in on_device(dtypes.to_vec()) {
+            if dtype == DType::I64 && src[3].fract() != 0.0 {
+                continue;
+            }
+            let (s, x) = (tensor(dtype, &src, &[8]), tensor(dtype, &own, &[5]));
+            let (src_r, own_r) = (Nd::of(&s).data, Nd::of(&x).data);
+            for (reduce, largest) in [("amax", true), ("amin", false)] {
+                for include in [true, false] {
+                    let pick = |a: f64, b: f64| {
+                        if a.is_nan() || b.is_nan() {
+                            f64::NAN
+                        } else if (a > b) == largest {
+                            a
+                        } else {
+                            b
+                        }
+                    };
+                    let want: Vec<f64> = (0..5)
+                        .map(|d| {
+                            let sent = [0usize, 1, 0, 2, 1, 0, 3, 2].iter().zip(&src_r);
+                            let mut vals = sent.filter(|(i, _)| **i == d).map(|(_, v)| *v);
+                            match vals.next() {
+                                None => own_r[d],
+                                Some(first) => {
+                                    let start = if include { pick(own_r[d], first) } else { first };
+                                    vals.fold(start, pick)
+                                }
+                            }
+                        })
+                        .collect();
+                    exact(
+                        &format!("scatter_reduce {reduce} include_self={include} {dtype}"),
+                        &x.scatter_reduce(0, &idx, &s, reduce, include)?,
+                        &Nd::new(&[5], want),
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn masked_select_and_nonzero_synchronize() -> Result<()> {
     for dtype in on_device(DType::ALL) {

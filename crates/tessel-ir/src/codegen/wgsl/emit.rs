@@ -8,7 +8,7 @@ use tessel_shape::DType;
 use super::super::{CodegenError, c_ident, entry_name};
 use super::ops::Ops;
 use super::{DIALECT, HEADER_WORDS, WgslBuffer, WgslShader, WgslTarget};
-use crate::kernel::{Access, Inst, Kernel, Mem, Param, Special, Value};
+use crate::kernel::{Access, AtomicOp, Inst, Kernel, Mem, Param, Special, Value};
 use crate::verify::Def;
 
 /// Whether buffers of `dtype` are packed into `u32` words (elements narrower than 32 bits).
@@ -138,11 +138,11 @@ impl<'k> Emitter<'k> {
             let binding = buffers.len() as u32;
             let read_only = !access.mutates();
             let element = if *access == Access::Accumulate {
-                // Added into only, through atomics; `f32` as its bits.
+                // Updated only through atomics (`u32` maxima, 32-bit sums; `f32` as its bits).
                 match dtype {
                     DType::F32 | DType::U32 => "atomic<u32>",
                     DType::I32 => "atomic<i32>",
-                    _ => return Err(self.ops.unsupported("atomic_add", *dtype)),
+                    _ => return Err(self.ops.unsupported("atomic", *dtype)),
                 }
             } else if packed(*dtype) {
                 self.ops.ty("buffer", *dtype)?;
@@ -417,7 +417,12 @@ fn {entry_point}(@builtin(workgroup_id) tsl_wid: vec3<u32>, @builtin(num_workgro
                     }
                 }
             }
-            Inst::AtomicAdd { mem, index, value } => {
+            Inst::Atomic {
+                op,
+                mem,
+                index,
+                value,
+            } => {
                 let base = self.mem(*mem);
                 let index = self.operand(*index, 0);
                 let v = self.operand(*value, 0);
@@ -434,7 +439,8 @@ fn {entry_point}(@builtin(workgroup_id) tsl_wid: vec3<u32>, @builtin(num_workgro
                     self.line(format!("v{i}_old = v{i}_r.old_value;"));
                     self.close();
                 } else {
-                    self.line(format!("atomicAdd(&{base}[v{i}_at], {v});"));
+                    let f = if *op == AtomicOp::Max { "atomicMax" } else { "atomicAdd" };
+                    self.line(format!("{f}(&{base}[v{i}_at], {v});"));
                 }
             }
             Inst::Barrier => self.line("workgroupBarrier();"),
