@@ -91,7 +91,17 @@ tg = table.clone().requires_grad_()
 rg = torch.rand(8 * 512, 768, device=dev) * 2 - 1
 emb_bwd = lambda: torch.autograd.grad((torch.nn.functional.embedding(ids, tg) * rg).sum(), tg)
 rows.append(("embedding backward f32 [8,512] into [50257,768]", time_ms(emb_bwd), 4 * (V + 8 * 512) * 768, "GB/s"))
+torch.use_deterministic_algorithms(True)
+rows.append(("embedding backward deterministic f32 [8,512] into [50257,768]", time_ms(emb_bwd), 4 * (V + 8 * 512) * 768, "GB/s"))
+torch.use_deterministic_algorithms(False)
 del tg, rg
+nodes = torch.randint(0, 16384, (1 << 20, 1), device=dev).expand(1 << 20, 64)
+msgs = torch.rand(1 << 20, 64, device=dev) * 2 - 1
+amax = lambda: torch.zeros(16384, 64, device=dev).scatter_reduce(0, nodes, msgs, "amax", include_self=False)
+rows.append(("scatter_reduce amax f32 [1M,64] into [16384,64]", time_ms(amax), 4 * ((1 << 20) + 16384) * 64, "GB/s"))
+scat = lambda: torch.zeros(16384, 64, device=dev).scatter(0, nodes, msgs)
+rows.append(("scatter f32 [1M,64] into [16384,64]", time_ms(scat), 4 * ((1 << 20) + 16384) * 64, "GB/s"))
+del nodes, msgs
 logits = (torch.rand(4096, V, device=dev) * 2 - 1).requires_grad_()
 targets = torch.randint(0, V, (4096,), device=dev)
 ce = lambda: torch.autograd.grad(torch.nn.functional.cross_entropy(logits, targets), logits)

@@ -71,6 +71,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
     let sort_n = (16 << 20) / scale;
     let tokens = 8 * 512 / scale;
     let ce_rows = 4096 / scale;
+    let scatter_rows = (1 << 20) / scale;
     vec![
         Workload {
             name: "chain8 f32 (8 fused elementwise ops)",
@@ -239,6 +240,56 @@ fn workloads(scale: usize) -> Vec<Workload> {
             },
         },
         Workload {
+            name: "embedding backward deterministic f32 [8,512] into [50257,768]",
+            unit: "GB/s",
+            amount: 4.0 * ((VOCAB + tokens) * 768) as f64,
+            inputs: vec![vec![tokens], vec![VOCAB, 768], vec![tokens, 768]],
+            dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| {
+                // Read when the ops are recorded: on for this graph only.
+                tessel_tensor::use_deterministic_algorithms(true);
+                let rows = Tensor::embedding(&x[1], &token_ids(&x[0])?)?;
+                let loss = (&rows * &x[2])?.sum_all()?;
+                let g = tessel_tensor::grad(&loss, &[&x[1]]).map(|mut g| g.remove(0));
+                tessel_tensor::use_deterministic_algorithms(false);
+                g
+            },
+        },
+        // Message aggregation as graph networks do it: 1M rows of 64 into 16384 nodes.
+        Workload {
+            name: "scatter_reduce amax f32 [1M,64] into [16384,64]",
+            unit: "GB/s",
+            // The messages read once, the nodes written once.
+            amount: 4.0 * ((scatter_rows + 16384) * 64) as f64,
+            inputs: vec![vec![scatter_rows], vec![scatter_rows, 64]],
+            dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| {
+                let index = node_ids(&x[0])?;
+                Tensor::zeros([16384, 64], DType::F32)
+                    .to(&x[1].device())?
+                    .scatter_reduce(0, &index, &x[1], "amax", false)
+            },
+        },
+        Workload {
+            name: "scatter f32 [1M,64] into [16384,64]",
+            unit: "GB/s",
+            amount: 4.0 * ((scatter_rows + 16384) * 64) as f64,
+            inputs: vec![vec![scatter_rows], vec![scatter_rows, 64]],
+            dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| {
+                let index = node_ids(&x[0])?;
+                Tensor::zeros([16384, 64], DType::F32)
+                    .to(&x[1].device())?
+                    .scatter(0, &index, &x[1])
+            },
+        },
+        Workload {
             name: "cross_entropy fwd+bwd f32 [4096,50257]",
             unit: "GB/s",
             // The logits read once and their gradient written once.
@@ -371,6 +422,13 @@ fn token_ids(x: &Tensor) -> Result<Tensor> {
     Ok(((x + 1.0)? * (VOCAB as f64 / 2.0))?
         .floor()?
         .cast(tessel_tensor::DType::I64))
+}
+
+/// Node ids in `0..16384` from data in `[-1, 1)`, one per row, spread over 64 columns.
+fn node_ids(x: &Tensor) -> Result<Tensor> {
+    let ids = ((x + 1.0)? * 8192.0)?.floor()?.cast(DType::I64);
+    let rows = i64::try_from(x.dims()[0]).unwrap_or(i64::MAX);
+    ids.unsqueeze(1)?.expand(&[rows, 64])
 }
 
 /// Cheap, reproducible data in `[-1, 1)`.

@@ -113,7 +113,17 @@ pub enum Op {
     /// takes ([`AtomicOp::takes`]). Repeated indices add up, or keep the largest (as
     /// unsigned integers), in no fixed order.
     Scatter(AtomicOp, NodeId, NodeId, usize),
+    /// `Argsort(keys)`: along the last axis of `keys` (unsigned integers, a row of at most
+    /// [`ARGSORT_ROW_MAX`] elements), the position of each row's `c`-th smallest key at
+    /// `c`, equal keys in position order (a stable ascending argsort); the node's shape is
+    /// the keys', its dtype an integer one. A row is sorted in local memory by one
+    /// workgroup.
+    Argsort(NodeId),
 }
+
+/// The longest row an [`Op::Argsort`] sorts: its keys and positions fit a workgroup's
+/// local memory (12 KiB with 64-bit keys, under WGSL's default 16 KiB).
+pub const ARGSORT_ROW_MAX: usize = 1024;
 
 impl Op {
     /// The operand nodes, in order.
@@ -129,6 +139,7 @@ impl Op {
             | Op::Pad(a, ..)
             | Op::Shrink(a, _)
             | Op::Flip(a, _)
+            | Op::Argsort(a)
             | Op::Reduce(_, a, _) => vec![*a],
             Op::Binary(_, a, b) | Op::Gather(a, b, _) | Op::Scatter(_, a, b, _) => vec![*a, *b],
             Op::Ternary(_, a, b, c) => vec![*a, *b, *c],
@@ -163,6 +174,7 @@ impl Op {
                 let src = f(*src);
                 Op::Gather(src, f(*index), *axis)
             }
+            Op::Argsort(keys) => Op::Argsort(f(*keys)),
             Op::Scatter(op, index, src, axis) => {
                 let index = f(*index);
                 Op::Scatter(*op, index, f(*src), *axis)
@@ -205,6 +217,7 @@ impl Op {
             Op::Gather(..) => "gather",
             Op::Scatter(AtomicOp::Add, ..) => "scatter_add",
             Op::Scatter(AtomicOp::Max, ..) => "scatter_max",
+            Op::Argsort(_) => "argsort",
         }
     }
 }

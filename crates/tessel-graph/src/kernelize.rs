@@ -125,6 +125,7 @@ fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {
         Op::Reduce(r, a, axes) => Op::Reduce(*r, f(a), axes.clone()),
         Op::Gather(a, i, axis) => Op::Gather(f(a), f(i), *axis),
         Op::Scatter(op, i, a, axis) => Op::Scatter(*op, f(i), f(a), *axis),
+        Op::Argsort(a) => Op::Argsort(f(a)),
     }
 }
 
@@ -387,8 +388,9 @@ fn build(
                     && !separate.contains(m)
                     && !written_by.contains_key(m)
                     && graph.node(*m).shape == graph.node(root).shape
-                    // A scatter runs over its sources, not over its output's elements.
-                    && !matches!(graph.node(*m).op, Op::Scatter(..))
+                    // A scatter runs over its sources, not over its output's elements; a
+                    // sort over its rows.
+                    && !matches!(graph.node(*m).op, Op::Scatter(..) | Op::Argsort(_))
             })
             .collect();
         let lowered = loop {
@@ -621,8 +623,9 @@ fn choose_materialized(
         // kernel with the depth. So is one that reads many buffers: a residual stream's
         // sums are few ops each, but recomputed in every layer's kernels they read every
         // earlier layer's output again.
-        // A scatter's kernel runs over its sources, adding into its own buffer.
-        if matches!(node.op, Op::Scatter(..))
+        // A scatter's kernel runs over its sources, adding into its own buffer; a sort's
+        // over its rows, in local memory.
+        if matches!(node.op, Op::Scatter(..) | Op::Argsort(_))
             || (shared && (ops >= share_from || loads.len() >= SHARED_LOADS))
         {
             out.insert(n);

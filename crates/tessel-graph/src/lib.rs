@@ -26,7 +26,7 @@ pub mod placement;
 pub mod vendor;
 
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
-pub use graph::{Graph, LeafId, Node, NodeId, Op, ReduceOp};
+pub use graph::{ARGSORT_ROW_MAX, Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use tessel_ir::AtomicOp;
 pub use kernelize::{
     KernelizeError, SHARED_MIN_OPS, Schedule, ScheduledKernel, Signature, Slot, kernelize,

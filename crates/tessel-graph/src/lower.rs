@@ -19,6 +19,8 @@ use tessel_shape::{BinaryOp, DType, Dim, Expr, ExprView, Scalar, Shape, Var};
 use crate::graph::{Graph, LeafId, NodeId, Op, ReduceOp};
 use crate::kernelize::{KernelizeError, ScheduledKernel, Slot};
 
+mod sort;
+
 const LOCAL_SIZE: i64 = 128;
 
 /// Most invocations a cooperative reduction gives one output element.
@@ -111,6 +113,9 @@ pub(crate) fn lower_kernel(
 ) -> Result<Lowering, KernelizeError> {
     if let Op::Scatter(op, index, src, axis) = graph.node(root).op {
         return lower_scatter_kernel(graph, root, (op, index, src, axis), materialized, leaf_slot);
+    }
+    if let Op::Argsort(keys) = graph.node(root).op {
+        return sort::lower_argsort_kernel(graph, root, keys, materialized, leaf_slot);
     }
     let lanes = if mode == Mode::Serial {
         None

@@ -210,7 +210,7 @@ impl Tape {
     fn vjp(&self, id: NodeId, node: &Node, g: &Tensor) -> Result<Vec<(NodeId, Tensor)>> {
         let out = self.tensor(id);
         Ok(match &node.op {
-            Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Bitcast(_) => vec![],
+            Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Bitcast(_) | Op::Argsort(_) => vec![],
             Op::Unary(op, a) => unary_vjp(*op, self.tensor(*a), out, g)
                 .map(|d| vec![(*a, d)])
                 .unwrap_or_default(),

@@ -9,6 +9,7 @@
 //! node, and every value is computed by a kernel the kernelizer built.
 
 mod autograd;
+mod determinism;
 mod device;
 mod dynamic;
 mod element;
@@ -24,6 +25,7 @@ mod safetensors;
 mod tensor;
 
 pub use autograd::grad;
+pub use determinism::{are_deterministic_algorithms_enabled, use_deterministic_algorithms};
 pub use device::Device;
 pub use element::Element;
 pub use error::{Error, Result};

@@ -565,7 +565,7 @@ impl EGraph {
         let value_clear = |v: Scalar| !v.to_f64().is_sign_negative();
         match node.op() {
             Op::Const(value) => value_clear(*value),
-            Op::Index(_) => true,
+            Op::Index(_) | Op::Argsort(_) => true,
             Op::Leaf(_) | Op::Bitcast(_) => false,
             Op::Unary(op, a) => match op {
                 UnaryOp::Exp | UnaryOp::Exp2 | UnaryOp::Abs => true,

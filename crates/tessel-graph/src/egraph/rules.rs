@@ -314,7 +314,8 @@ fn folded(egraph: &EGraph, node: &ENode) -> Option<Scalar> {
         | Op::Index(_)
         | Op::Reduce(..)
         | Op::Gather(..)
-        | Op::Scatter(..) => return None,
+        | Op::Scatter(..)
+        | Op::Argsort(_) => return None,
     };
     (value.dtype() == node.dtype()).then_some(value)
 }

@@ -617,23 +617,6 @@ pub(super) fn reduce_axis(x: &Tensor, op: ReduceOp, axis: usize) -> Tensor {
     x.record(Op::Reduce(op, x.node(), Box::new([axis])), x.dtype(), kept)
 }
 
-/// `index == position` for `index` unsqueezed after `axis` (`[.., m, 1, ..]`) against the
-/// positions `0..n` of a new dim after `axis` (`[.., m, n, ..]`).
-pub(super) fn one_hot_mask(index: &Tensor, axis: usize, n: Dim) -> Result<Tensor> {
-    let mut dims = index.shape().clone().into_dims();
-    dims.insert(axis + 1, Dim::constant(1));
-    let idx = index.reshape_to(Shape::new(dims));
-    let mut ramp = vec![Dim::constant(1); idx.ndim()];
-    ramp[axis + 1] = n;
-    let positions = Tensor::record_on(
-        index.device(),
-        Op::Index(axis + 1),
-        index.dtype(),
-        Shape::new(ramp),
-    );
-    idx.eq(&positions)
-}
-
 /// `out = src[.., index[.., i, ..], ..]` along `axis`, where `src` and `index` agree in
 /// every other dim: one [`Op::Gather`], a load whose address is the index's value.
 pub(super) fn pick(src: &Tensor, index: &Tensor, axis: usize) -> Tensor {

@@ -16,10 +16,8 @@
 use tessel_graph::{AtomicOp, Op, ReduceOp};
 use tessel_shape::{BinaryOp, DType, Dim, Shape, rules};
 
-use super::indexing::{
-    check_index, check_mask, check_range, concrete, i64_of, invalid, one_hot_mask, pick,
-    reduce_axis,
-};
+use super::indexing::{check_index, check_mask, check_range, concrete, i64_of, invalid, pick};
+use super::movement::pad_axis;
 use crate::error::{Error, Result};
 use crate::ops::ScalarOperand;
 use crate::tensor::Tensor;
@@ -37,11 +35,13 @@ pub(crate) fn scatter_dtype(dtype: DType) -> DType {
 }
 
 /// Zeros of `index`'s shape with `n` along `axis`, plus each `src` element added at its
-/// index along `axis` (one [`Op::ScatterAdd`]: atomic adds on the device); `src` has
-/// `index`'s shape. Accumulates in [`scatter_dtype`] and returns that dtype.
+/// index along `axis`; `src` has `index`'s shape. Accumulates in [`scatter_dtype`] and
+/// returns that dtype.
 ///
-/// A device without atomic adds of a 64-bit dtype (WGSL, OpenCL C) sums a one-hot
-/// selection instead: `O(index × n)` work, correct, and slow for long axes.
+/// One [`Op::Scatter`] of atomic adds, unless the sum must be computed in a fixed order:
+/// float sums under [`use_deterministic_algorithms`](crate::use_deterministic_algorithms),
+/// and 64-bit sums on a device without 64-bit atomic adds (WGSL, OpenCL C without
+/// `cl_khr_int64_*_atomics`), take [`reduce_sorted`].
 pub(crate) fn scatter_add_into_zeros(
     index: &Tensor,
     src: &Tensor,
@@ -56,14 +56,77 @@ pub(crate) fn scatter_add_into_zeros(
     };
     let mut dims = index.shape().clone().into_dims();
     dims[axis] = n;
-    if !src.device().atomic_adds(work) {
-        return Ok(scatter_add_by_selection(index, &src, axis, n)?.reshape_to(Shape::new(dims)));
+    let ordered = work.is_float() && crate::are_deterministic_algorithms_enabled();
+    if ordered || !src.device().atomic_adds(work) {
+        let (sums, written) = reduce_sorted("scatter_add", index, &src, axis, n, ReduceOp::Sum)?;
+        let zero = sums.full_like_scalar(tessel_shape::Scalar::zero(work), work);
+        return Ok(written.raw_where(&sums, &zero));
     }
     Ok(src.record(
         Op::Scatter(AtomicOp::Add, index.node(), src.node(), axis),
         work,
         Shape::new(dims),
     ))
+}
+
+/// The sum or product (`rop`) of the `src` values sent to each position along `axis`
+/// (`index`'s shape with `n` there), in an order fixed by the data alone, and whether any
+/// was sent: the sources are sorted by destination (a stable sort of the indices along
+/// `axis`), each run of one destination is combined left to right in a log-step
+/// segmented scan (Hillis–Steele: step `k` combines each element with the one `2^k`
+/// before it where both belong to one run), and each run's last element is read back at
+/// its destination, found by an atomic maximum of positions (whose order does not
+/// matter). Bit-identical run to run, differentiable like its gathers and sums, and no
+/// atomic add of the values' dtype is needed.
+fn reduce_sorted(
+    op: &'static str,
+    index: &Tensor,
+    src: &Tensor,
+    axis: usize,
+    n: Dim,
+    rop: ReduceOp,
+) -> Result<(Tensor, Tensor)> {
+    use tessel_shape::Scalar;
+    let Some(m) = index.shape()[axis].as_const() else {
+        return Err(invalid(
+            op,
+            format!(
+                "this scatter sums in a fixed order (deterministic algorithms, a product, or no 64-bit atomic adds on the device), which needs a fixed number of sources along dim {axis}, but index {} is dynamic there; use a fixed size (or turn deterministic algorithms off)",
+                index.shape()
+            ),
+        ));
+    };
+    // Out-of-range indices form runs of their own, at key -1, which nothing reads back.
+    let idx = index.dtype();
+    let inside = index
+        .ge(0i64)?
+        .logical_and(&index.raw_binary(BinaryOp::Lt, &index.full_like_scalar(Scalar::I64(n.bounds().hi), idx)))?;
+    let keys = inside.raw_where(index, &index.full_like_scalar(Scalar::I64(-1), idx));
+    let order = keys.argsort(i64_of(axis), false)?;
+    let keys = pick(&keys, &order, axis);
+    let mut values = pick(src, &order, axis);
+    let identity = rop.identity(src.dtype());
+    let m = usize::try_from(m).unwrap_or(0);
+    let mut shift = 1;
+    while shift < m {
+        let earlier = |t: &Tensor, fill: Scalar| {
+            pad_axis(t, axis, Dim::from(shift), Dim::constant(0), fill).narrow(
+                i64_of(axis),
+                0,
+                i64_of(m),
+            )
+        };
+        let same_run = keys.raw_binary(BinaryOp::Eq, &earlier(&keys, Scalar::I64(-2))?);
+        let before = earlier(&values, identity)?;
+        let combined = match rop {
+            ReduceOp::Prod => before.raw_binary(BinaryOp::Mul, &values),
+            _ => before.raw_binary(BinaryOp::Add, &values),
+        };
+        values = same_run.raw_where(&combined, &values);
+        shift *= 2;
+    }
+    let writer = last_writer(op, &keys, axis, n, None)?;
+    read_last(&values, &keys, &writer, axis)
 }
 
 /// Zeros of `index`'s shape with `n` along `axis`, each element the largest of the `keys`
@@ -187,22 +250,6 @@ fn reaches_extreme(index: &Tensor, src: &Tensor, axis: usize, n: Dim, largest: b
         });
     }
     Ok(reached.expect("ordered_keys gives one or two keys"))
-}
-
-/// [`scatter_add_into_zeros`] as a sum over a one-hot mask `[.., m, n, ..]`.
-fn scatter_add_by_selection(index: &Tensor, src: &Tensor, axis: usize, n: Dim) -> Result<Tensor> {
-    let mask = one_hot_mask(index, axis, n)?;
-    let mut dims = src.shape().clone().into_dims();
-    dims.insert(axis + 1, Dim::constant(1));
-    let vals = src
-        .reshape_to(Shape::new(dims))
-        .broadcast_to_shape(mask.shape());
-    let zero = vals.full_like_scalar(tessel_shape::Scalar::zero(src.dtype()), src.dtype());
-    Ok(reduce_axis(
-        &mask.raw_where(&vals, &zero),
-        ReduceOp::Sum,
-        axis,
-    ))
 }
 
 // === Scatters and data-dependent sizes ===
@@ -650,12 +697,6 @@ impl ScatterPlan {
         })
     }
 
-    /// `index`'s shape with `x`'s size along the axis.
-    fn spread_shape(&self, x: &Tensor) -> Shape {
-        let mut dims = self.src.shape().clone().into_dims();
-        dims[self.axis] = x.shape()[self.axis];
-        Shape::new(dims)
-    }
 
     fn pad(&self, t: &Tensor, value: impl ScalarOperand) -> Result<Tensor> {
         t.pad(&self.pads, value)
@@ -733,25 +774,15 @@ fn scatter_reduce_impl(
         };
         return Ok(written.raw_where(&combined, x));
     }
-    // Products still select through a one-hot mask over the axis.
-    let mask = one_hot_mask(index, axis, n)?;
-    let mut dims = plan.src.shape().clone().into_dims();
-    dims.insert(axis + 1, Dim::constant(1));
-    let vals = plan
-        .src
-        .cast_to(work)
-        .reshape_to(Shape::new(dims))
-        .broadcast_to_shape(mask.shape());
-    let fill = vals.full_like_scalar(rop.identity(work), work);
-    let spread = plan.spread_shape(x);
-    let reduced = reduce_axis(&mask.raw_where(&vals, &fill), rop, axis).reshape_to(spread.clone());
-    let counts = reduce_axis(&mask.cast_to(DType::I32), ReduceOp::Sum, axis).reshape_to(spread);
-    let (reduced, counts) = (plan.pad(&reduced, 0)?, plan.pad(&counts, 0)?);
+    // Products: no atomic multiply; the sorted form is exact to a reassociation and
+    // differentiable, zeros included.
+    let src = plan.src.cast_to(work);
+    let (reduced, written) = reduce_sorted(op, index, &src, axis, n, ReduceOp::Prod)?;
+    let (reduced, written) = (plan.pad(&reduced, 1)?, plan.pad(&written, false)?);
     let combined = if include_self {
         base.mul(&reduced)?
     } else {
         reduced
     };
-    let written = counts.gt(0)?;
     Ok(written.raw_where(&combined, &base).cast_to(x.dtype()))
 }

@@ -29,6 +29,7 @@
 //!
 //! `unique` sorts on the device and reads back only its number of values.
 
+use tessel_graph::{ARGSORT_ROW_MAX, Op};
 use tessel_shape::{DType, Dim, Scalar, Shape, ShapeError};
 
 use super::indexing::i64_of;
@@ -100,7 +101,7 @@ impl Tensor {
         // Sorted output is one valid answer to both `sorted` values.
         let _ = sorted;
         let (axis, n) = axis_len(self, "topk", dim)?;
-        if n > RANK_SORT_MAX && (1..n).contains(&k) && radix_key(self).is_some() {
+        if n > ARGSORT_ROW_MAX && (1..n).contains(&k) && radix_key(self).is_some() {
             let (v, i) = radix_topk(&to_last(self, axis)?, n, k, largest)?;
             return Ok((
                 from_last(&v, axis, self.shape())?,
@@ -289,50 +290,19 @@ fn comparable(x: &Tensor) -> Tensor {
     }
 }
 
-/// The stable rank of every element of the last axis of `x` (ascending, or descending),
-/// NaN last ascending and first descending, as `i64`.
-fn ranks(x: &Tensor, descending: bool) -> Result<Tensor> {
-    let nd = x.ndim();
-    let mut win = x.shape().clone().into_dims();
-    win.insert(nd - 1, x.shape()[nd - 1]);
-    // Row i (axis nd - 1) counts the elements j (axis nd) ranked before it.
-    let xi = spread(x, nd, &win);
-    let xj = spread(x, nd - 1, &win);
-    let mut before = if descending { xj.gt(&xi)? } else { xj.lt(&xi)? };
-    let mut equal = xj.eq(&xi)?;
-    if x.dtype().is_float() {
-        let (nan_i, nan_j) = (xi.isnan(), xj.isnan());
-        // NaN is the largest: after every number ascending, before it descending.
-        let nan_first = if descending {
-            nan_j.logical_and(nan_i.logical_not())?
-        } else {
-            nan_i.logical_and(nan_j.logical_not())?
-        };
-        before = before.logical_or(&nan_first)?;
-        equal = equal.logical_or(&nan_i.logical_and(&nan_j)?)?;
-    }
-    let earlier = index(x, nd, &win).lt(index(x, nd - 1, &win))?;
-    let counted = before.logical_or(&equal.logical_and(&earlier)?)?;
-    counted.sum(&[-1], false)
-}
-
-/// The elements of the last axis of `x` whose ranks are `target` (`[.., K]`), and their
-/// indices.
-fn pick(x: &Tensor, ranks: &Tensor, target: &Tensor) -> Result<(Tensor, Tensor)> {
-    let nd = x.ndim();
-    let mut win = target.shape().clone().into_dims();
-    win.push(x.shape()[nd - 1]);
-    let hit = spread(ranks, nd - 1, &win).eq(spread(target, nd, &win))?;
-    // Exactly one element has each rank, so the max of the one-hot row is that element:
-    // a select rather than a sum keeps -0.0, infinities and NaN intact.
-    let filler = filled(
-        x,
-        tessel_graph::ReduceOp::Max.identity(x.dtype()),
-        x.dtype(),
-    );
-    let chosen = Tensor::where_cond(&hit, spread(x, nd - 1, &win), spread(&filler, nd - 1, &win))?;
-    let idx = Tensor::where_cond(&hit, index(x, nd, &win), -1i64)?;
-    Ok((chosen.max(&[-1], false)?, idx.max(&[-1], false)?))
+/// The positions that sort the last axis of `last` (at most [`ARGSORT_ROW_MAX`] long)
+/// stably, ascending or `descending`, NaN last ascending and first descending, as `i64`:
+/// one [`Op::Argsort`] kernel per row, in local memory, over the elements' order keys.
+fn argsort_rows(last: &Tensor, descending: bool) -> Tensor {
+    let key = order_key(last);
+    // Inverted keys sort descending; equal keys stay equal, so ties keep their order, and
+    // NaN's key, the largest, becomes the smallest.
+    let key = if descending {
+        key.raw_unary(tessel_shape::UnaryOp::Not)
+    } else {
+        key
+    };
+    key.record(Op::Argsort(key.node()), DType::I64, last.shape().clone())
 }
 
 fn select_ranked(
@@ -382,7 +352,7 @@ fn select_ranked(
             shape,
         );
         (empty, idx)
-    } else if n > RANK_SORT_MAX
+    } else if n > ARGSORT_ROW_MAX
         && matches!(target, Target::Kth(_) | Target::Median)
         && radix_key(&last).is_some()
     {
@@ -393,8 +363,13 @@ fn select_ranked(
             _ => median_rank(&last, n)?,
         };
         radix_rank(&last, n, &rank)?
-    } else if n > RANK_SORT_MAX {
-        let (sorted, from) = bitonic(&last, n, descending)?;
+    } else {
+        let (sorted, from) = if n > ARGSORT_ROW_MAX {
+            bitonic(&last, n, descending)?
+        } else {
+            let from = argsort_rows(&last, descending);
+            (gather_last(&last, &from), from)
+        };
         match target {
             Target::All => (sorted, from),
             Target::First(k) => (
@@ -406,25 +381,11 @@ fn select_ranked(
                 from.narrow(-1, i64_of(k) - 1, 1)?,
             ),
             Target::Median => {
-                // The median's position depends on the row's NaN count: select it.
+                // The median's position depends on the row's NaN count: gather it.
                 let at = median_rank(&last, n)?;
-                let positions = index(&last, nd - 1, last.shape().dims());
-                let (v, _) = pick(&sorted, &positions, &at)?;
-                let (i, _) = pick(&from, &positions, &at)?;
-                (v, i)
+                (gather_last(&sorted, &at), gather_last(&from, &at))
             }
         }
-    } else {
-        let ranks = ranks(&last, descending)?;
-        let target = match target {
-            Target::All | Target::First(_) => index(&last, nd - 1, &out),
-            Target::Kth(k) => {
-                filled(&ranks, Scalar::I64(k as i64 - 1), DType::I64).narrow(-1, 0, 1)?
-            }
-            Target::Median => median_rank(&last, n)?,
-        };
-        let (v, i) = pick(&last, &ranks, &target)?;
-        (v.cast_to(x.dtype()), i)
     };
     let (v, i) = (res.0.cast_to(x.dtype()), res.1);
     let reduced = matches!(target, Target::Kth(_) | Target::Median);
@@ -452,10 +413,10 @@ fn select_ranked(
     Ok((finish(&v)?, finish(&i)?))
 }
 
-/// Rows longer than this are sorted by the bitonic network; shorter ones by rank, whose
-/// `n²` work in a few kernels beats the network's `log²n` stages there (measured on the
-/// CPU backend, see the module docs).
-const RANK_SORT_MAX: usize = 1024;
+/// `x` along its last axis at the positions `at` (`[.., K]`): one gather.
+fn gather_last(x: &Tensor, at: &Tensor) -> Tensor {
+    super::indexing::pick(x, at, x.ndim() - 1)
+}
 
 /// The stable ascending (or `descending`) sort of the last axis of `x` (`n` long) by a
 /// bitonic sorting network: the sorted values and their `i64` positions in the row.
@@ -667,36 +628,56 @@ fn search_rows(s: &Tensor, v: &Tensor, right: bool) -> Result<Tensor> {
     below.sum(&[-1], false)
 }
 
-/// An unsigned 32-bit key per element that orders like the values in the sorts here:
-/// `-0.0` equals `+0.0`, every NaN is one key above `+inf`. `None` for 64-bit dtypes.
-/// Floats map their bits (sign-magnitude) to an order-preserving unsigned integer; `f16`
-/// and `bf16` widen to `f32` first (exactly), narrow integers to 32 bits.
+/// [`order_key`] where it has 32 bits (dtypes of 32 bits or fewer); `None` for the 64-bit
+/// dtypes.
 fn radix_key(x: &Tensor) -> Option<Tensor> {
-    use tessel_shape::{BinaryOp, UnaryOp};
-    let u32c = |like: &Tensor, v: u32| like.full_like_scalar(Scalar::U32(v), DType::U32);
-    let key = match x.dtype() {
-        DType::F32 | DType::F16 | DType::BF16 => {
-            let f = x.cast_to(DType::F32);
-            let zero = f.full_like_scalar(Scalar::F32(0.0), DType::F32);
-            let nan = f.full_like_scalar(Scalar::F32(f32::NAN), DType::F32);
-            // One zero and one NaN, so equal values get equal keys.
-            let f = f.raw_binary(BinaryOp::Eq, &zero).raw_where(&zero, &f);
-            let f = f.raw_unary(UnaryOp::IsNan).raw_where(&nan, &f);
-            let bits = f.reinterpret(DType::U32);
-            let negative = bits
-                .raw_binary(BinaryOp::Shr, &u32c(&bits, 31))
-                .raw_binary(BinaryOp::Eq, &u32c(&bits, 1));
-            let flip = negative.raw_where(&u32c(&bits, u32::MAX), &u32c(&bits, 0x8000_0000));
-            bits.raw_binary(BinaryOp::Xor, &flip)
+    (x.dtype().size_bytes() <= 4).then(|| order_key(x))
+}
+
+/// An unsigned key per element that orders like the values in the sorts here: `-0.0`
+/// equals `+0.0`, every NaN is one key above `+inf`. `u32` for dtypes of 32 bits or fewer,
+/// `u64` for the 64-bit ones. Floats map their bits (sign-magnitude) to an order-preserving
+/// unsigned integer; `f16`, `bf16` and float8 widen to `f32` first (exactly), narrow
+/// integers to 32 bits.
+pub(super) fn order_key(x: &Tensor) -> Tensor {
+    use tessel_shape::BinaryOp;
+    let (wide, word) = match x.dtype() {
+        DType::F8E4M3 | DType::F8E5M2 | DType::F16 | DType::BF16 | DType::F32 => {
+            (DType::F32, DType::U32)
         }
-        DType::I32 | DType::I16 | DType::I8 => {
-            let bits = x.cast_to(DType::I32).reinterpret(DType::U32);
-            bits.raw_binary(BinaryOp::Xor, &u32c(&bits, 0x8000_0000))
-        }
-        DType::U32 | DType::U16 | DType::U8 | DType::Bool => x.cast_to(DType::U32),
-        _ => return None,
+        DType::F64 => (DType::F64, DType::U64),
+        DType::I8 | DType::I16 | DType::I32 => (DType::I32, DType::U32),
+        DType::I64 => (DType::I64, DType::U64),
+        DType::Bool | DType::U8 | DType::U16 | DType::U32 => (DType::U32, DType::U32),
+        DType::U64 => (DType::U64, DType::U64),
     };
-    Some(key)
+    let x = x.cast_to(wide);
+    let k = |like: &Tensor, v: u64| match word {
+        DType::U32 => like.full_like_scalar(Scalar::U32(v as u32), word),
+        _ => like.full_like_scalar(Scalar::U64(v), word),
+    };
+    let bits = 8 * word.size_bytes() as u64;
+    let sign = 1u64 << (bits - 1);
+    if wide.is_float() {
+        let zero = x.full_like_scalar(Scalar::zero(wide), wide);
+        let nan = x.full_like_scalar(Scalar::F64(f64::NAN).cast(wide), wide);
+        // One zero and one NaN, so equal values get equal keys.
+        let x = x.raw_binary(BinaryOp::Eq, &zero).raw_where(&zero, &x);
+        let x = x.isnan().raw_where(&nan, &x);
+        let b = x.reinterpret(word);
+        // Negative floats order reversed in their bits: flip them all; flip the sign of
+        // the others.
+        let negative = b
+            .raw_binary(BinaryOp::Shr, &k(&b, bits - 1))
+            .raw_binary(BinaryOp::Eq, &k(&b, 1));
+        let flip = negative.raw_where(&k(&b, u64::MAX), &k(&b, sign));
+        b.raw_binary(BinaryOp::Xor, &flip)
+    } else if wide.is_signed() {
+        let b = x.reinterpret(word);
+        b.raw_binary(BinaryOp::Xor, &k(&b, sign))
+    } else {
+        x
+    }
 }
 
 /// The keys of the last axis of `last` as `[rows, n]` (inverted for `largest`, so the
