@@ -1,13 +1,12 @@
 //! Sorting and selection: `sort`, `argsort`, `topk`, `kthvalue`, `median`, `searchsorted`
 //! and `unique`.
 //!
-//! Sorting is a composition of existing ops, so it runs on every backend. Two forms:
+//! Sorting runs on every backend, in two forms:
 //!
-//! * **Rank** (rows of up to 1024 elements). The rank of element `i` of a row is
-//!   `#{j: x_j before x_i} + #{j < i: x_j == x_i}`, computed on an `[.., n, n]` window and
-//!   summed; output `k` selects the element whose rank is `k` (a one-hot `where` and a max
-//!   reduction over an `[.., K, n]` window), and its index likewise. `n²` work per row in
-//!   a few kernels.
+//! * **In local memory** (rows of up to [`ARGSORT_ROW_MAX`] = 1024 elements): an
+//!   [`Op::Argsort`] of the elements' [`order_key`]s, one workgroup per row running a
+//!   bitonic network over (key, position) pairs in local memory, gives the stable order;
+//!   the values are gathered by it. `n·log2²(n)` work per row in one kernel.
 //! * **Bitonic network** (longer rows). The row is padded to a power of two `m` with a
 //!   sentinel that sorts last, each element carries its position, and
 //!   `log2(m)·(log2(m) + 1) / 2` compare-exchange stages, each a reshape/flip view of the
@@ -21,9 +20,7 @@
 //! Both are stable; `-0.0` and `+0.0` compare equal (they keep their order), and NaN sorts
 //! after everything ascending and before everything descending, as in `PyTorch`.
 //!
-//! Measured on the CPU backend (release build, 2 cores, kernels compiled): the two forms
-//! cross at about 1024–2048 elements per row (one 1024-long row: 3 ms by rank, 4 ms by the
-//! network; 16 rows of 2048: 81 ms and 71 ms). One row of 2^16 `f32` sorts in about 0.2 s
+//! Measured on the CPU backend (release build, 2 cores, kernels compiled): one row of 2^16 `f32` sorts in about 0.2 s
 //! through 136 kernels (a graph of 4400 nodes, planned in about 0.2 s when the kernels are
 //! cached; compiling its kernels with the C compiler the first time takes about 10 s).
 //!
@@ -34,7 +31,7 @@ use tessel_shape::{DType, Dim, Scalar, Shape, ShapeError};
 
 use super::indexing::i64_of;
 use super::movement::pad_axis;
-use super::scan::{axis_len, filled, from_last, index, spread, to_last};
+use super::scan::{axis_len, filled, from_last, index, to_last};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -169,8 +166,9 @@ impl Tensor {
     /// sorted ascending along its last dim, to keep it sorted (`torch.searchsorted`): the
     /// count of elements `< v` (or `<= v` with `right`), as `i64`. A 1-d sequence serves
     /// `values` of any shape; otherwise every dim but the last must match `values`'. The
-    /// dtypes promote together. `n·m` work per row. A NaN value compares false with
-    /// everything, so it gets index 0 (`PyTorch` gives the sequence length).
+    /// dtypes promote together. A binary search, `m·log2(n)` work per row. NaN orders as
+    /// the largest value, as the sorts place it (a NaN value gets the sequence's length,
+    /// as in `PyTorch`); `-0.0` equals `+0.0`.
     ///
     /// ```
     /// # use tessel_tensor::Tensor;
@@ -614,18 +612,37 @@ fn searchsorted_impl(seq: &Tensor, values: &Tensor, right: bool) -> Result<Tenso
     search_rows(&s, &v, right)
 }
 
-/// `#{j: s[.., j] < v[.., m]}` (or `<=`) for sequences `s` `[.., n]` and values `[.., m]`.
+/// `#{j: s[.., j] < v[.., m]}` (or `<=`) for sequences `s` `[.., n]` and values `[.., m]`,
+/// comparing [`order_key`]s (so NaN is the largest value, as sorts place it): a binary
+/// search of `ceil(log2(n + 1))` steps, each a gather of the sequence at the candidate
+/// count, fused into one kernel. `m·log2(n)` work per row.
 fn search_rows(s: &Tensor, v: &Tensor, right: bool) -> Result<Tensor> {
-    let nd = v.ndim();
-    let mut win = v.shape().clone().into_dims();
-    win.push(s.shape()[s.ndim() - 1]);
-    if win.iter().any(|d| d.as_const() == Some(0)) {
+    let len = s.shape()[s.ndim() - 1];
+    if v.shape().iter().any(|d| d.as_const() == Some(0)) || len.as_const() == Some(0) {
         return Ok(filled(v, Scalar::I64(0), DType::I64));
     }
-    let sj = spread(s, nd - 1, &win);
-    let vm = spread(v, nd, &win);
-    let below = if right { sj.le(&vm)? } else { sj.lt(&vm)? };
-    below.sum(&[-1], false)
+    let Some(n) = len.as_const() else {
+        return Err(Error::Shape(ShapeError::InvalidArgument {
+            op: "searchsorted",
+            shape: s.shape().clone(),
+            reason: "the sorted sequence's last dim is dynamic; searchsorted needs its length fixed (realize it first, or search a fixed-size sequence)".to_owned(),
+        }));
+    };
+    let (keys, key) = (order_key(s), order_key(v));
+    let count = |c: i64| filled(v, Scalar::I64(c), DType::I64);
+    let mut found = count(0);
+    let mut step = 1i64 << (63 - n.leading_zeros());
+    while step >= 1 {
+        // Take `step` more elements where the last of them is still below the value.
+        let candidate = found.add(step)?;
+        let last = candidate.sub(1i64)?.minimum(n - 1)?;
+        let at = gather_last(&keys, &last);
+        let below = if right { at.le(&key)? } else { at.lt(&key)? };
+        let fits = candidate.le(n)?.logical_and(&below)?;
+        found = Tensor::where_cond(&fits, &candidate, &found)?;
+        step /= 2;
+    }
+    Ok(found)
 }
 
 /// [`order_key`] where it has 32 bits (dtypes of 32 bits or fewer); `None` for the 64-bit

@@ -214,6 +214,11 @@ fn searchsorted_left_right_1d_and_batched() -> Result<()> {
     assert_eq!(s.searchsorted(&v, false)?.to_vec::<i64>()?, vec![2, 0]);
     let e = Tensor::from_vec(Vec::<f32>::new(), [0])?;
     assert_eq!(e.searchsorted(&v, true)?.to_vec::<i64>()?, vec![0, 0]);
+    // NaN is the largest value, as the sorts place it; -0.0 equals +0.0.
+    let s = Tensor::from_vec(vec![-1.0f32, 0.0, 3.0, f32::NAN], [4])?;
+    let v = Tensor::from_vec(vec![f32::NAN, -0.0, 9.0], [3])?;
+    assert_eq!(s.searchsorted(&v, false)?.to_vec::<i64>()?, vec![3, 1, 3]);
+    assert_eq!(s.searchsorted(&v, true)?.to_vec::<i64>()?, vec![4, 2, 3]);
     Ok(())
 }
 
