@@ -82,6 +82,10 @@ sx = torch.rand(16 << 20, device=dev) * 2 - 1
 rows.append(("sort f32 16M (values + i64 indices)", time_ms(lambda: torch.sort(sx, stable=True)), 16 * (16 << 20), "GB/s"))
 del sx
 
+sr = torch.rand(8192, 1024, device=dev) * 2 - 1
+rows.append(("argsort rows f32 [8192,1024]", time_ms(lambda: torch.argsort(sr, dim=-1, stable=True)), 12 * 8192 * 1024, "GB/s"))
+del sr
+
 # Issue 20: indexing and losses over GPT-2's vocabulary, the same names as benches/gpu.rs.
 V = 50257
 ids = torch.randint(0, V, (8 * 512,), device=dev)

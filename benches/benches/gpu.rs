@@ -72,6 +72,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
     let tokens = 8 * 512 / scale;
     let ce_rows = 4096 / scale;
     let scatter_rows = (1 << 20) / scale;
+    let sort_rows = 8192 / scale;
     vec![
         Workload {
             name: "chain8 f32 (8 fused elementwise ops)",
@@ -211,6 +212,18 @@ fn workloads(scale: usize) -> Vec<Workload> {
                 Tensor::realize_all(&[&values, &indices])?;
                 Ok(values)
             },
+        },
+        // Rows a workgroup sorts in local memory.
+        Workload {
+            name: "argsort rows f32 [8192,1024]",
+            unit: "GB/s",
+            // Read once; i64 indices written once.
+            amount: 12.0 * (sort_rows * 1024) as f64,
+            inputs: vec![vec![sort_rows, 1024]],
+            dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| x[0].argsort(-1, false),
         },
         // Issue 20: indexing and losses over GPT-2's vocabulary.
         Workload {

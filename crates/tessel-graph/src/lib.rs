@@ -27,10 +27,10 @@ pub mod vendor;
 
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{ARGSORT_ROW_MAX, Graph, LeafId, Node, NodeId, Op, ReduceOp};
-pub use tessel_ir::AtomicOp;
 pub use kernelize::{
     KernelizeError, SHARED_MIN_OPS, Schedule, ScheduledKernel, Signature, Slot, kernelize,
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature,
     views_to_split,
 };
+pub use tessel_ir::AtomicOp;
 pub use vendor::{VendorMatch, find_matmuls, materialized_for};

@@ -313,12 +313,13 @@ impl Inst {
             Inst::Range { start, end } => vec![*start, *end],
             Inst::EndRange(v) | Inst::If(v) | Inst::EndIf(v) => vec![*v],
             Inst::Load { mem, index, .. } => mem_operand(mem).into_iter().chain([*index]).collect(),
-            Inst::Store { mem, index, value } | Inst::Atomic { mem, index, value, .. } => {
-                mem_operand(mem)
-                    .into_iter()
-                    .chain([*index, *value])
-                    .collect()
-            }
+            Inst::Store { mem, index, value }
+            | Inst::Atomic {
+                mem, index, value, ..
+            } => mem_operand(mem)
+                .into_iter()
+                .chain([*index, *value])
+                .collect(),
             Inst::Unary(_, a) | Inst::Cast(a, _) | Inst::Bitcast(a, _) | Inst::Extract(a, _) => {
                 vec![*a]
             }

@@ -217,10 +217,13 @@ fn check_index_target(op: &'static str, input: &Tensor, target: &Tensor) -> Resu
     Ok(())
 }
 
-/// `x` `[N, C, d...]` at each element's class `target` `[N, d...]`, by a gather (an
-/// ignored or out-of-range index reads 0): `[N, 1, d...]`.
-fn at_target(x: &Tensor, target: &Tensor) -> Result<Tensor> {
-    x.gather(1, &target.unsqueeze(1)?)
+/// `x` `[N, C, d...]` at each element's class `target` `[N, d...]`, by a gather:
+/// `[N, 1, d...]`. An ignored element reads class 0 (its term is dropped), so that checked
+/// indexing reports only real targets out of range (which read 0 unchecked).
+fn at_target(x: &Tensor, target: &Tensor, ignore_index: i64) -> Result<Tensor> {
+    let kept = target.ne(ignore_index)?;
+    let class = Tensor::where_cond(&kept, target, 0i64)?.cast(target.dtype());
+    x.gather(1, &class.unsqueeze(1)?)
 }
 
 /// The negative log-likelihood per element from `picked` `[N, d...]`, the log-probability
@@ -235,7 +238,8 @@ fn nll_terms(
     let kept = target.ne(ignore_index)?;
     let w = match weight {
         Some(w) => {
-            let flat = target.reshape(&[-1])?;
+            let class = Tensor::where_cond(&kept, target, 0i64)?.cast(target.dtype());
+            let flat = class.reshape(&[-1])?;
             let per = w.reshape(&[-1])?.index_select(0, &flat)?;
             let per = per.reshape(&dims_i64(&target.dims()))?;
             Tensor::where_cond(&kept, &per, 0.0)?
@@ -277,7 +281,7 @@ pub fn nll_loss(input: &Tensor, target: &Tensor, opts: &NllLossOptions) -> Resul
     };
     check_index_target(OP, &x, &t)?;
     let weight = class_weight(OP, opts.weight.as_ref(), x.dims()[1], x.dtype(), x.ndim())?;
-    let picked = at_target(&x, &t)?.squeeze(Some(&[1]))?;
+    let picked = at_target(&x, &t, opts.ignore_index)?.squeeze(Some(&[1]))?;
     let (loss, w) = nll_terms(&picked, &t, weight.as_ref(), opts.ignore_index)?;
     unbatch(
         reduce_weighted(&loss, &w, opts.reduction)?,
@@ -374,7 +378,7 @@ pub fn cross_entropy(
     // per element, so the [N, C] log-probabilities are never written. The gradient is
     // softmax(x) minus one at the target, computed where it is consumed.
     let lse = x.logsumexp(&[1], true)?;
-    let picked = (&at_target(&x, &t)? - &lse)?.squeeze(Some(&[1]))?;
+    let picked = (&at_target(&x, &t, opts.ignore_index)? - &lse)?.squeeze(Some(&[1]))?;
     let (loss, w) = nll_terms(&picked, &t, weight.as_ref(), opts.ignore_index)?;
     let nll = reduce_weighted(&loss, &w, opts.reduction)?;
     if ls == 0.0 {

@@ -434,6 +434,7 @@ impl<'c> Measurer<'c> {
             Some(t) => Some(t),
             None => Some(self.time(k, &args, first)?),
         };
+        tracing::debug!(target: "tessel::measure", "{}: {}: checking run {:.3} ms, time {:?} ms{}", self.device(d), c.work.name(), first.as_secs_f64() * 1e3, timed.map(|t| t * 1e3), if known.is_some() { " (cached)" } else { "" });
         // What was checked against a reference is not needed after this program.
         for (_, _, _, fresh) in checks {
             self.release(d, fresh);

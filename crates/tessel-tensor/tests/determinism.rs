@@ -4,8 +4,7 @@
 //! In its own binary: the setting is process-wide.
 
 use tessel_tensor::{
-    DType, Result, Tensor, are_deterministic_algorithms_enabled, grad,
-    use_deterministic_algorithms,
+    DType, Result, Tensor, are_deterministic_algorithms_enabled, grad, use_deterministic_algorithms,
 };
 
 /// Values of both signs over six orders of magnitude, so that the order of a float sum
@@ -54,7 +53,11 @@ fn deterministic_scatter_adds_repeat_bit_for_bit() -> Result<()> {
         assert!((got - want).abs() <= 1e-6 * scale, "{got} against {want}");
     }
     for _ in 0..3 {
-        assert_eq!(run()?, first, "a deterministic index_add changed between runs");
+        assert_eq!(
+            run()?,
+            first,
+            "a deterministic index_add changed between runs"
+        );
     }
     // An embedding's gradient is a scatter-add of the output's gradient into the table.
     let table = Tensor::from_vec(values(n * cols, 5), [n, cols])?;
@@ -62,7 +65,9 @@ fn deterministic_scatter_adds_repeat_bit_for_bit() -> Result<()> {
     let tokens = Tensor::from_vec(inside.clone(), [m])?;
     let weights = Tensor::from_vec(src.clone(), [m, cols])?;
     let gradient = || -> Result<Vec<u32>> {
-        let loss = Tensor::embedding(&table, &tokens)?.mul(&weights)?.sum_all()?;
+        let loss = Tensor::embedding(&table, &tokens)?
+            .mul(&weights)?
+            .sum_all()?;
         let g = grad(&loss, &[&table])?;
         Ok(g[0].to_vec::<f32>()?.iter().map(|v| v.to_bits()).collect())
     };
@@ -77,7 +82,11 @@ fn deterministic_scatter_adds_repeat_bit_for_bit() -> Result<()> {
         let got = f64::from(f32::from_bits(*got));
         assert!((got - want).abs() <= 1e-6 * scale, "{got} against {want}");
     }
-    assert_eq!(gradient()?, first, "a deterministic gradient changed between runs");
+    assert_eq!(
+        gradient()?,
+        first,
+        "a deterministic gradient changed between runs"
+    );
     use_deterministic_algorithms(false);
     assert!(!are_deterministic_algorithms_enabled());
     Ok(())

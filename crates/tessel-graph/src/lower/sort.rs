@@ -30,7 +30,9 @@ pub(super) fn lower_argsort_kernel(
     let shape = node.shape.clone();
     let key_dtype = graph.node(keys).dtype;
     let Some((&len, outer_dims)) = shape.dims().split_last() else {
-        return Err(KernelizeError(format!("{root:?}: an argsort of a 0-d tensor")));
+        return Err(KernelizeError(format!(
+            "{root:?}: an argsort of a 0-d tensor"
+        )));
     };
     let n = match len.as_const() {
         Some(n) if (1..=ARGSORT_ROW_MAX as i64).contains(&n) => n,

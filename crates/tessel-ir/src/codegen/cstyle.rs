@@ -410,9 +410,10 @@ pub const CUDA: CStyle = CStyle {
 fn cuda_atomic(op: AtomicOp, dtype: DType, at: &str, value: &str) -> Option<String> {
     match (op, dtype) {
         (AtomicOp::Add, DType::F32 | DType::F64 | DType::I32 | DType::U32 | DType::U64)
-        | (AtomicOp::Max, DType::U32 | DType::U64) => {
-            Some(format!("atomic{}({at}, {value});", if op == AtomicOp::Add { "Add" } else { "Max" }))
-        }
+        | (AtomicOp::Max, DType::U32 | DType::U64) => Some(format!(
+            "atomic{}({at}, {value});",
+            if op == AtomicOp::Add { "Add" } else { "Max" }
+        )),
         (AtomicOp::Add, DType::I64) => Some(format!(
             "atomicAdd((unsigned long long *)({at}), (unsigned long long)({value}));"
         )),

@@ -98,9 +98,10 @@ fn reduce_sorted(
     };
     // Out-of-range indices form runs of their own, at key -1, which nothing reads back.
     let idx = index.dtype();
-    let inside = index
-        .ge(0i64)?
-        .logical_and(&index.raw_binary(BinaryOp::Lt, &index.full_like_scalar(Scalar::I64(n.bounds().hi), idx)))?;
+    let inside = index.ge(0i64)?.logical_and(&index.raw_binary(
+        BinaryOp::Lt,
+        &index.full_like_scalar(Scalar::I64(n.bounds().hi), idx),
+    ))?;
     let keys = inside.raw_where(index, &index.full_like_scalar(Scalar::I64(-1), idx));
     let order = keys.argsort(i64_of(axis), false)?;
     let keys = pick(&keys, &order, axis);
@@ -141,16 +142,9 @@ fn scatter_max_into_zeros(index: &Tensor, keys: &Tensor, axis: usize, n: Dim) ->
     )
 }
 
-/// For each position along `axis` (`index`'s shape with `n` there): one more than the last
-/// source position along `axis` whose index names it, among those `eligible` (all if
-/// `None`), or `0` where none does. `u32`: one atomic maximum per source.
-fn last_writer(
-    op: &'static str,
-    index: &Tensor,
-    axis: usize,
-    n: Dim,
-    eligible: Option<&Tensor>,
-) -> Result<Tensor> {
+/// One more than each source's position along `axis` (`index`'s shape), as `dtype` (`u32`
+/// or `u64`); at most `u32::MAX - 1` positions, so that the low 32 bits hold it.
+fn positions(op: &'static str, index: &Tensor, axis: usize, dtype: DType) -> Result<Tensor> {
     if index.shape()[axis].bounds().hi >= i64::from(u32::MAX) {
         return Err(invalid(
             op,
@@ -162,19 +156,70 @@ fn last_writer(
             ),
         ));
     }
-    let at = Tensor::record_on(index.device(), Op::Index(axis), DType::U32, index.shape().clone());
-    let one = at.full_like_scalar(tessel_shape::Scalar::U32(1), DType::U32);
-    let mut position = at.raw_binary(BinaryOp::Add, &one);
+    let at = Tensor::record_on(
+        index.device(),
+        Op::Index(axis),
+        dtype,
+        index.shape().clone(),
+    );
+    let one = at.full_like_scalar(tessel_shape::Scalar::one(dtype), dtype);
+    Ok(at.raw_binary(BinaryOp::Add, &one))
+}
+
+/// For each position along `axis` (`index`'s shape with `n` there): one more than the last
+/// source position along `axis` whose index names it, among those `eligible` (all if
+/// `None`), or `0` where none does. `u32`: one atomic maximum per source.
+fn last_writer(
+    op: &'static str,
+    index: &Tensor,
+    axis: usize,
+    n: Dim,
+    eligible: Option<&Tensor>,
+) -> Result<Tensor> {
+    let mut position = positions(op, index, axis, DType::U32)?;
     if let Some(eligible) = eligible {
-        let none = at.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32);
+        let none = position.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32);
         position = eligible.raw_where(&position, &none);
     }
     Ok(scatter_max_into_zeros(index, &position, axis, n))
 }
 
+/// [`last_writer`] among the sources holding their position's largest (`largest`) or
+/// smallest value, NaN counting as the extreme either way. With 64-bit atomic maxima and
+/// 32-bit keys, one pass: the key in the high word, the position in the low one, so the
+/// largest pair is the last source holding the largest key. Else [`reaches_extreme`]
+/// first.
+fn extreme_writer(
+    op: &'static str,
+    index: &Tensor,
+    src: &Tensor,
+    axis: usize,
+    n: Dim,
+    largest: bool,
+) -> Result<Tensor> {
+    let keys = ordered_keys(src, largest);
+    if let [key] = keys.as_slice()
+        && src.device().atomic_adds(DType::U64)
+    {
+        let k32 = src.full_like_scalar(tessel_shape::Scalar::U64(32), DType::U64);
+        let pair = key
+            .cast_to(DType::U64)
+            .raw_binary(BinaryOp::Shl, &k32)
+            .raw_binary(BinaryOp::Or, &positions(op, index, axis, DType::U64)?);
+        return Ok(scatter_max_into_zeros(index, &pair, axis, n).cast_to(DType::U32));
+    }
+    let reached = reaches_extreme(index, src, axis, n, largest)?;
+    last_writer(op, index, axis, n, Some(&reached))
+}
+
 /// `src` (`index`'s shape) read at the source position [`last_writer`] found for each
 /// destination, and whether there was one.
-fn read_last(src: &Tensor, index: &Tensor, writer: &Tensor, axis: usize) -> Result<(Tensor, Tensor)> {
+fn read_last(
+    src: &Tensor,
+    index: &Tensor,
+    writer: &Tensor,
+    axis: usize,
+) -> Result<(Tensor, Tensor)> {
     let zero = writer.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32);
     let written = writer.raw_binary(BinaryOp::Gt, &zero);
     let one = writer.full_like_scalar(tessel_shape::Scalar::U32(1), DType::U32);
@@ -208,11 +253,17 @@ fn ordered_keys(x: &Tensor, largest: bool) -> Vec<Tensor> {
     };
     let width = 8 * word.size_bytes() as u64;
     let sign = 1u64 << (width - 1);
-    let all = if width == 64 { u64::MAX } else { (1 << width) - 1 };
+    let all = if width == 64 {
+        u64::MAX
+    } else {
+        (1 << width) - 1
+    };
     let mut key = if wide.is_float() {
         // Negative floats order reversed in their bits: flip them all; flip the sign of
         // the others.
-        let negative = bits.raw_binary(BinaryOp::Shr, &k(width - 1)).raw_binary(BinaryOp::Eq, &k(1));
+        let negative = bits
+            .raw_binary(BinaryOp::Shr, &k(width - 1))
+            .raw_binary(BinaryOp::Eq, &k(1));
         bits.raw_binary(BinaryOp::Xor, &negative.raw_where(&k(all), &k(sign)))
     } else if wide.is_signed() {
         bits.raw_binary(BinaryOp::Xor, &k(sign))
@@ -235,11 +286,20 @@ fn ordered_keys(x: &Tensor, largest: bool) -> Vec<Tensor> {
 /// Whether each source's value is the largest (`largest`) or smallest of those sent to
 /// its position, NaN counting as the extreme either way: atomic maxima of ordered keys,
 /// compared back at each source through a gather (two rounds for 64-bit keys).
-fn reaches_extreme(index: &Tensor, src: &Tensor, axis: usize, n: Dim, largest: bool) -> Result<Tensor> {
+fn reaches_extreme(
+    index: &Tensor,
+    src: &Tensor,
+    axis: usize,
+    n: Dim,
+    largest: bool,
+) -> Result<Tensor> {
     let mut reached: Option<Tensor> = None;
     for key in ordered_keys(src, largest) {
         let candidate = match &reached {
-            Some(r) => r.raw_where(&key, &key.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32)),
+            Some(r) => r.raw_where(
+                &key,
+                &key.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32),
+            ),
             None => key.clone(),
         };
         let best = scatter_max_into_zeros(index, &candidate, axis, n);
@@ -697,7 +757,6 @@ impl ScatterPlan {
         })
     }
 
-
     fn pad(&self, t: &Tensor, value: impl ScalarOperand) -> Result<Tensor> {
         t.pad(&self.pads, value)
     }
@@ -763,8 +822,7 @@ fn scatter_reduce_impl(
     if matches!(rop, ReduceOp::Max | ReduceOp::Min) {
         // The last source holding each position's extreme, read back by a gather.
         let largest = rop == ReduceOp::Max;
-        let reached = reaches_extreme(index, &plan.src, axis, n, largest)?;
-        let writer = last_writer(op, index, axis, n, Some(&reached))?;
+        let writer = extreme_writer(op, index, &plan.src, axis, n, largest)?;
         let (value, written) = read_last(&plan.src, index, &writer, axis)?;
         let (written, value) = (plan.pad(&written, false)?, plan.pad(&value, 0)?);
         let combined = match (include_self, largest) {

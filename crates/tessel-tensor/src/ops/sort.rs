@@ -769,8 +769,9 @@ fn radix_select(key: &Tensor, need: &Tensor) -> Result<(Tensor, Tensor)> {
             .cast(DType::I64)
             .sum(&[-1], true)?
             .sub(1)?;
-        // Candidates strictly above that byte (a gather past the last bin reads 0).
-        let above = at_least.gather(-1, &byte.add(1)?)?;
+        // Candidates strictly above that byte (a gather past the last bin reads 0: an
+        // internal gather, which checked indexing must not report).
+        let above = gather_last(&at_least, &byte.add(1)?);
         need = need.sub(&above)?;
         prefix = prefix.raw_binary(
             BinaryOp::Or,
@@ -817,7 +818,7 @@ fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tenso
     let indices =
         super::scatter::place_bits(&positions.reshape_to(whole), &dest, rows * k).reshape_to(out);
     let (sorted, order) = values.sort(-1, largest)?;
-    Ok((sorted, indices.gather(-1, &order)?))
+    Ok((sorted, gather_last(&indices, &order)))
 }
 
 /// The element of each row of the last axis (`n` long) at 0-based ascending `rank`
@@ -841,9 +842,6 @@ fn radix_rank(last: &Tensor, n: usize, rank: &Tensor) -> Result<(Tensor, Tensor)
     let mut out = batch.iter().map(|&d| Dim::from(d)).collect::<Vec<_>>();
     out.push(Dim::constant(1));
     let out = Shape::new(out);
-    let value = last
-        .reshape_to(flat)
-        .gather(-1, &at)?
-        .reshape_to(out.clone());
+    let value = gather_last(&last.reshape_to(flat), &at).reshape_to(out.clone());
     Ok((value, at.reshape_to(out)))
 }

@@ -245,7 +245,9 @@ fn indexing_ops_match_finite_differences() {
         }),
         ("tril", &[&[3, 3]], &|x| x[0].tril(-1)),
         ("roll", &[&[2, 3]], &|x| x[0].roll(&[1, -1], &[0, 1])),
-        ("scatter", &[&[3, 4], &[2, 4]], &move |x| x[0].scatter(0, &to(), &x[1])),
+        ("scatter", &[&[3, 4], &[2, 4]], &move |x| {
+            x[0].scatter(0, &to(), &x[1])
+        }),
         ("scatter_add", &[&[3, 4], &[2, 4]], &move |x| {
             x[0].scatter_add(0, &to(), &x[1])
         }),

@@ -439,7 +439,11 @@ fn {entry_point}(@builtin(workgroup_id) tsl_wid: vec3<u32>, @builtin(num_workgro
                     self.line(format!("v{i}_old = v{i}_r.old_value;"));
                     self.close();
                 } else {
-                    let f = if *op == AtomicOp::Max { "atomicMax" } else { "atomicAdd" };
+                    let f = if *op == AtomicOp::Max {
+                        "atomicMax"
+                    } else {
+                        "atomicAdd"
+                    };
                     self.line(format!("{f}(&{base}[v{i}_at], {v});"));
                 }
             }
