@@ -674,6 +674,22 @@ impl<'c> Measurer<'c> {
         tolerance: f64,
         floor: f64,
     ) -> Result<Option<String>> {
+        let start = std::time::Instant::now();
+        let found = self.compare(slot, reference, other, tolerance, floor);
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(target: "tessel::measure", "compared {slot:?} with its reference in {ms:.1} ms");
+        found
+    }
+
+    /// [`Measurer::disagreement`], untimed.
+    fn compare(
+        &self,
+        slot: PlanSlot,
+        reference: (usize, BufferId),
+        other: (usize, BufferId),
+        tolerance: f64,
+        floor: f64,
+    ) -> Result<Option<String>> {
         let (dtype, _) = self.compiled.size(slot);
         let len = self.bytes(slot)?;
         let mut x = vec![0u8; len];
@@ -688,14 +704,19 @@ impl<'c> Measurer<'c> {
         let width = dtype.size_bytes();
         let scale = largest_magnitude(&x, width, decode, floor);
         let tolerance = tolerance * scale;
-        let pairs = x.chunks_exact(width).zip(y.chunks_exact(width));
-        for (i, (p, q)) in pairs.map(|(p, q)| (decode(p), decode(q))).enumerate() {
-            let same = (p.is_nan() && q.is_nan()) || p == q || (p - q).abs() <= tolerance;
-            if !same {
-                return Ok(Some(format!("element {i}: {q} instead of {p}")));
-            }
-        }
-        Ok(None)
+        let first = in_parallel(x.len() / width, |range| {
+            range.into_iter().find_map(|i| {
+                let at = i * width..(i + 1) * width;
+                let (p, q) = (decode(&x[at.clone()]), decode(&y[at]));
+                let same = (p.is_nan() && q.is_nan()) || p == q || (p - q).abs() <= tolerance;
+                (!same).then_some((i, p, q))
+            })
+        });
+        Ok(first
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|(i, p, q)| format!("element {i}: {q} instead of {p}")))
     }
 }
 
@@ -711,13 +732,39 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
+/// `f` on contiguous ranges of `0..elements`, one per available core for large ranges,
+/// at once, in range order: a first call compares outputs of hundreds of megabytes on the
+/// host (a cross-entropy's gradient over a vocabulary), which one core does in seconds.
+fn in_parallel<R: Send>(elements: usize, f: impl Fn(std::ops::Range<usize>) -> R + Sync) -> Vec<R> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let threads = cores.min(elements.div_ceil(1 << 18)).max(1);
+    if threads == 1 {
+        return vec![f(0..elements)];
+    }
+    let per = elements.div_ceil(threads);
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| scope.spawn(move || f(t * per..((t + 1) * per).min(elements))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
 /// The largest finite magnitude among `bytes`' elements, and `floor`.
 fn largest_magnitude(bytes: &[u8], width: usize, decode: fn(&[u8]) -> f64, floor: f64) -> f64 {
-    bytes
-        .chunks_exact(width)
-        .map(decode)
-        .filter(|v| v.is_finite())
-        .fold(floor, |m, v| m.max(v.abs()))
+    in_parallel(bytes.len() / width, |range| {
+        bytes[range.start * width..range.end * width]
+            .chunks_exact(width)
+            .map(decode)
+            .filter(|v| v.is_finite())
+            .fold(floor, |m, v| m.max(v.abs()))
+    })
+    .into_iter()
+    .fold(floor, f64::max)
 }
 
 /// How to read one element of a float dtype as f64, `None` for other dtypes.

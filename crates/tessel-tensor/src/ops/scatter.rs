@@ -96,16 +96,19 @@ fn reduce_sorted(
             ),
         ));
     };
+    // Sorted once per source row where the index is a broadcast, then spread again.
+    let rows = compact_index(index, axis).unwrap_or_else(|| index.clone());
+    let full = src.shape().clone();
     // Out-of-range indices form runs of their own, at key -1, which nothing reads back.
-    let idx = index.dtype();
-    let inside = index.ge(0i64)?.logical_and(&index.raw_binary(
-        BinaryOp::Lt,
-        &index.full_like_scalar(Scalar::I64(n.bounds().hi), idx),
-    ))?;
-    let keys = inside.raw_where(index, &index.full_like_scalar(Scalar::I64(-1), idx));
+    let idx = rows.dtype();
+    let hi = rows.full_like_scalar(Scalar::I64(n.bounds().hi), idx);
+    let inside = rows
+        .ge(0i64)?
+        .logical_and(&rows.raw_binary(BinaryOp::Lt, &hi))?;
+    let keys = inside.raw_where(&rows, &rows.full_like_scalar(Scalar::I64(-1), idx));
     let order = keys.argsort(i64_of(axis), false)?;
     let keys = pick(&keys, &order, axis);
-    let mut values = pick(src, &order, axis);
+    let mut values = pick(src, &order.broadcast_to_shape(&full), axis);
     let identity = rop.identity(src.dtype());
     let m = usize::try_from(m).unwrap_or(0);
     let mut shift = 1;
@@ -117,7 +120,9 @@ fn reduce_sorted(
                 i64_of(m),
             )
         };
-        let same_run = keys.raw_binary(BinaryOp::Eq, &earlier(&keys, Scalar::I64(-2))?);
+        let same_run = keys
+            .raw_binary(BinaryOp::Eq, &earlier(&keys, Scalar::I64(-2))?)
+            .broadcast_to_shape(&full);
         let before = earlier(&values, identity)?;
         let combined = match rop {
             ReduceOp::Prod => before.raw_binary(BinaryOp::Mul, &values),
@@ -126,7 +131,9 @@ fn reduce_sorted(
         values = same_run.raw_where(&combined, &values);
         shift *= 2;
     }
-    let writer = last_writer(op, &keys, axis, n, None)?;
+    let mut spread = full.into_dims();
+    spread[axis] = n;
+    let writer = last_writer(op, &keys, axis, n, None)?.broadcast_to_shape(&Shape::new(spread));
     read_last(&values, &keys, &writer, axis)
 }
 
@@ -140,6 +147,33 @@ fn scatter_max_into_zeros(index: &Tensor, keys: &Tensor, axis: usize, n: Dim) ->
         keys.dtype(),
         Shape::new(dims),
     )
+}
+
+/// `index` as recorded before a broadcast along dims other than `axis` (the spread index of
+/// `index_add`, `index_put` and an embedding's gradient), so that what depends on the index
+/// alone (the last writer of each position, the sort by destination) is computed once per
+/// source row instead of once per element; `None` where the graph recorded no such
+/// broadcast.
+fn compact_index(index: &Tensor, axis: usize) -> Option<Tensor> {
+    let mut st = crate::runtime::runtime().lock();
+    let Op::Expand(child) = st.graph.node(index.node()).op else {
+        return None;
+    };
+    let narrow = st.graph.node(child);
+    if narrow.shape.ndim() != index.ndim() || narrow.shape[axis] != index.shape()[axis] {
+        return None;
+    }
+    let (shape, dtype) = (narrow.shape.clone(), narrow.dtype);
+    st.graph.retain(child);
+    drop(st);
+    let values = index.dim_values().clone();
+    Some(Tensor::from_node_with(
+        child,
+        shape,
+        dtype,
+        index.device(),
+        values,
+    ))
 }
 
 /// One more than each source's position along `axis` (`index`'s shape), as `dtype` (`u32`
@@ -335,8 +369,17 @@ impl Tensor {
         const OP: &str = "scatter";
         let plan = ScatterPlan::new(OP, self, dim, index, src)?;
         let axis = plan.axis;
-        // The last source position that writes each destination: an atomic maximum.
-        let writer = last_writer(OP, index, axis, self.shape()[axis], None)?;
+        // The last source position that writes each destination: an atomic maximum, once
+        // per source row where the index is a broadcast.
+        let n = self.shape()[axis];
+        let writer = match compact_index(index, axis) {
+            Some(rows) => {
+                let mut spread = index.shape().clone().into_dims();
+                spread[axis] = n;
+                last_writer(OP, &rows, axis, n, None)?.broadcast_to_shape(&Shape::new(spread))
+            }
+            None => last_writer(OP, index, axis, n, None)?,
+        };
         let (value, written) = read_last(&plan.src, index, &writer, axis)?;
         let (written, value) = (plan.pad(&written, false)?, plan.pad(&value, 0)?);
         Ok(written.raw_where(&value, self))
