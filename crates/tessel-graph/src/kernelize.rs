@@ -249,7 +249,9 @@ fn row_statistics(
             let Some((last, outer)) = shape.dims().split_last() else {
                 return false;
             };
+            // Scatters and sorts run as kernels of their own, never fused into a reader.
             !targets.contains(m)
+                && !matches!(graph.node(*m).op, Op::Scatter(..) | Op::Argsort(_))
                 && last.as_const() == Some(1)
                 && consumers.get(m).is_some_and(|cs| {
                     cs.iter().all(|&c| {

@@ -28,8 +28,9 @@ fn deterministic_scatter_adds_repeat_bit_for_bit() -> Result<()> {
     assert!(!are_deterministic_algorithms_enabled());
     use_deterministic_algorithms(true);
     assert!(are_deterministic_algorithms_enabled());
-    // 1000 rows into 7, with some out of range (dropped).
-    let (m, n, cols) = (1000usize, 7usize, 5usize);
+    // 1000 rows of 300 into 7, with some out of range (dropped). Rows this wide make a GPU
+    // plan try row kernels, which must leave the sort's scatters kernels of their own.
+    let (m, n, cols) = (1000usize, 7usize, 300usize);
     let rows: Vec<i64> = (0..m as i64).map(|i| (i * 37 + i / 11) % 9 - 1).collect();
     let src = values(m * cols, 3);
     let mut want = vec![0f64; n * cols];

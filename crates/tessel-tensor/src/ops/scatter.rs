@@ -104,7 +104,7 @@ fn reduce_sorted(
     let hi = rows.full_like_scalar(Scalar::I64(n.bounds().hi), idx);
     let inside = rows
         .ge(0i64)?
-        .logical_and(&rows.raw_binary(BinaryOp::Lt, &hi))?;
+        .logical_and(rows.raw_binary(BinaryOp::Lt, &hi))?;
     let keys = inside.raw_where(&rows, &rows.full_like_scalar(Scalar::I64(-1), idx));
     let order = keys.argsort(i64_of(axis), false)?;
     let keys = pick(&keys, &order, axis);
@@ -134,7 +134,7 @@ fn reduce_sorted(
     let mut spread = full.into_dims();
     spread[axis] = n;
     let writer = last_writer(op, &keys, axis, n, None)?.broadcast_to_shape(&Shape::new(spread));
-    read_last(&values, &keys, &writer, axis)
+    Ok(read_last(&values, &keys, &writer, axis))
 }
 
 /// Zeros of `index`'s shape with `n` along `axis`, each element the largest of the `keys`
@@ -248,19 +248,14 @@ fn extreme_writer(
 
 /// `src` (`index`'s shape) read at the source position [`last_writer`] found for each
 /// destination, and whether there was one.
-fn read_last(
-    src: &Tensor,
-    index: &Tensor,
-    writer: &Tensor,
-    axis: usize,
-) -> Result<(Tensor, Tensor)> {
+fn read_last(src: &Tensor, index: &Tensor, writer: &Tensor, axis: usize) -> (Tensor, Tensor) {
     let zero = writer.full_like_scalar(tessel_shape::Scalar::U32(0), DType::U32);
     let written = writer.raw_binary(BinaryOp::Gt, &zero);
     let one = writer.full_like_scalar(tessel_shape::Scalar::U32(1), DType::U32);
     let at = written
         .raw_where(&writer.raw_binary(BinaryOp::Sub, &one), &zero)
         .cast_to(index.dtype());
-    Ok((pick(src, &at, axis), written))
+    (pick(src, &at, axis), written)
 }
 
 /// Unsigned keys of `x` whose order is `x`'s (`largest`) or its reverse, with NaN above
@@ -380,7 +375,7 @@ impl Tensor {
             }
             None => last_writer(OP, index, axis, n, None)?,
         };
-        let (value, written) = read_last(&plan.src, index, &writer, axis)?;
+        let (value, written) = read_last(&plan.src, index, &writer, axis);
         let (written, value) = (plan.pad(&written, false)?, plan.pad(&value, 0)?);
         Ok(written.raw_where(&value, self))
     }
@@ -866,7 +861,7 @@ fn scatter_reduce_impl(
         // The last source holding each position's extreme, read back by a gather.
         let largest = rop == ReduceOp::Max;
         let writer = extreme_writer(op, index, &plan.src, axis, n, largest)?;
-        let (value, written) = read_last(&plan.src, index, &writer, axis)?;
+        let (value, written) = read_last(&plan.src, index, &writer, axis);
         let (written, value) = (plan.pad(&written, false)?, plan.pad(&value, 0)?);
         let combined = match (include_self, largest) {
             (false, _) => value,

@@ -1103,6 +1103,26 @@ fn index_put_with_and_without_accumulate() -> Result<()> {
     Ok(())
 }
 
+/// `index_put` of whole rows 300 wide: the last writer of each row is found once per row
+/// and broadcast along it, and stays a kernel of its own where a GPU plan tries row
+/// kernels.
+#[test]
+fn index_put_of_wide_rows() -> Result<()> {
+    let x = Nd::random(&mut Rng::new(80), DType::F32, &[6, 300], DEFAULT);
+    let v = Nd::random(&mut Rng::new(81), DType::F32, &[5, 300], DEFAULT);
+    let rows = [4usize, 0, 4, 2, 5];
+    let at = Tensor::from_vec(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [5])?;
+    let got = x
+        .tensor(DType::F32)
+        .index_put(&[&at], &v.tensor(DType::F32), false)?;
+    let mut want = x.clone();
+    for (j, &r) in rows.iter().enumerate() {
+        want.data[r * 300..(r + 1) * 300].copy_from_slice(&v.data[j * 300..(j + 1) * 300]);
+    }
+    exact("index_put of wide rows", &got, &want);
+    Ok(())
+}
+
 /// A scatter-add whose source is a gather from a table shaped like the destination (an
 /// embedding's rows added into a table of the same size): one kernel binds a gathered
 /// coordinate for the read and another for the write, of equal bounds.
