@@ -291,26 +291,28 @@ pub const OPENCL_NO_FP64: CStyle = CStyle {
     ..OPENCL
 };
 
-const OPENCL_PRELUDE: &str = "\
-#pragma OPENCL FP_CONTRACT OFF
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+/// Enables the 64-bit atomics a device has; kernels use them only where
+/// `Features::atomics64` says both extensions are there.
+macro_rules! opencl_int64_atomics {
+    () => {
+        "\
 #ifdef cl_khr_int64_base_atomics
 #pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
 #endif
 #ifdef cl_khr_int64_extended_atomics
 #pragma OPENCL EXTENSION cl_khr_int64_extended_atomics : enable
 #endif
-";
+"
+    };
+}
 
-const OPENCL_NO_FP64_PRELUDE: &str = "\
-#pragma OPENCL FP_CONTRACT OFF
-#ifdef cl_khr_int64_base_atomics
-#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
-#endif
-#ifdef cl_khr_int64_extended_atomics
-#pragma OPENCL EXTENSION cl_khr_int64_extended_atomics : enable
-#endif
-";
+const OPENCL_PRELUDE: &str = concat!(
+    "#pragma OPENCL FP_CONTRACT OFF\n#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n",
+    opencl_int64_atomics!()
+);
+
+const OPENCL_NO_FP64_PRELUDE: &str =
+    concat!("#pragma OPENCL FP_CONTRACT OFF\n", opencl_int64_atomics!());
 
 /// `f16` through the half-precision load and store built-ins, which OpenCL C 1.2 has
 /// without `cl_khr_fp16`; `half` may only be used as a pointee there, so the bits go through
