@@ -17,6 +17,7 @@ pub mod backend;
 pub mod builder;
 pub mod cache;
 pub mod codegen;
+pub mod compare;
 mod display;
 pub mod handles;
 pub mod interp;

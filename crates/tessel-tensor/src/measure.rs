@@ -19,7 +19,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_graph::extract::Budget;
 use tessel_graph::placement::{self, PlacedCandidate, Placement, Transfer};
 use tessel_ir::cache::{Fnv128, temp_suffix};
-use tessel_ir::{Backend, BufferId};
+use tessel_ir::{Backend, BufferId, ProgramId, compare};
 use tessel_shape::{Bindings, DType, Dim};
 
 use crate::device::Device;
@@ -654,7 +654,12 @@ impl<'c> Measurer<'c> {
         else {
             return Ok(0.0);
         };
-        let mut bytes = vec![0u8; self.bytes(slot)?];
+        let len = self.bytes(slot)?;
+        if let Some(found) = self.on_device_differences(place.device, dtype, buffer, buffer, len) {
+            self.magnitudes.insert(slot, found.largest);
+            return Ok(found.largest);
+        }
+        let mut bytes = vec![0u8; len];
         if !bytes.is_empty() {
             self.backend(place.device).read(buffer, 0, &mut bytes)?;
         }
@@ -692,6 +697,15 @@ impl<'c> Measurer<'c> {
     ) -> Result<Option<String>> {
         let (dtype, _) = self.compiled.size(slot);
         let len = self.bytes(slot)?;
+        if reference.0 == other.0
+            && let Some(found) =
+                self.on_device_differences(reference.0, dtype, reference.1, other.1, len)
+            && found.worst <= tolerance * found.largest.max(floor)
+        {
+            return Ok(None);
+        }
+        // Compared on the host: small buffers, other dtypes, and a disagreement, whose
+        // first element the message names.
         let mut x = vec![0u8; len];
         let mut y = vec![0u8; len];
         if len > 0 {
@@ -718,6 +732,95 @@ impl<'c> Measurer<'c> {
             .next()
             .map(|(i, p, q)| format!("element {i}: {q} instead of {p}")))
     }
+}
+
+impl Measurer<'_> {
+    /// [`tessel_ir::compare::differences`] of two `dtype` buffers of `bytes` on `device`,
+    /// run there: `None` for buffers under [`DEVICE_COMPARISON_MIN`], other dtypes, and
+    /// where the device refuses the kernel (the host compares then).
+    fn on_device_differences(
+        &self,
+        device: usize,
+        dtype: DType,
+        reference: BufferId,
+        other: BufferId,
+        bytes: usize,
+    ) -> Option<compare::Differences> {
+        let n = bytes / dtype.size_bytes().max(1);
+        if bytes < DEVICE_COMPARISON_MIN
+            || !matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+            || n > compare::MAX_LEN
+        {
+            return None;
+        }
+        let backend = self.backend(device);
+        let ordinal = self.device(device).ordinal;
+        let program = difference_program(backend, ordinal, dtype)?;
+        let summary_bytes = 2 * compare::GROUPS * compare::summary_dtype(dtype).size_bytes();
+        let run = || -> std::result::Result<compare::Differences, tessel_ir::BackendError> {
+            let summary = backend.alloc(ordinal, summary_bytes)?;
+            let dims = Bindings::new().with(compare::length(), n as i64);
+            let mut out = vec![0u8; summary_bytes];
+            let done = backend
+                .launch(program, &[reference, other, summary], &dims)
+                .and_then(|()| backend.read(summary, 0, &mut out));
+            let _ = backend.free(summary);
+            done.map(|()| compare::Differences::read(&out, dtype))
+        };
+        run()
+            .inspect_err(|e| tracing::debug!(target: "tessel::measure", "comparing on {} failed ({e}); comparing on the host", backend.name()))
+            .ok()
+    }
+}
+
+/// Buffers from this size on are compared on their device
+/// ([`Measurer::on_device_differences`]); smaller ones on the host, where reading them
+/// costs less than a launch.
+const DEVICE_COMPARISON_MIN: usize = 8 << 20;
+
+/// The [`compare::differences`] program of `dtype` on device `ordinal` of `backend`,
+/// compiled once per process (`None` where the device refused it or would interpret it).
+fn difference_program(
+    backend: &Arc<dyn Backend>,
+    ordinal: usize,
+    dtype: DType,
+) -> Option<ProgramId> {
+    type Programs = FxHashMap<(usize, usize, DType), Option<ProgramId>>;
+    static PROGRAMS: std::sync::Mutex<Option<Programs>> = std::sync::Mutex::new(None);
+    // Backends live as long as the process: the address names one.
+    let key = (Arc::as_ptr(backend).cast::<u8>() as usize, ordinal, dtype);
+    let lock = || {
+        PROGRAMS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some(&known) = lock().as_ref().and_then(|m| m.get(&key)) {
+        return known;
+    }
+    // Compiled outside the lock; a racing thread's duplicate is released.
+    let compiled = compare::differences(dtype)
+        .map_err(|e| e.to_string())
+        .and_then(|kernel| backend.compile(ordinal, &kernel).map_err(|e| e.to_string()))
+        .inspect_err(|e| tracing::debug!(target: "tessel::measure", "{}: no device comparison of {dtype}: {e}", backend.name()))
+        .ok()
+        // An interpreted comparison is slower than the host's.
+        .filter(|&p| {
+            let interpreted = matches!(backend.origin(p), Ok(tessel_ir::ProgramOrigin::Interpreted));
+            if interpreted {
+                let _ = backend.release(p);
+            }
+            !interpreted
+        });
+    let mut programs = lock();
+    let programs = programs.get_or_insert_with(FxHashMap::default);
+    if let Some(&known) = programs.get(&key) {
+        if let Some(p) = compiled {
+            let _ = backend.release(p);
+        }
+        return known;
+    }
+    programs.insert(key, compiled);
+    compiled
 }
 
 fn eval(numel: Dim, dims: &Bindings) -> Result<usize> {

@@ -388,6 +388,65 @@ impl Conformance<'_> {
         }
     }
 
+    /// `compare::differences`: two buffers of every float dtype (NaN, infinities, equal
+    /// and distant elements; longer than one pass of the grid), the workgroups' summaries
+    /// folded, against the same maxima computed in Rust in the kernel's arithmetic
+    /// (maxima do not depend on the order, so the bits agree). A backend may refuse `f64`.
+    pub fn buffer_differences_on_the_device(&self) {
+        use tessel_ir::compare::{self, Differences};
+        let n = 140_001;
+        let mut rng = Rng(31);
+        let special = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0];
+        let mut x = Vec::with_capacity(n);
+        let mut y = Vec::with_capacity(n);
+        for i in 0..n {
+            let v = f64::from(rng.f32s(1)[0]) * 8.0;
+            let p = if i % 9973 == 5 { special[i % 4] } else { v };
+            let q = match i % 3 {
+                0 => p,
+                1 => p + f64::from(rng.f32s(1)[0]) / 64.0,
+                _ if i % 7919 == 2 => special[(i / 3) % 4],
+                _ => p,
+            };
+            x.push(p);
+            y.push(q);
+        }
+        let dims = Bindings::new().with(compare::length(), n as i64);
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+            let bytes = |values: &[f64]| -> Vec<u8> {
+                values
+                    .iter()
+                    .flat_map(|&v| {
+                        let s = tessel_shape::Scalar::F64(v).cast(dtype);
+                        s.to_bits().to_le_bytes()[..dtype.size_bytes()].to_vec()
+                    })
+                    .collect()
+            };
+            let kernel = compare::differences(dtype).unwrap();
+            let wide = compare::summary_dtype(dtype);
+            let buffers = [
+                bytes(&x),
+                bytes(&y),
+                vec![0xAB; 2 * compare::GROUPS * wide.size_bytes()],
+            ];
+            let want = expected_differences(&x, &y, dtype);
+            assert!(want.worst.is_infinite() && want.largest > 7.0, "{want:?}");
+            match self.execute(&kernel, &buffers, &dims) {
+                Ok(got) => assert_eq!(
+                    Differences::read(&got[2], dtype),
+                    want,
+                    "{}: {dtype}",
+                    self.label()
+                ),
+                Err(e) if dtype == DType::F64 => crate::skip(
+                    &self.test_name(),
+                    &format!("{}: differences on f64: refused: {e}", self.device_name()),
+                ),
+                Err(e) => panic!("{}: differences on {dtype} failed: {e}", self.label()),
+            }
+        }
+    }
+
     /// `samples::tree_reduce`: pairwise halving through local memory with barriers, bit for
     /// bit against the same order in Rust.
     pub fn tree_reduce_with_barriers(&self) {
@@ -712,4 +771,44 @@ impl Conformance<'_> {
             "{name}: synchronize on device {count} of {count}"
         );
     }
+}
+
+/// What `compare::differences` must find for `x` against `y` stored as `dtype`: the same
+/// arithmetic in the kernel's summary dtype (`f32`, or `f64` for `f64`).
+fn expected_differences(x: &[f64], y: &[f64], dtype: DType) -> tessel_ir::compare::Differences {
+    fn fold<F: Into<f64> + Copy>(
+        pairs: impl Iterator<Item = (F, F)>,
+        abs_diff: fn(F, F) -> F,
+    ) -> (f64, f64) {
+        pairs.fold((0.0f64, 0.0f64), |(largest, worst), (p, q)| {
+            let (pf, qf): (f64, f64) = (p.into(), q.into());
+            let largest = if pf.abs() < f64::INFINITY {
+                largest.max(pf.abs())
+            } else {
+                largest
+            };
+            let same = pf == qf || (pf.is_nan() && qf.is_nan());
+            let d: f64 = abs_diff(p, q).into();
+            let d = if same {
+                0.0
+            } else if d.is_nan() {
+                f64::INFINITY
+            } else {
+                d
+            };
+            (largest, worst.max(d))
+        })
+    }
+    let stored = |v: f64| tessel_shape::Scalar::F64(v).cast(dtype).to_f64();
+    let pairs = x.iter().zip(y).map(|(&p, &q)| (stored(p), stored(q)));
+    let (largest, worst) = if dtype == DType::F64 {
+        fold(pairs, |p, q| (p - q).abs())
+    } else {
+        // Narrow floats widen to f32 exactly; the kernel subtracts in f32.
+        fold(
+            pairs.map(|(p, q)| (p as f32, q as f32)),
+            |p: f32, q: f32| (p - q).abs(),
+        )
+    };
+    tessel_ir::compare::Differences { largest, worst }
 }

@@ -175,6 +175,7 @@ macro_rules! conformance_tests {
             permuted_copy,
             row_sum,
             atomic_adds_collide,
+            buffer_differences_on_the_device,
             tree_reduce_with_barriers,
             tiled_matmul_with_local_memory,
             dynamic_dims_compile_once,

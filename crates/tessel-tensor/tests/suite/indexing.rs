@@ -927,7 +927,8 @@ fn gathers_and_gradients_over_a_real_vocabulary() -> Result<()> {
             );
         }
     }
-    // Cross-entropy's pieces over [6, 50257] logits.
+    // Cross-entropy's pieces over [48, 50257] logits: a 9.6 MB gradient, which measurement
+    // compares with its reference on the device.
     let device = tessel_tensor::Device::default();
     if device.info().is_ok_and(|i| i.name.contains("llvmpipe")) {
         // lavapipe (Mesa 22.3.6, LLVM 15) sums the second of two loops over a row wrongly
@@ -938,7 +939,7 @@ fn gathers_and_gradients_over_a_real_vocabulary() -> Result<()> {
         );
         return Ok(());
     }
-    let rows = 6;
+    let rows = 48;
     let x = Nd::random(&mut Rng::new(43), DType::F32, &[rows, vocab], DEFAULT);
     let t = indices(44, &[rows, 1], vocab);
     for idx_dtype in on_device(INDEX) {
