@@ -139,7 +139,7 @@ fn reduce_sorted(
 
 /// Zeros of `index`'s shape with `n` along `axis`, each element the largest of the `keys`
 /// (`u32` or `u64`, `index`'s shape) sent to it: one [`Op::Scatter`] of atomic maxima.
-fn scatter_max_into_zeros(index: &Tensor, keys: &Tensor, axis: usize, n: Dim) -> Tensor {
+pub(super) fn scatter_max_into_zeros(index: &Tensor, keys: &Tensor, axis: usize, n: Dim) -> Tensor {
     let mut dims = index.shape().clone().into_dims();
     dims[axis] = n;
     keys.record(

@@ -1,28 +1,29 @@
 //! Sorting and selection: `sort`, `argsort`, `topk`, `kthvalue`, `median`, `searchsorted`
 //! and `unique`.
 //!
-//! Sorting runs on every backend, in two forms:
+//! Sorting runs on every backend, in three forms:
 //!
 //! * **In local memory** (rows of up to [`ARGSORT_ROW_MAX`] = 1024 elements): an
 //!   [`Op::Argsort`] of the elements' [`order_key`]s, one workgroup per row running a
 //!   bitonic network over (key, position) pairs in local memory, gives the stable order;
 //!   the values are gathered by it. `n·log2²(n)` work per row in one kernel.
-//! * **Bitonic network** (longer rows). The row is padded to a power of two `m` with a
-//!   sentinel that sorts last, each element carries its position, and
-//!   `log2(m)·(log2(m) + 1) / 2` compare-exchange stages, each a reshape/flip view of the
-//!   previous one and a `where`, sort it; the position breaks ties. `m·log2²(m)` work; the
-//!   kernelizer materializes every second stage, so about one kernel per stage.
+//! * **By radix** (longer rows): a least-significant-digit radix sort of the order keys,
+//!   8 bits per pass (4 passes for dtypes of 32 bits or fewer, 8 for the 64-bit ones).
+//!   Each pass sorts blocks of 1024 by the digit in local memory (an [`Op::Argsort`]),
+//!   counts each block's digits, and moves every (key, position) pair to the destination
+//!   that a prefix sum of the counts gives: `O(n)` work per pass, a few kernels each.
+//! * **Bitonic network** (longer rows whose batch dims are symbolic). The row is padded to
+//!   a power of two `m` with a sentinel that sorts last, each element carries its position,
+//!   and `log2(m)·(log2(m) + 1) / 2` compare-exchange stages, each a reshape/flip view of
+//!   the previous one and a `where`, sort it; the position breaks ties. `m·log2²(m)` work;
+//!   the kernelizer materializes every second stage, so about one kernel per stage.
 //!
 //! `topk`, `kthvalue` and `median` of rows longer than 1024 (dtypes of 32 bits or fewer)
 //! select by radix instead of sorting: an order-preserving 32-bit key per element, four
 //! byte-wise histogram passes that locate the wanted key, `O(n)` per row.
 //!
-//! Both are stable; `-0.0` and `+0.0` compare equal (they keep their order), and NaN sorts
+//! All are stable; `-0.0` and `+0.0` compare equal (they keep their order), and NaN sorts
 //! after everything ascending and before everything descending, as in `PyTorch`.
-//!
-//! Measured on the CPU backend (release build, 2 cores, kernels compiled): one row of 2^16 `f32` sorts in about 0.2 s
-//! through 136 kernels (a graph of 4400 nodes, planned in about 0.2 s when the kernels are
-//! cached; compiling its kernels with the C compiler the first time takes about 10 s).
 //!
 //! `unique` sorts on the device and reads back only its number of values.
 
@@ -363,7 +364,10 @@ fn select_ranked(
         radix_rank(&last, n, &rank)?
     } else {
         let (sorted, from) = if n > ARGSORT_ROW_MAX {
-            bitonic(&last, n, descending)?
+            match radix_sort(&last, n, descending)? {
+                Some(sorted) => sorted,
+                None => bitonic(&last, n, descending)?,
+            }
         } else {
             let from = argsort_rows(&last, descending);
             (gather_last(&last, &from), from)
@@ -414,6 +418,133 @@ fn select_ranked(
 /// `x` along its last axis at the positions `at` (`[.., K]`): one gather.
 fn gather_last(x: &Tensor, at: &Tensor) -> Tensor {
     super::indexing::pick(x, at, x.ndim() - 1)
+}
+
+/// Bits of the digit each pass of [`radix_sort`] orders by.
+const RADIX_BITS: u32 = 8;
+
+/// The stable ascending (or `descending`) sort of the last axis of `last` (`n` long, more
+/// than [`ARGSORT_ROW_MAX`]) by a least-significant-digit radix sort of the elements'
+/// [`order_key`]s: the sorted values and their `i64` positions in the row; `None` where
+/// the batch dims are symbolic (the [`bitonic`] network sorts those).
+///
+/// Rows are padded with the largest key to whole blocks of `ARGSORT_ROW_MAX` elements.
+/// Each pass orders (key, position) pairs stably by one 8-bit digit, from the lowest:
+/// 1. every block sorts itself by the digit in local memory (an [`Op::Argsort`]);
+/// 2. a histogram counts each block's digits (a scatter-add into 256 bins per block), and
+///    an atomic maximum finds where each digit starts in the sorted block;
+/// 3. an exclusive prefix sum of the histograms in (row, digit, block) order gives each
+///    block's first destination for each digit;
+/// 4. each pair moves to its block's destination for its digit plus its rank among the
+///    block's equal digits (a scatter of the bits).
+///
+/// `key bits / 8` passes of `O(n)` work (4 for dtypes of 32 bits or fewer, 8 for the
+/// 64-bit ones). Each pass keeps equal digits in their order, so equal keys keep their row
+/// order: the sort is stable. Descending sorts the inverted keys ascending.
+fn radix_sort(last: &Tensor, n: usize, descending: bool) -> Result<Option<(Tensor, Tensor)>> {
+    use tessel_shape::{BinaryOp, UnaryOp};
+    let nd = last.ndim();
+    let Some(dims) = last.shape().as_usizes() else {
+        return Ok(None);
+    };
+    let rows: usize = dims[..nd - 1].iter().product();
+    let block = ARGSORT_ROW_MAX;
+    let (per_row, bins) = (n.div_ceil(block), 1usize << RADIX_BITS);
+    let (m, blocks) = (per_row * block, rows * per_row);
+    let shape = |d: &[usize]| Shape::new(d.iter().map(|&v| Dim::from(v)).collect());
+    let key = order_key(last);
+    let word = key.dtype();
+    let key = if descending {
+        key.raw_unary(UnaryOp::Not)
+    } else {
+        key
+    };
+    let largest = match word {
+        DType::U32 => Scalar::U32(u32::MAX),
+        _ => Scalar::U64(u64::MAX),
+    };
+    let key = key.reshape_to(shape(&[rows, n]));
+    // Pads take the largest key and the row's last positions: they sort after everything.
+    let mut keys = if m > n {
+        pad_axis(&key, 1, Dim::constant(0), Dim::from(m - n), largest)
+    } else {
+        key
+    };
+    // Positions in i32 where they fit: half the traffic, and devices without 64-bit
+    // integers sort too.
+    let pos_dtype = if i32::try_from(m).is_ok() {
+        DType::I32
+    } else {
+        DType::I64
+    };
+    let mut pos = Tensor::record_on(last.device(), Op::Index(1), pos_dtype, shape(&[rows, m]));
+    let grid = shape(&[blocks, block]);
+    let whole = shape(&[rows * m]);
+    let split = shape(&[rows, per_row, block]);
+    // Per element of the [blocks, block] grid: its block, its place in it, its row's start.
+    let block_of = index(&keys, 0, grid.dims());
+    let place = index(&keys, 1, grid.dims());
+    let row_start = index(&keys, 0, split.dims())
+        .reshape_to(grid.clone())
+        .mul(i64_of(m))?;
+    let word_c = |like: &Tensor, v: u64| match word {
+        DType::U32 => like.full_like_scalar(Scalar::U32(v as u32), word),
+        _ => like.full_like_scalar(Scalar::U64(v), word),
+    };
+    let digit = |x: &Tensor, shift: u64| {
+        x.raw_binary(BinaryOp::Shr, &word_c(x, shift))
+            .raw_binary(BinaryOp::And, &word_c(x, bins as u64 - 1))
+    };
+    let passes = 8 * word.size_bytes() as u64 / u64::from(RADIX_BITS);
+    for pass in 0..passes {
+        let shift = pass * u64::from(RADIX_BITS);
+        let (k, p) = (keys.reshape_to(grid.clone()), pos.reshape_to(grid.clone()));
+        let d = digit(&k, shift);
+        let order = d.record(Op::Argsort(d.node()), DType::I64, grid.clone());
+        let (k, p) = (gather_last(&k, &order), gather_last(&p, &order));
+        let bin = block_of
+            .mul(i64_of(bins))?
+            .add(&digit(&k, shift).cast_to(DType::I64))?
+            .reshape_to(whole.clone());
+        let ones = bin.full_like_scalar(Scalar::I32(1), DType::I32);
+        let counts =
+            super::scatter::scatter_add_into_zeros(&bin, &ones, 0, Dim::from(blocks * bins))?;
+        // The largest `block - place` of each bin: where its digit starts in the block.
+        let from_end = place.neg()?.add(i64_of(block))?.cast_to(DType::U32);
+        let start = super::scatter::scatter_max_into_zeros(
+            &bin,
+            &from_end.reshape_to(whole.clone()),
+            0,
+            Dim::from(blocks * bins),
+        )
+        .cast_to(DType::I64)
+        .neg()?
+        .add(i64_of(block))?;
+        // Destinations before each (block, digit): the counts of smaller digits in the
+        // row, and of this digit in the row's earlier blocks.
+        let by_digit = counts
+            .reshape_to(shape(&[rows, per_row, bins]))
+            .permute(&[0, 2, 1])?
+            .reshape(&[i64_of(rows), i64_of(bins * per_row)])?;
+        let before = by_digit
+            .cumsum(-1)?
+            .sub(&by_digit)?
+            .reshape_to(shape(&[rows, bins, per_row]))
+            .permute(&[0, 2, 1])?
+            .reshape(&[i64_of(blocks * bins)])?;
+        let dest = gather_last(&before, &bin)
+            .sub(&gather_last(&start, &bin))?
+            .add(&place.reshape_to(whole.clone()))?
+            .add(&row_start.reshape_to(whole.clone()))?;
+        let placed = |x: &Tensor| {
+            super::scatter::place_bits(&x.reshape_to(whole.clone()), &dest, rows * m)
+                .reshape_to(shape(&[rows, m]))
+        };
+        (keys, pos) = (placed(&k), placed(&p));
+    }
+    let from = pos.narrow(-1, 0, i64_of(n))?.cast_to(DType::I64);
+    let from = from.reshape_to(last.shape().clone());
+    Ok(Some((gather_last(last, &from), from)))
 }
 
 /// The stable ascending (or `descending`) sort of the last axis of `x` (`n` long) by a

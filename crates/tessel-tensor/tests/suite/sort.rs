@@ -416,12 +416,13 @@ fn sorting_errors_name_the_op_and_shape() {
     );
 }
 
-/// Rows past the rank sort's limit go through the bitonic network: `f32` rows of 3000
-/// (padded to 4096) with many ties, NaN, ±inf and ±0 (the second row without NaN, so its
-/// median is a number), both directions, and the selections built on the sort; an `i32`
-/// row checks the integer sentinel. One shape per dtype: every stage is a kernel.
+/// Rows past the local-memory sort's limit sort by radix: `f32` rows of 3000 (padded to
+/// 3072, three blocks) with many ties, NaN, ±inf and ±0 (the second row without NaN, so
+/// its median is a number), both directions, and the selections built on the sort; an
+/// `i32` row holding `i32::MAX` (the pads' key) checks that pads sort last, and an `f64`
+/// row the 64-bit keys (eight passes). One shape per dtype: every pass is a few kernels.
 #[test]
-fn long_rows_sort_through_the_network() -> Result<()> {
+fn long_rows_sort_by_radix() -> Result<()> {
     let n = 3000;
     let mut x = data(500, DType::F32, &[2, n]);
     for v in &mut x.data[n..] {
@@ -493,7 +494,9 @@ fn long_rows_sort_through_the_network() -> Result<()> {
         &Nd::new(&[2], x.data.chunks(n).map(|r| median(r).1).collect()),
     );
 
-    let x = data(501, DType::I32, &[1, 1500]);
+    let mut x = data(501, DType::I32, &[1, 1500]);
+    x.data[7] = f64::from(i32::MAX);
+    x.data[1400] = f64::from(i32::MAX);
     let (v, i) = x.tensor(DType::I32).sort(-1, false)?;
     assert_exact(
         "sort i32",
@@ -505,6 +508,25 @@ fn long_rows_sort_through_the_network() -> Result<()> {
         &Nd::of(&i),
         &along(&x, 1, 1500, |r| sorted(r, false).1),
     );
+
+    if common::on_device([DType::F64]).is_empty() {
+        return Ok(());
+    }
+    let x = data(502, DType::F64, &[2, 1100]);
+    for descending in [false, true] {
+        let (v, i) = x.tensor(DType::F64).sort(-1, descending)?;
+        let what = format!("f64 descending {descending}");
+        assert_exact(
+            &format!("sort {what}"),
+            &Nd::of(&v),
+            &along(&x, 1, 1100, |r| sorted(r, descending).0),
+        );
+        assert_exact(
+            &format!("sort idx {what}"),
+            &Nd::of(&i),
+            &along(&x, 1, 1100, |r| sorted(r, descending).1),
+        );
+    }
     Ok(())
 }
 
