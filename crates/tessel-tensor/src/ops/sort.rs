@@ -929,9 +929,20 @@ fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tenso
     let kth = kth.broadcast_to_shape(&flat);
     let greater = key.raw_binary(BinaryOp::Gt, &kth);
     let equal = key.raw_binary(BinaryOp::Eq, &kth);
-    let equal_rank = equal.cast_to(DType::I64).cumsum(-1)?;
+    // One prefix sum counts both, greater elements in the high 32 bits and equal ones in
+    // the low (a row's counts fit 32 bits): an element's place among the taken ones is
+    // the greater ones up to it plus the equal ones up to it, at most `need` of those.
+    let both = greater
+        .cast_to(DType::I64)
+        .raw_binary(BinaryOp::Shl, &i64c(&key, 32))
+        .raw_binary(BinaryOp::Or, &equal.cast_to(DType::I64))
+        .cumsum(-1)?;
+    let equal_rank = both.raw_binary(BinaryOp::And, &i64c(&both, u32::MAX.into()));
+    let greater_rank = both.raw_binary(BinaryOp::Shr, &i64c(&both, 32));
     let take = greater.logical_or(&equal.logical_and(&equal_rank.le(&need)?)?)?;
-    let at = take.cast_to(DType::I64).cumsum(-1)?.sub(1)?;
+    let at = greater_rank
+        .add(&equal_rank.minimum(&need.broadcast_to_shape(&flat))?)?
+        .sub(1)?;
     let row = index(&key, 0, flat.dims());
     let dest = take.raw_where(
         &row.raw_binary(BinaryOp::Mul, &i64c(&row, i64_of(k)))
