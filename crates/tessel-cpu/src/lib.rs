@@ -350,6 +350,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn fill(&self, buffer: BufferId, value: u8, bytes: usize) -> Result<(), BackendError> {
+        let shared = self.memory.get(buffer)?;
+        let mut guard = memory::write(&shared);
+        check_range("fill", buffer, 0, bytes, guard.len())?;
+        guard.bytes_mut()[..bytes].fill(value);
+        Ok(())
+    }
+
     fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
         let shared = self.memory.get(buffer)?;
         let guard = memory::read(&shared);

@@ -269,17 +269,18 @@ pub(crate) fn copy_on_device(
     unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream.0) }
 }
 
-/// Queues setting `bytes` bytes at `dst` to zero.
-pub(crate) fn fill_zero(
+/// Queues setting `bytes` bytes at `dst` to `value`.
+pub(crate) fn fill(
     ctx: &Context,
     stream: &Stream,
     dst: u64,
+    value: u8,
     bytes: usize,
 ) -> Result<(), DriverError> {
     ctx.bind()?;
     // SAFETY: `dst..+bytes` lies in a live allocation of this context (checked by the
     // caller); the pool keeps it allocated while work on the stream may use it.
-    unsafe { cu::memset_d8_async(dst, 0, bytes, stream.0) }
+    unsafe { cu::memset_d8_async(dst, value, bytes, stream.0) }
 }
 
 /// Page-locked host memory, for staging host-to-device copies.

@@ -519,7 +519,7 @@ impl CudaBackend {
         queue_timed(dev, &kernel.name, timed, || {
             // Accumulated buffers start at zero (`Access::Accumulate`), in stream order.
             for &(j, bytes) in &args.zeroed {
-                ffi::fill_zero(&dev.ctx, &dev.stream, bound[j].ptr, bytes)
+                ffi::fill(&dev.ctx, &dev.stream, bound[j].ptr, 0, bytes)
                     .map_err(|e| dev.lost("cuMemsetD8Async", e))?;
             }
             let Some((grid, block)) = dims3 else {
@@ -588,7 +588,7 @@ impl CudaBackend {
         let work = || {
             match plan {
                 Plan::Nothing => {}
-                Plan::Zero { bytes } => ffi::fill_zero(&dev.ctx, &dev.stream, out, bytes)
+                Plan::Zero { bytes } => ffi::fill(&dev.ctx, &dev.stream, out, 0, bytes)
                     .map_err(|e| dev.lost("cuMemsetD8Async", e))?,
                 Plan::Gemm(gemm) => {
                     let blas = lock(&dev.blas);
@@ -780,6 +780,17 @@ impl Backend for CudaBackend {
         lock(&dev.staging)
             .write(&dev.ctx, &dev.stream, b.ptr + offset as u64, data)
             .map_err(|e| dev.lost("cuMemcpyHtoDAsync", e))
+    }
+
+    fn fill(&self, buffer: BufferId, value: u8, bytes: usize) -> Result<(), BackendError> {
+        let b = self.buffers.get(buffer)?;
+        check_range("fill", buffer, 0, bytes, b.bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let dev = &b.device;
+        ffi::fill(&dev.ctx, &dev.stream, b.ptr, value, bytes)
+            .map_err(|e| dev.lost("cuMemsetD8Async", e))
     }
 
     fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {

@@ -174,6 +174,13 @@ pub trait Backend: Send + Sync {
     /// Host to device: copies `data` into `buffer` at byte `offset`.
     fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError>;
 
+    /// Sets the first `bytes` bytes of `buffer` to `value`, in order with other work on
+    /// its device. The default writes them from the host; backends with a device-side
+    /// fill override it.
+    fn fill(&self, buffer: BufferId, value: u8, bytes: usize) -> Result<(), BackendError> {
+        self.write(buffer, 0, &vec![value; bytes])
+    }
+
     /// Device to host: fills `out` from `buffer` at byte `offset`, after pending work.
     fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
 

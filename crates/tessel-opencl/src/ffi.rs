@@ -204,14 +204,14 @@ pub(crate) fn copy(
     Ok(())
 }
 
-/// Queues zeroing the first `bytes` of `buffer` (a buffer of the queue's context); returns
-/// without waiting.
-pub(crate) fn fill_zero(
+/// Queues setting the first `bytes` of `buffer` (a buffer of the queue's context) to
+/// `value`; returns without waiting.
+pub(crate) fn fill(
     queue: &CommandQueue,
     buffer: &Buffer<u8>,
+    value: u8,
     bytes: usize,
 ) -> Result<(), ClError> {
-    let zero = 0u8;
     // SAFETY: the handle is a live buffer of the queue's context at least `bytes` long (the
     // caller checked); the one-byte pattern is read before the call returns (OpenCL 1.2,
     // 5.2.2), and the command keeps its own reference to the buffer. No wait list.
@@ -219,7 +219,7 @@ pub(crate) fn fill_zero(
         enqueue_fill_buffer(
             queue.get(),
             buffer.get(),
-            ptr::from_ref(&zero).cast::<c_void>(),
+            ptr::from_ref(&value).cast::<c_void>(),
             1,
             0,
             bytes,

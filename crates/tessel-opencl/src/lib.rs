@@ -326,7 +326,7 @@ impl OpenClBackend {
         let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
         // Accumulated buffers start at zero (`Access::Accumulate`), in queue order.
         for &(j, bytes) in &args.zeroed {
-            ffi::fill_zero(&dev.queue, &bound[j].mem, bytes).map_err(|e| BackendError::Launch {
+            ffi::fill(&dev.queue, &bound[j].mem, 0, bytes).map_err(|e| BackendError::Launch {
                 kernel: kernel.name.clone(),
                 reason: format!("clEnqueueFillBuffer failed: {e}"),
             })?;
@@ -491,6 +491,17 @@ impl Backend for OpenClBackend {
     fn free(&self, buffer: BufferId) -> Result<(), BackendError> {
         // OpenCL defers the release until queued commands using the buffer are done.
         self.buffers.remove(buffer).map(drop)
+    }
+
+    fn fill(&self, buffer: BufferId, value: u8, bytes: usize) -> Result<(), BackendError> {
+        let b = self.buffers.get(buffer)?;
+        check_range("fill", buffer, 0, bytes, b.bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let dev = self.device(b.device)?;
+        ffi::fill(&dev.queue, &b.mem, value, bytes)
+            .map_err(|e| lost(dev, "clEnqueueFillBuffer", &e))
     }
 
     fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError> {

@@ -207,8 +207,7 @@ impl<'c> Measurer<'c> {
         let ordinal = self.device(device).ordinal;
         let b = self.backend(device).alloc(ordinal, bytes.max(1))?;
         self.owned.push((device, b));
-        self.backend(device)
-            .write(b, 0, &vec![0xff; bytes.max(1)])?;
+        self.backend(device).fill(b, 0xff, bytes.max(1))?;
         Ok(b)
     }
 

@@ -720,6 +720,13 @@ impl Conformance<'_> {
         self.ok(cl.read(a, 97, &mut tail), "read at an offset");
         assert_eq!(tail, [7; 3], "{name}");
         self.ok(cl.copy(a, a, 100), "copy onto itself");
+        // A fill sets a prefix and leaves the rest.
+        self.ok(cl.fill(b, 0xab, 20), "fill");
+        self.ok(cl.read(b, 0, &mut out), "read after a fill");
+        expected[..20].fill(0xab);
+        assert_eq!(out, expected, "{name}: fill");
+        assert!(cl.fill(b, 0, 51).is_err(), "{name}: fill past the end");
+        self.ok(cl.fill(b, 0, 0), "empty fill");
         assert!(cl.copy(a, b, 51).is_err(), "{name}: copy past the end");
         assert!(
             cl.write(a, 90, &[0; 11]).is_err(),
