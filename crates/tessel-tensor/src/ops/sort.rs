@@ -504,7 +504,7 @@ fn radix_sort(last: &Tensor, n: usize, descending: bool) -> Result<Option<(Tenso
         let (k, p) = (gather_last(&k, &order), gather_last(&p, &order));
         let bin = block_of
             .mul(i64_of(bins))?
-            .add(&digit(&k, shift).cast_to(DType::I64))?
+            .add(digit(&k, shift).cast_to(DType::I64))?
             .reshape_to(whole.clone());
         let ones = bin.full_like_scalar(Scalar::I32(1), DType::I32);
         let counts =
@@ -533,9 +533,9 @@ fn radix_sort(last: &Tensor, n: usize, descending: bool) -> Result<Option<(Tenso
             .permute(&[0, 2, 1])?
             .reshape(&[i64_of(blocks * bins)])?;
         let dest = gather_last(&before, &bin)
-            .sub(&gather_last(&start, &bin))?
-            .add(&place.reshape_to(whole.clone()))?
-            .add(&row_start.reshape_to(whole.clone()))?;
+            .sub(gather_last(&start, &bin))?
+            .add(place.reshape_to(whole.clone()))?
+            .add(row_start.reshape_to(whole.clone()))?;
         let placed = |x: &Tensor| {
             super::scatter::place_bits(&x.reshape_to(whole.clone()), &dest, rows * m)
                 .reshape_to(shape(&[rows, m]))
@@ -941,7 +941,7 @@ fn radix_topk(last: &Tensor, n: usize, k: usize, largest: bool) -> Result<(Tenso
     let greater_rank = both.raw_binary(BinaryOp::Shr, &i64c(&both, 32));
     let take = greater.logical_or(&equal.logical_and(&equal_rank.le(&need)?)?)?;
     let at = greater_rank
-        .add(&equal_rank.minimum(&need.broadcast_to_shape(&flat))?)?
+        .add(&equal_rank.minimum(need.broadcast_to_shape(&flat))?)?
         .sub(1)?;
     let row = index(&key, 0, flat.dims());
     let dest = take.raw_where(
