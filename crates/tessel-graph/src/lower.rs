@@ -437,7 +437,24 @@ fn lower_row_kernel(
     for (n, c) in stats {
         lw.eval_node(n, &c, false)?;
     }
-    // Then the row: invocation `lane` computes elements lane, lane + lanes, ...
+    // Then the row: invocation `lane` computes elements lane, lane + lanes, ...; a few
+    // per invocation are unrolled, reusing the values the statistics computed.
+    if let Some(n) = len.as_const()
+        && n % lanes == 0
+        && n / lanes <= UNROLLED_STEPS_MAX
+    {
+        lw.in_row_loop = true;
+        for element in lw.lane_coordinates(lanes, lane, n / lanes) {
+            let coords: Vec<Expr> = coords
+                .iter()
+                .map(|e| e.substitute(&[(col_var, element)]))
+                .collect();
+            let value = lw.eval_node(root, &coords, true)?;
+            let at = lw.ix(row * len + element);
+            lw.kb.store(out, at, value);
+        }
+        return lw.finish_row(root);
+    }
     let start = lw.kb.constant_as(0, idx);
     let end = lw.ix(len.ceil_div(lanes));
     let r = lw.kb.begin_range(start, end);
@@ -465,30 +482,38 @@ fn lower_row_kernel(
     lw.memo.pop();
     lw.depth -= 1;
     lw.kb.end_range(r);
-    if lw.row_loop_reductions > 0 {
-        return Ok(Some(Lowering::Unsuitable(
-            root,
-            format!(
-                "{root:?}: {} reduction(s) depend on the position along the row",
-                lw.row_loop_reductions
-            ),
-        )));
+    lw.finish_row(root)
+}
+
+impl Lowerer<'_> {
+    /// The row kernel of `root` built: `Unsuitable` where a reduction depends on the
+    /// position along the row.
+    fn finish_row(self, root: NodeId) -> Result<Option<Lowering>, KernelizeError> {
+        if self.row_loop_reductions > 0 {
+            return Ok(Some(Lowering::Unsuitable(
+                root,
+                format!(
+                    "{root:?}: {} reduction(s) depend on the position along the row",
+                    self.row_loop_reductions
+                ),
+            )));
+        }
+        let Lowerer { kb, args, .. } = self;
+        let text = kb.kernel().to_string();
+        let kernel = kb.build().map_err(|e| {
+            KernelizeError(format!(
+                "generated row kernel failed verification: {e}\n{text}"
+            ))
+        })?;
+        let kernel = tessel_ir::passes::optimize(&kernel);
+        tracing::debug!(target: "tessel::kernels", "row kernel for {root:?}:\n{kernel}");
+        Ok(Some(Lowering::Done(ScheduledKernel {
+            kernel,
+            args,
+            writes: vec![root],
+            cooperative: true,
+        })))
     }
-    let Lowerer { kb, args, .. } = lw;
-    let text = kb.kernel().to_string();
-    let kernel = kb.build().map_err(|e| {
-        KernelizeError(format!(
-            "generated row kernel failed verification: {e}\n{text}"
-        ))
-    })?;
-    let kernel = tessel_ir::passes::optimize(&kernel);
-    tracing::debug!(target: "tessel::kernels", "row kernel for {root:?}:\n{kernel}");
-    Ok(Some(Lowering::Done(ScheduledKernel {
-        kernel,
-        args,
-        writes: vec![root],
-        cooperative: true,
-    })))
 }
 
 /// `r_7_13` (a reduction producing 7×13) or `e_64` (elementwise): the shape, not a
@@ -559,6 +584,10 @@ fn coordinate(flat: Expr, stride: Expr, d: Dim) -> Expr {
 
 /// A loop variable. Names are per kernel (`gid`, `r0`, `r1`, ...), so equal kernels
 /// build equal expressions and the interner doesn't grow with every kernelization.
+/// Elements per invocation up to which a cooperative reduction or a row kernel's pass is
+/// unrolled at lowering time (see [`Lowerer::lane_coordinates`]).
+const UNROLLED_STEPS_MAX: i64 = 16;
+
 fn loop_var(name: &str, extent: Dim) -> Var {
     let hi = extent.bounds().hi.saturating_sub(1).max(0);
     Var::new(name, 0, hi).expect("0 <= hi by construction")
@@ -887,15 +916,46 @@ impl Lowerer<'_> {
         for (n, c) in hoist {
             self.eval_node(n, &c, false)?;
         }
+        // Cooperatively only outside loops and conditionals, where every invocation of
+        // the workgroup reaches the barriers.
+        let lanes = self.lanes.filter(|_| self.depth == 0);
+        if let Some((l, lane)) = lanes
+            && let Some(n) = rsize.as_const()
+            && n % l == 0
+            && n / l <= UNROLLED_STEPS_MAX
+        {
+            // A few elements per invocation: unrolled here, at the top level, so their
+            // values stay in registers and a later pass over the same elements (softmax's
+            // sum and output, a layer norm's variance) reuses them instead of loading
+            // and computing them again. The same order as the loop: the same roundings.
+            let at = self.lane_coordinates(l, lane, n / l);
+            let mut total = self.kb.constant(op.identity(acc_dtype));
+            for element in at {
+                let coords: Vec<Expr> = mapped
+                    .iter()
+                    .map(|e| e.substitute(&[(loop_var, element)]))
+                    .collect();
+                let v = self.eval_node(child, &coords, false)?;
+                let v = if acc_dtype == dtype {
+                    v
+                } else {
+                    self.kb.cast(v, acc_dtype)
+                };
+                total = self.kb.binary(op.binary(), total, v);
+            }
+            let total = self.combine_lanes(op, acc_dtype, total, l, lane);
+            return Ok(if acc_dtype == dtype {
+                total
+            } else {
+                self.kb.cast(total, dtype)
+            });
+        }
         let Mem::Reg(acc) = self.kb.reg(acc_dtype, 1) else {
             unreachable!("reg() returns registers")
         };
         let zero = self.kb.constant_as(0, self.idx);
         let init = self.kb.constant(op.identity(acc_dtype));
         self.kb.store(Mem::Reg(acc), zero, init);
-        // Cooperatively only outside loops and conditionals, where every invocation of
-        // the workgroup reaches the barriers.
-        let lanes = self.lanes.filter(|_| self.depth == 0);
         let start = self.kb.constant_as(0, self.idx);
         let end = match lanes {
             Some((l, _)) => self.ix(rsize.ceil_div(l)),
@@ -944,6 +1004,15 @@ impl Lowerer<'_> {
         } else {
             self.kb.cast(total, dtype)
         })
+    }
+
+    /// The coordinates `lane, lane + l, ..., lane + (steps - 1)·l` of an invocation's
+    /// elements along a strided axis, in a variable bound to the invocation's index, so
+    /// that every pass over the axis names the same elements alike (and memoizes them).
+    fn lane_coordinates(&mut self, l: i64, lane: Value, steps: i64) -> Vec<Expr> {
+        let lane_var = loop_var("lane", Dim::constant(l));
+        self.kb.bind(lane_var, lane, self.idx);
+        (0..steps).map(|c| Expr::from(lane_var) + c * l).collect()
     }
 
     /// The workgroup's `l` partial results combined by a tree through local memory; every
