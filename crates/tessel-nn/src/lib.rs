@@ -16,6 +16,7 @@ pub use module::{Module, ParamKind, VisitField, Visitor};
 /// `#[derive(Module)]`: [`Module::visit`] from the struct's fields (see [`VisitField`]).
 pub use tessel_nn_derive::Module;
 
+pub mod amp;
 mod io;
 pub mod optim;
 mod pending;

@@ -1,4 +1,6 @@
 //! Loss functions (`torch.nn.functional`'s, with the same names, formulas and defaults).
+//! Under [`tessel_tensor::autocast`] they compute half-precision operands in `f32`, as
+//! PyTorch's autocast does.
 //!
 //! Every loss is built from Tensor ops only — nothing is read back — so it stays lazy,
 //! fuses with the model, and is differentiable. Shapes and dtypes are checked when the
@@ -89,6 +91,10 @@ fn check_pair(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
 /// # }
 /// ```
 pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    let (input, target) = (
+        &tessel_tensor::full_precision_operand(input),
+        &tessel_tensor::full_precision_operand(target),
+    );
     check_pair("mse_loss", input, target)?;
     let d = (input - target)?;
     reduce(&(&d * &d)?, reduction)
@@ -97,6 +103,10 @@ pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result
 /// Mean absolute error `|input - target|` (`torch.nn.functional.l1_loss`). `input` and
 /// `target` share one shape and float dtype.
 pub fn l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    let (input, target) = (
+        &tessel_tensor::full_precision_operand(input),
+        &tessel_tensor::full_precision_operand(target),
+    );
     check_pair("l1_loss", input, target)?;
     reduce(&(input - target)?.abs()?, reduction)
 }
@@ -273,6 +283,7 @@ fn unbatch(loss: Tensor, unbatched: bool, reduction: Reduction) -> Result<Tensor
 /// divides by the summed weights of the targets that are not `ignore_index`.
 pub fn nll_loss(input: &Tensor, target: &Tensor, opts: &NllLossOptions) -> Result<Tensor> {
     const OP: &str = "nll_loss";
+    let input = &tessel_tensor::full_precision_operand(input);
     let (x, unbatched) = batched_input(OP, input)?;
     let t = if unbatched {
         target.unsqueeze(0)?
@@ -319,6 +330,10 @@ pub fn cross_entropy(
     opts: &CrossEntropyOptions,
 ) -> Result<Tensor> {
     const OP: &str = "cross_entropy";
+    let (input, target) = (
+        &tessel_tensor::full_precision_operand(input),
+        &tessel_tensor::full_precision_operand(target),
+    );
     let (x, unbatched) = batched_input(OP, input)?;
     let ls = opts.label_smoothing;
     if !(0.0..=1.0).contains(&ls) {
@@ -446,6 +461,10 @@ pub fn binary_cross_entropy(
     reduction: Reduction,
 ) -> Result<Tensor> {
     const OP: &str = "binary_cross_entropy";
+    let (input, target) = (
+        &tessel_tensor::full_precision_operand(input),
+        &tessel_tensor::full_precision_operand(target),
+    );
     check_pair(OP, input, target)?;
     check_broadcast_weight(OP, "weight", weight, input)?;
     let log_x = input.log().clamp(Some(-100.0), None)?;
@@ -482,6 +501,10 @@ pub fn binary_cross_entropy_with_logits(
     reduction: Reduction,
 ) -> Result<Tensor> {
     const OP: &str = "binary_cross_entropy_with_logits";
+    let (input, target) = (
+        &tessel_tensor::full_precision_operand(input),
+        &tessel_tensor::full_precision_operand(target),
+    );
     check_pair(OP, input, target)?;
     check_broadcast_weight(OP, "weight", weight, input)?;
     check_broadcast_weight(OP, "pos_weight", pos_weight, input)?;

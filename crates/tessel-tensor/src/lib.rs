@@ -8,6 +8,7 @@
 //! **Architecture Invariant:** no tensor op computes anything itself: every op is a graph
 //! node, and every value is computed by a kernel the kernelizer built.
 
+mod autocast;
 mod autograd;
 mod determinism;
 mod device;
@@ -24,6 +25,7 @@ mod runtime;
 mod safetensors;
 mod tensor;
 
+pub use autocast::{autocast, autocast_dtype, full_precision_operand};
 pub use autograd::grad;
 pub use determinism::{are_deterministic_algorithms_enabled, use_deterministic_algorithms};
 pub use device::Device;

@@ -287,6 +287,7 @@ pub fn layer_norm(
     eps: f64,
 ) -> Result<Tensor> {
     const OP: &str = "layer_norm";
+    let x = &tessel_tensor::full_precision_operand(x);
     check_shape(OP, normalized_shape)?;
     for t in weight.iter().chain(&bias) {
         if t.dims() != normalized_shape {
@@ -354,6 +355,7 @@ pub fn rms_norm(
     eps: Option<f64>,
 ) -> Result<Tensor> {
     const OP: &str = "rms_norm";
+    let x = &tessel_tensor::full_precision_operand(x);
     check_shape(OP, normalized_shape)?;
     if let Some(w) = weight
         && w.dims() != normalized_shape

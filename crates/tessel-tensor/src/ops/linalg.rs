@@ -41,7 +41,12 @@ impl Tensor {
         const OP: &str = "matmul";
         self.same_device(rhs, OP)?;
         let out = rules::matmul(self.shape(), rhs.shape())?;
-        let dtype = self
+        // Under `autocast`, float operands in half precision.
+        let (lhs, rhs) = (
+            crate::autocast::product_operand(self),
+            crate::autocast::product_operand(rhs),
+        );
+        let dtype = lhs
             .dtype()
             .promote(rhs.dtype())
             .map_err(|source| Error::Promotion { op: OP, source })?;
@@ -56,7 +61,7 @@ impl Tensor {
             DType::F16 | DType::BF16 => DType::F32,
             other => other,
         };
-        let lhs = self.cast_to(compute);
+        let lhs = lhs.cast_to(compute);
         let rhs = rhs.cast_to(compute);
 
         // Vectors as a [1, k] row and a [k, 1] column.

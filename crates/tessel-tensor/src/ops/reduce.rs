@@ -301,12 +301,17 @@ impl Tensor {
     /// # }
     /// ```
     pub fn softmax(&self, axis: i64) -> Result<Tensor> {
-        softmax_impl(self, "softmax", axis, false)
+        softmax_impl(&crate::full_precision_operand(self), "softmax", axis, false)
     }
 
     /// `x - max - log(sum(exp(x - max)))` along `axis` (`torch.log_softmax`). Floats only.
     pub fn log_softmax(&self, axis: i64) -> Result<Tensor> {
-        softmax_impl(self, "log_softmax", axis, true)
+        softmax_impl(
+            &crate::full_precision_operand(self),
+            "log_softmax",
+            axis,
+            true,
+        )
     }
 }
 

@@ -262,3 +262,90 @@ fn shape_errors_name_op_and_shapes() -> Result<()> {
     );
     Ok(())
 }
+
+/// `autocast(bf16)`: a product of `f32` operands runs in `bf16` (the operands rounded to
+/// `bf16`, sums in `f32`, the result rounded), `softmax` of it in `f32`; the gradients of
+/// the `f32` operands are `f32`, against the same computation in `f64` on the rounded
+/// operands. Outside the scope, and after it, products are `f32` again; `f32` is not a
+/// mixed-precision dtype.
+#[test]
+fn autocast_runs_products_in_half_precision() -> Result<()> {
+    if common::on_device([DType::BF16]).is_empty() {
+        return Ok(());
+    }
+    let (x, xr) = operand(90, DType::F32, &[6, 40]);
+    let (w, wr) = operand(91, DType::F32, &[40, 5]);
+    let bf = |n: &Nd| {
+        Nd::new(
+            &n.dims,
+            n.data
+                .iter()
+                .map(|&v| common::round_to(DType::BF16, v))
+                .collect(),
+        )
+    };
+    let (xb, wb) = (bf(&xr), bf(&wr));
+    let (y, p, grads) = tessel_tensor::autocast(DType::BF16, || {
+        assert_eq!(tessel_tensor::autocast_dtype(), Some(DType::BF16));
+        let y = x.matmul(&w)?;
+        let p = y.softmax(-1)?;
+        let loss = (&p * &p)?.sum_all()?;
+        let grads = tessel_tensor::grad(&loss, &[&x, &w])?;
+        Ok((y, p, grads))
+    })?;
+    assert_eq!(tessel_tensor::autocast_dtype(), None);
+    assert_eq!((y.dtype(), p.dtype()), (DType::BF16, DType::F32));
+    assert_eq!(
+        (grads[0].dtype(), grads[1].dtype()),
+        (DType::F32, DType::F32)
+    );
+    let want = bf(&xb.matmul(&wb));
+    assert_nd("autocast product", &Nd::of(&y), &want, 1e-2);
+    // softmax rows of the bf16 product, and d(Σ p²)/dy = 2p·(p - Σ p²) per row.
+    let (rows, cols) = (6, 5);
+    let mut softmax = Vec::new();
+    let mut dy = Vec::new();
+    for r in 0..rows {
+        let row = &want.data[r * cols..(r + 1) * cols];
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = row.iter().map(|v| (v - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        let p: Vec<f64> = e.iter().map(|v| v / s).collect();
+        let sq: f64 = p.iter().map(|v| v * v).sum();
+        dy.extend(p.iter().map(|&v| 2.0 * v * (v - sq)));
+        softmax.extend(p);
+    }
+    assert_nd(
+        "softmax in f32",
+        &Nd::of(&p),
+        &Nd::new(&[rows, cols], softmax),
+        1e-2,
+    );
+    // dx = dy · wᵀ and dw = xᵀ · dy, from the rounded operands; dy is rounded to bf16 as
+    // the product's gradient flows through it.
+    let dy = bf(&Nd::new(&[rows, cols], dy));
+    let dx = dy.matmul(&wb.permute(&[1, 0]));
+    let dw = xb.permute(&[1, 0]).matmul(&dy);
+    let scale = |n: &Nd| n.data.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    common::assert_close_floor(
+        "dx",
+        &Nd::of(&grads[0]).data,
+        &dx.data,
+        2e-2,
+        2e-2 * scale(&dx),
+    );
+    common::assert_close_floor(
+        "dw",
+        &Nd::of(&grads[1]).data,
+        &dw.data,
+        2e-2,
+        2e-2 * scale(&dw),
+    );
+    assert_eq!(x.matmul(&w)?.dtype(), DType::F32);
+    let refused = tessel_tensor::autocast(DType::F32, || Ok(()));
+    assert!(
+        matches!(&refused, Err(Error::InvalidArgument { op: "autocast", reason }) if reason.contains("BF16")),
+        "{refused:?}"
+    );
+    Ok(())
+}
