@@ -416,11 +416,6 @@ fn launch_sizes(
 
 /// `kernel` in `dev`'s dialect, with codegen errors as backend errors.
 fn render(dev: &ClDevice, kernel: &Kernel) -> Result<String, BackendError> {
-    if let Ok(dir) = std::env::var("HACK_CUDA_DIR") {
-        if let Ok(src) = codegen::render(kernel, &tessel_ir::codegen::CUDA) {
-            let _ = std::fs::write(format!("{dir}/{}.cu", kernel.name), src);
-        }
-    }
     codegen::render(kernel, dev.dialect).map_err(|e| match e {
         CodegenError::Verify(e) => BackendError::Compile {
             kernel: kernel.name.clone(),
