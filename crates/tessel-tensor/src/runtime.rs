@@ -494,7 +494,9 @@ impl Runtime {
             return Ok(RealizeReport::default());
         }
         let mut report = RealizeReport::default();
+        let started = std::time::Instant::now();
         let (mut st, plan, leaves, key) = self.plan_for(&targets, device, dims, &mut report)?;
+        let planned = started.elapsed();
 
         // Bind inputs, uploading host leaves on first use.
         let mut bound = Vec::with_capacity(leaves.len());
@@ -507,7 +509,9 @@ impl Runtime {
         // Buffers by value and device, with their sizes in bytes.
         let mut temps: FxHashMap<Place, (BufferId, usize)> = FxHashMap::default();
         let mut plan = plan;
+        let bound_at = started.elapsed();
         let mut result = self.run_plan(&plan, &inputs, dims, &mut temps);
+        let ran = started.elapsed();
         if let Err(e) = &result
             && let Some(fallback) = plan.fallback.clone()
         {
@@ -573,6 +577,18 @@ impl Runtime {
         }
         drop(st);
         free_temps(&plan, rest.into_iter());
+        // Where a replay's host time goes (DESIGN.md: 10 µs plus 2 µs per kernel).
+        tracing::debug!(
+            target: "tessel::replay",
+            "{device}: {} targets, {} inputs, {} launches: plan lookup {:.0} µs (includes planning on a miss), inputs bound {:.0} µs, launched {:.0} µs, outputs kept {:.0} µs",
+            targets.len(),
+            leaves.len(),
+            report.kernels,
+            planned.as_secs_f64() * 1e6,
+            (bound_at - planned).as_secs_f64() * 1e6,
+            (ran - bound_at).as_secs_f64() * 1e6,
+            (started.elapsed() - ran).as_secs_f64() * 1e6
+        );
         Ok(report)
     }
 
