@@ -24,7 +24,17 @@ fn attention_probs(
 ) -> Result<Tensor> {
     let e = q.dims()[q.ndim() - 1];
     let scale = scale.unwrap_or_else(|| 1.0 / (e as f64).sqrt());
-    let mut scores = (&q.matmul(&k.transpose(-2, -1)?)? * scale)?;
+    // Half-precision scores are scaled, masked and normalized in f32 and the
+    // probabilities rounded once, as PyTorch's fused attention kernels do: no rounding of
+    // the scaled scores, and a cheaper kernel.
+    let product = q.matmul(&k.transpose(-2, -1)?)?;
+    let half = matches!(product.dtype(), DType::F16 | DType::BF16);
+    let product = if half {
+        product.cast(DType::F32)
+    } else {
+        product
+    };
+    let mut scores = (&product * scale)?;
     if is_causal {
         scores = scores.masked_fill(&causal_hidden(&scores)?, f64::NEG_INFINITY)?;
     }
@@ -44,7 +54,8 @@ fn attention_probs(
             }
         };
     }
-    scores.softmax(-1)
+    let probs = scores.softmax(-1)?;
+    Ok(if half { probs.cast(q.dtype()) } else { probs })
 }
 
 /// `softmax(q kᵀ * scale + mask) v` (`torch.nn.functional.scaled_dot_product_attention`,
