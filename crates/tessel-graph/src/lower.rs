@@ -13,12 +13,14 @@
 //! node used twice at the same coordinates is computed once.
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_ir::{Access, AtomicOp, Buf, KernelBuilder, Mem, Value};
+use tessel_ir::{Access, Buf, KernelBuilder, Mem, Value};
 use tessel_shape::{BinaryOp, DType, Dim, Expr, ExprView, Scalar, Shape, Var};
 
 use crate::graph::{Graph, LeafId, NodeId, Op, ReduceOp};
 use crate::kernelize::{KernelizeError, ScheduledKernel, Slot};
 
+mod rows;
+mod scatter;
 mod sort;
 
 const LOCAL_SIZE: i64 = 128;
@@ -112,7 +114,13 @@ pub(crate) fn lower_kernel(
     mode: Mode,
 ) -> Result<Lowering, KernelizeError> {
     if let Op::Scatter(op, index, src, axis) = graph.node(root).op {
-        return lower_scatter_kernel(graph, root, (op, index, src, axis), materialized, leaf_slot);
+        return scatter::lower_scatter_kernel(
+            graph,
+            root,
+            (op, index, src, axis),
+            materialized,
+            leaf_slot,
+        );
     }
     if let Op::Argsort(keys) = graph.node(root).op {
         return sort::lower_argsort_kernel(graph, root, keys, materialized, leaf_slot);
@@ -128,7 +136,7 @@ pub(crate) fn lower_kernel(
         && !is_reduce
         && row_len.is_some_and(|len| len.as_const() != Some(1))
         && let Some(l) = lanes
-        && let Some(lowering) = lower_row_kernel(graph, root, materialized, leaf_slot, l)?
+        && let Some(lowering) = rows::lower_row_kernel(graph, root, materialized, leaf_slot, l)?
     {
         return Ok(lowering);
     }
@@ -246,117 +254,6 @@ pub(crate) fn lower_kernel(
     }))
 }
 
-/// Lowers the scatter `root` (see [`Op::Scatter`]): one invocation per source element,
-/// each combining its value atomically into the root's buffer, which the launch zeroes
-/// first ([`Access::Accumulate`]). The index and the source fuse into it; an index
-/// out of range adds nothing.
-fn lower_scatter_kernel(
-    graph: &Graph,
-    root: NodeId,
-    (op, index, src, axis): (AtomicOp, NodeId, NodeId, usize),
-    materialized: &FxHashSet<NodeId>,
-    leaf_slot: &FxHashMap<LeafId, usize>,
-) -> Result<Lowering, KernelizeError> {
-    let node = graph.node(root);
-    let space = graph.node(index).shape.clone();
-    let numel = space.numel();
-    let idx = index_dtype(graph, root);
-    let name = kernel_name(graph, root);
-    let mut kb = KernelBuilder::new(&format!("s{}", &name[1..]));
-    let local = match numel.as_const() {
-        Some(n) if n < LOCAL_SIZE => n.max(1),
-        _ => LOCAL_SIZE,
-    };
-    kb.grid(
-        [numel.ceil_div(local), Dim::constant(1), Dim::constant(1)],
-        [local, 1, 1],
-    );
-    let gid_value = kb.global_id(0, idx);
-    let gid_var = loop_var("gid", numel);
-    kb.bind(gid_var, gid_value, idx);
-    let gid = Expr::from(gid_var);
-    let coords: Vec<Expr> = space
-        .iter()
-        .zip(&space.contiguous_strides())
-        .map(|(&d, &s)| coordinate(gid, s, d))
-        .collect();
-    let nothing = FxHashSet::default();
-    let mut lw = Lowerer {
-        graph,
-        kb,
-        idx,
-        root,
-        root_coords: coords.clone(),
-        out_index: gid_value,
-        materialized,
-        absorbable: &nothing,
-        leaf_slot,
-        params: FxHashMap::default(),
-        args: Vec::new(),
-        writes: vec![root],
-        memo: vec![FxHashMap::default()],
-        depth: 0,
-        n_reduces: 0,
-        n_gathers: 0,
-        conflicts: Vec::new(),
-        lanes: None,
-        in_row_loop: false,
-        row_loop_reductions: 0,
-    };
-    let out_len = node.shape.numel();
-    let out = lw.param(Slot::Node(root), node.dtype, out_len, Access::Accumulate);
-    let n = node.shape[axis];
-    if numel.as_const() != Some(0) && n.as_const() != Some(0) {
-        let exact = numel.as_const().is_some_and(|c| c % local == 0);
-        let guard = if exact {
-            None
-        } else {
-            let total = lw.kb.expr(numel, idx);
-            let ok = lw.kb.lt(gid_value, total);
-            Some(lw.open_if(ok))
-        };
-        let at = lw.eval_node(index, &coords, false)?;
-        let value = lw.eval_node(src, &coords, false)?;
-        // The clamp is the identity under the condition; it shows every add lands in the
-        // buffer.
-        let (inside, at) = lw.index_into(at, graph.node(index).dtype, n);
-        let open = lw.open_if(inside);
-        // Numbered after the gathers the index and source bound, so that each variable
-        // names one coordinate in the kernel.
-        let var = loop_var(&format!("g{}", lw.n_gathers), n);
-        lw.n_gathers += 1;
-        lw.kb.bind(var, at, idx);
-        let mut target = coords.clone();
-        target[axis] = Expr::from(var);
-        let flat: Expr = target
-            .iter()
-            .zip(node.shape.contiguous_strides())
-            .map(|(&c, s)| c * s)
-            .sum();
-        let flat = lw.ix(flat.max(0).min(out_len - 1));
-        lw.kb.atomic(op, out, flat, value);
-        lw.close_if(open);
-        if let Some(open) = guard {
-            lw.close_if(open);
-        }
-    }
-    let Lowerer { kb, args, .. } = lw;
-    let text = kb.kernel().to_string();
-    let kernel = kb.build().map_err(|e| {
-        KernelizeError(format!(
-            "generated scatter kernel failed verification: {e}\n{text}"
-        ))
-    })?;
-    let kernel = tessel_ir::passes::optimize(&kernel);
-    tracing::debug!(target: "tessel::kernels", "scatter kernel for {root:?}:\n{kernel}");
-    Ok(Lowering::Done(ScheduledKernel {
-        kernel,
-        args,
-        writes: vec![root],
-        cooperative: false,
-    }))
-}
-
 /// The index dtype for a kernel computing `root`: 32-bit unless some buffer may exceed it.
 fn index_dtype(graph: &Graph, root: NodeId) -> DType {
     let max_elems = graph
@@ -369,150 +266,6 @@ fn index_dtype(graph: &Graph, root: NodeId) -> DType {
         DType::I32
     } else {
         DType::I64
-    }
-}
-
-/// Lowers `root` as a row kernel (see [`Mode::Rows`]) with workgroups of `lanes`; `None`
-/// when it reads no row statistics (a matrix product's reduction runs along the row):
-/// then it is lowered like any other kernel.
-fn lower_row_kernel(
-    graph: &Graph,
-    root: NodeId,
-    materialized: &FxHashSet<NodeId>,
-    leaf_slot: &FxHashMap<LeafId, usize>,
-    lanes: i64,
-) -> Result<Option<Lowering>, KernelizeError> {
-    let node = graph.node(root);
-    let shape = node.shape.clone();
-    let Some((&len, outer_dims)) = shape.dims().split_last() else {
-        return Ok(None);
-    };
-    let outer_shape = Shape::new(outer_dims.to_vec());
-    let rows = outer_shape.numel();
-    let idx = index_dtype(graph, root);
-    let mut kb = KernelBuilder::new(&format!("{}_row", kernel_name(graph, root)));
-    kb.grid([rows, Dim::constant(1), Dim::constant(1)], [lanes, 1, 1]);
-    let group = kb.group_id(0, idx);
-    let lane = kb.local_id(0, idx);
-    let row_var = loop_var("gid", rows);
-    kb.bind(row_var, group, idx);
-    let col_var = loop_var("col", len);
-    let row = Expr::from(row_var);
-    let mut coords: Vec<Expr> = outer_shape
-        .iter()
-        .zip(&outer_shape.contiguous_strides())
-        .map(|(&d, &s)| coordinate(row, s, d))
-        .collect();
-    coords.push(Expr::from(col_var));
-    let nothing = FxHashSet::default();
-    let mut lw = Lowerer {
-        graph,
-        kb,
-        idx,
-        root,
-        root_coords: coords.clone(),
-        out_index: group,
-        materialized,
-        absorbable: &nothing,
-        leaf_slot,
-        params: FxHashMap::default(),
-        args: Vec::new(),
-        writes: vec![root],
-        memo: vec![FxHashMap::default()],
-        depth: 0,
-        n_reduces: 0,
-        n_gathers: 0,
-        conflicts: Vec::new(),
-        lanes: Some((lanes, lane)),
-        in_row_loop: false,
-        row_loop_reductions: 0,
-    };
-    let out = lw.param(Slot::Node(root), node.dtype, shape.numel(), Access::Write);
-    // The row's statistics first, by the whole workgroup; every invocation gets them.
-    let mut stats = Vec::new();
-    lw.invariant_reductions(root, &coords, col_var, &mut stats, true);
-    if stats.is_empty() {
-        return Ok(None);
-    }
-    for (n, c) in stats {
-        lw.eval_node(n, &c, false)?;
-    }
-    // Then the row: invocation `lane` computes elements lane, lane + lanes, ...; a few
-    // per invocation are unrolled, reusing the values the statistics computed.
-    if let Some(n) = len.as_const()
-        && n % lanes == 0
-        && n / lanes <= UNROLLED_STEPS_MAX
-    {
-        lw.in_row_loop = true;
-        for element in lw.lane_coordinates(lanes, lane, n / lanes) {
-            let coords: Vec<Expr> = coords
-                .iter()
-                .map(|e| e.substitute(&[(col_var, element)]))
-                .collect();
-            let value = lw.eval_node(root, &coords, true)?;
-            let at = lw.ix(row * len + element);
-            lw.kb.store(out, at, value);
-        }
-        return lw.finish_row(root);
-    }
-    let start = lw.kb.constant_as(0, idx);
-    let end = lw.ix(len.ceil_div(lanes));
-    let r = lw.kb.begin_range(start, end);
-    lw.memo.push(FxHashMap::default());
-    lw.depth += 1;
-    lw.in_row_loop = true;
-    let lanes_v = lw.kb.constant_as(lanes, idx);
-    let element = lw
-        .kb
-        .ternary(tessel_shape::TernaryOp::MulAdd, r, lanes_v, lane);
-    let guard = if len.as_const().is_some_and(|n| n % lanes == 0) {
-        None
-    } else {
-        let n = lw.ix(len);
-        let inside = lw.kb.lt(element, n);
-        Some(lw.kb.begin_if(inside))
-    };
-    lw.kb.bind(col_var, element, idx);
-    let value = lw.eval_node(root, &coords, true)?;
-    let at = lw.ix(row * len + Expr::from(col_var));
-    lw.kb.store(out, at, value);
-    if let Some(open) = guard {
-        lw.kb.end_if(open);
-    }
-    lw.memo.pop();
-    lw.depth -= 1;
-    lw.kb.end_range(r);
-    lw.finish_row(root)
-}
-
-impl Lowerer<'_> {
-    /// The row kernel of `root` built: `Unsuitable` where a reduction depends on the
-    /// position along the row.
-    fn finish_row(self, root: NodeId) -> Result<Option<Lowering>, KernelizeError> {
-        if self.row_loop_reductions > 0 {
-            return Ok(Some(Lowering::Unsuitable(
-                root,
-                format!(
-                    "{root:?}: {} reduction(s) depend on the position along the row",
-                    self.row_loop_reductions
-                ),
-            )));
-        }
-        let Lowerer { kb, args, .. } = self;
-        let text = kb.kernel().to_string();
-        let kernel = kb.build().map_err(|e| {
-            KernelizeError(format!(
-                "generated row kernel failed verification: {e}\n{text}"
-            ))
-        })?;
-        let kernel = tessel_ir::passes::optimize(&kernel);
-        tracing::debug!(target: "tessel::kernels", "row kernel for {root:?}:\n{kernel}");
-        Ok(Some(Lowering::Done(ScheduledKernel {
-            kernel,
-            args,
-            writes: vec![root],
-            cooperative: true,
-        })))
     }
 }
 
