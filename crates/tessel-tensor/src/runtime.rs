@@ -585,9 +585,9 @@ impl Runtime {
             leaves.len(),
             report.kernels,
             planned.as_secs_f64() * 1e6,
-            (bound_at - planned).as_secs_f64() * 1e6,
-            (ran - bound_at).as_secs_f64() * 1e6,
-            (started.elapsed() - ran).as_secs_f64() * 1e6
+            bound_at.saturating_sub(planned).as_secs_f64() * 1e6,
+            ran.saturating_sub(bound_at).as_secs_f64() * 1e6,
+            started.elapsed().saturating_sub(ran).as_secs_f64() * 1e6
         );
         Ok(report)
     }
