@@ -176,3 +176,44 @@ fn grad_scaler_skips_non_finite_steps_and_adapts_its_scale() -> Result<()> {
     }
     Ok(())
 }
+
+/// Under `autocast`, a `LayerNorm` with `f32` weights takes a `bf16` activation (the
+/// product of a bias-free `Linear`) and normalizes it in `f32`, as does the loss; without
+/// the scope the same call is a dtype error, as in PyTorch.
+#[test]
+fn autocast_runs_norms_and_losses_in_f32() -> Result<()> {
+    let norm = tessel::nn::LayerNorm::new(&[4])?;
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, -1.0, 0.0, 1.0, 2.0], [2, 4])?;
+    let w = Tensor::from_vec(
+        vec![
+            1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0,
+        ],
+        [4, 4],
+    )?;
+    let (h, y, loss) = tessel::autocast(DType::BF16, || {
+        let h = x.matmul(&w)?;
+        let y = norm.forward(&h)?;
+        let loss = cross_entropy(
+            &h,
+            &Tensor::from_vec(vec![3i64, 0], [2])?,
+            &CrossEntropyOptions::default(),
+        )?;
+        Ok((h, y, loss))
+    })?;
+    assert_eq!(
+        (h.dtype(), y.dtype(), loss.dtype()),
+        (DType::BF16, DType::F32, DType::F32)
+    );
+    // Each row normalized: (v - mean) / sqrt(var + 1e-5), the rows exact in bf16.
+    let got = y.to_vec::<f32>()?;
+    let z = 1.0 / (1.25f32 + 1e-5).sqrt();
+    let want = [-1.5 * z, -0.5 * z, 0.5 * z, 1.5 * z];
+    for (g, w) in got.iter().zip(want.iter().chain(&want)) {
+        assert!((g - w).abs() < 1e-5, "{got:?}");
+    }
+    assert!(
+        norm.forward(&h).is_err(),
+        "bf16 input, f32 weights, no autocast"
+    );
+    Ok(())
+}

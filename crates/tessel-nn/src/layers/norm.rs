@@ -287,7 +287,6 @@ pub fn layer_norm(
     eps: f64,
 ) -> Result<Tensor> {
     const OP: &str = "layer_norm";
-    let x = &tessel_tensor::full_precision_operand(x);
     check_shape(OP, normalized_shape)?;
     for t in weight.iter().chain(&bias) {
         if t.dims() != normalized_shape {
@@ -311,6 +310,8 @@ fn layer_norm_op(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    // Under `autocast`, half-precision inputs are normalized in f32.
+    let x = &tessel_tensor::full_precision_operand(x);
     let axes = trailing_axes(op, x, normalized_shape)?;
     if let Some(w) = weight.or(bias) {
         check_dtype(op, x, w.dtype())?;
@@ -355,7 +356,6 @@ pub fn rms_norm(
     eps: Option<f64>,
 ) -> Result<Tensor> {
     const OP: &str = "rms_norm";
-    let x = &tessel_tensor::full_precision_operand(x);
     check_shape(OP, normalized_shape)?;
     if let Some(w) = weight
         && w.dims() != normalized_shape
@@ -375,6 +375,7 @@ fn rms_norm_op(
     weight: Option<&Tensor>,
     eps: Option<f64>,
 ) -> Result<Tensor> {
+    let x = &tessel_tensor::full_precision_operand(x);
     let axes = trailing_axes(op, x, normalized_shape)?;
     if let Some(w) = weight {
         check_dtype(op, x, w.dtype())?;
