@@ -2,8 +2,9 @@
 //!
 //! Inside [`autocast`]`(dtype, ..)` the ops that profit from half precision, matrix
 //! products ([`Tensor::matmul`] and what is built on it: `Linear`, convolutions, `bmm`,
-//! `einsum`, attention), cast their float operands (but `f64`) to `dtype` (`bf16` or
-//! `f16`) and return `dtype`; products run on the half-precision library routines (tensor cores,
+//! attention) cast their float operands (but `f64`) to `dtype` (`bf16` or `f16`) and
+//! return `dtype` (`einsum` and `tensordot` compute their product so but return their
+//! operands' dtype); products run on the half-precision library routines (tensor cores,
 //! `f32` accumulation). The ops that need range or precision (`softmax`, `log_softmax`,
 //! and `tessel-nn`'s losses and layer norms) cast half-precision operands to `f32` and
 //! return `f32`. Every other op follows the usual type promotion (a `bf16` product plus an
