@@ -185,30 +185,18 @@ pub(crate) fn lower_kernel(
         .map(|(&d, &s)| coordinate(gid, s, d))
         .collect();
 
-    let mut lw = Lowerer {
+    let mut lw = Lowerer::new(
         graph,
         kb,
         idx,
         root,
-        root_coords: root_coords.clone(),
-        out_index: gid_value,
+        (root_coords.clone(), gid_value),
         materialized,
-        absorbable,
         leaf_slot,
-        params: FxHashMap::default(),
-        args: Vec::new(),
-        writes: Vec::new(),
-        memo: vec![FxHashMap::default()],
-        depth: 0,
-        n_reduces: 0,
-        n_gathers: 0,
-        conflicts: Vec::new(),
-        lanes: lane,
-        in_row_loop: false,
-        row_loop_reductions: 0,
-    };
+    );
+    lw.absorbable = absorbable;
+    lw.lanes = lane;
     let out = lw.param(Slot::Node(root), node.dtype, numel, Access::Write);
-    lw.writes.push(root);
     // Guard the tail when the grid over-covers (a cooperative grid never does).
     let exact = lane.is_some() || numel.as_const().is_some_and(|n| n % local == 0);
     let guard = if exact {
@@ -344,6 +332,45 @@ const UNROLLED_STEPS_MAX: i64 = 16;
 fn loop_var(name: &str, extent: Dim) -> Var {
     let hi = extent.bounds().hi.saturating_sub(1).max(0);
     Var::new(name, 0, hi).expect("0 <= hi by construction")
+}
+
+impl<'g> Lowerer<'g> {
+    /// A lowerer for the kernel computing `root` in `kb` with index dtype `idx`: the root
+    /// evaluated at `at.0` and stored at index `at.1`, the root its only written value so
+    /// far; nothing absorbed and no lanes until the caller sets them.
+    fn new(
+        graph: &'g Graph,
+        kb: KernelBuilder,
+        idx: DType,
+        root: NodeId,
+        (root_coords, out_index): (Vec<Expr>, Value),
+        materialized: &'g FxHashSet<NodeId>,
+        leaf_slot: &'g FxHashMap<LeafId, usize>,
+    ) -> Self {
+        static NOTHING: std::sync::OnceLock<FxHashSet<NodeId>> = std::sync::OnceLock::new();
+        Lowerer {
+            graph,
+            kb,
+            idx,
+            root,
+            root_coords,
+            out_index,
+            materialized,
+            absorbable: NOTHING.get_or_init(FxHashSet::default),
+            leaf_slot,
+            params: FxHashMap::default(),
+            args: Vec::new(),
+            writes: vec![root],
+            memo: vec![FxHashMap::default()],
+            depth: 0,
+            n_reduces: 0,
+            n_gathers: 0,
+            conflicts: Vec::new(),
+            lanes: None,
+            in_row_loop: false,
+            row_loop_reductions: 0,
+        }
+    }
 }
 
 impl Lowerer<'_> {

@@ -43,29 +43,16 @@ pub(super) fn lower_row_kernel(
         .map(|(&d, &s)| coordinate(row, s, d))
         .collect();
     coords.push(Expr::from(col_var));
-    let nothing = FxHashSet::default();
-    let mut lw = Lowerer {
+    let mut lw = Lowerer::new(
         graph,
         kb,
         idx,
         root,
-        root_coords: coords.clone(),
-        out_index: group,
+        (coords.clone(), group),
         materialized,
-        absorbable: &nothing,
         leaf_slot,
-        params: FxHashMap::default(),
-        args: Vec::new(),
-        writes: vec![root],
-        memo: vec![FxHashMap::default()],
-        depth: 0,
-        n_reduces: 0,
-        n_gathers: 0,
-        conflicts: Vec::new(),
-        lanes: Some((lanes, lane)),
-        in_row_loop: false,
-        row_loop_reductions: 0,
-    };
+    );
+    lw.lanes = Some((lanes, lane));
     let out = lw.param(Slot::Node(root), node.dtype, shape.numel(), Access::Write);
     // The row's statistics first, by the whole workgroup; every invocation gets them.
     let mut stats = Vec::new();

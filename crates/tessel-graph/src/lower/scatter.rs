@@ -43,29 +43,15 @@ pub(super) fn lower_scatter_kernel(
         .zip(&space.contiguous_strides())
         .map(|(&d, &s)| coordinate(gid, s, d))
         .collect();
-    let nothing = FxHashSet::default();
-    let mut lw = Lowerer {
+    let mut lw = Lowerer::new(
         graph,
         kb,
         idx,
         root,
-        root_coords: coords.clone(),
-        out_index: gid_value,
+        (coords.clone(), gid_value),
         materialized,
-        absorbable: &nothing,
         leaf_slot,
-        params: FxHashMap::default(),
-        args: Vec::new(),
-        writes: vec![root],
-        memo: vec![FxHashMap::default()],
-        depth: 0,
-        n_reduces: 0,
-        n_gathers: 0,
-        conflicts: Vec::new(),
-        lanes: None,
-        in_row_loop: false,
-        row_loop_reductions: 0,
-    };
+    );
     let out_len = node.shape.numel();
     let out = lw.param(Slot::Node(root), node.dtype, out_len, Access::Accumulate);
     let n = node.shape[axis];

@@ -61,29 +61,15 @@ pub(super) fn lower_argsort_kernel(
         .zip(&outer_shape.contiguous_strides())
         .map(|(&d, &s)| coordinate(row, s, d))
         .collect();
-    let nothing = FxHashSet::default();
-    let mut lw = Lowerer {
+    let mut lw = Lowerer::new(
         graph,
         kb,
         idx,
         root,
-        root_coords: outer.clone(),
-        out_index: group,
+        (outer.clone(), group),
         materialized,
-        absorbable: &nothing,
         leaf_slot,
-        params: FxHashMap::default(),
-        args: Vec::new(),
-        writes: vec![root],
-        memo: vec![FxHashMap::default()],
-        depth: 0,
-        n_reduces: 0,
-        n_gathers: 0,
-        conflicts: Vec::new(),
-        lanes: None,
-        in_row_loop: false,
-        row_loop_reductions: 0,
-    };
+    );
     let out = lw.param(Slot::Node(root), node.dtype, shape.numel(), Access::Write);
     let key_mem = lw.kb.local(key_dtype, p as usize);
     let pos_mem = lw.kb.local(DType::I32, p as usize);
