@@ -144,8 +144,17 @@ impl GradScaler {
         let grads = scaled.backward(&wrt)?;
         let mut unscaled = Vec::with_capacity(grads.len());
         let mut bad: Option<Tensor> = None;
+        // One inverse scale per gradient dtype (usually one), not one upload per gradient.
+        let mut inverse: Vec<(DType, Tensor)> = Vec::new();
         for g in &grads {
-            let g = (g * &factor(1.0 / self.scale, g.dtype())?)?;
+            let inv = if let Some((_, t)) = inverse.iter().find(|(d, _)| *d == g.dtype()) {
+                t.clone()
+            } else {
+                let t = factor(1.0 / self.scale, g.dtype())?;
+                inverse.push((g.dtype(), t.clone()));
+                t
+            };
+            let g = (g * &inv)?;
             let here = g.isnan().logical_or(g.isinf())?.any_all()?;
             bad = Some(match bad {
                 Some(b) => b.logical_or(&here)?,
