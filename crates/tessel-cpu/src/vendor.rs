@@ -2,7 +2,8 @@
 //! product through the `gemm` crate, for `f32` and `f64`, and for `f16`/`bf16` as the
 //! generated kernels compute them: operands widened to `f32`, summed in `f32` by gemm's
 //! `f32` routine, rounded once at the end (gemm's own f16 routine sums in f16, and it has
-//! no bf16 one). Integers get no program.
+//! no bf16 one). Integers get no program. An [`Epilogue`] (bias, ReLU, GELU) runs over the
+//! finished sums in `f64` before they are stored (for halves, before they are rounded).
 //!
 //! A launch evaluates the op's sizes, locks its three buffers in id order (as kernel
 //! launches do: `lhs` and `rhs` for reading, `out` for writing), checks every length, and
@@ -16,7 +17,7 @@ use gemm::Parallelism;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::ThreadPool;
 use rayon::prelude::*;
-use tessel_ir::{BackendError, BufferId, Matmul, MatmulSizes, VendorOp};
+use tessel_ir::{BackendError, BufferId, Epilogue, Matmul, MatmulSizes, VendorOp};
 use tessel_shape::{Bindings, DType};
 
 use crate::memory::{self, HostBuffer, Memory};
@@ -37,7 +38,8 @@ impl VendorProgram {
         }
     }
 
-    /// Runs the op on `buffers` (`[lhs, rhs, out]`) with the sizes `dims` gives. `pool`
+    /// Runs the op on `buffers` (`[lhs, rhs, out]`, or `[lhs, rhs, bias, out]`) with the
+    /// sizes `dims` gives. `pool`
     /// has `threads` workers; without a pool every product runs on the calling thread.
     pub(crate) fn launch(
         &self,
@@ -49,16 +51,25 @@ impl VendorProgram {
     ) -> Result<(), BackendError> {
         let op = &self.op;
         let invalid = |reason: String| BackendError::InvalidArgument(format!("{op}: {reason}"));
-        let &[lhs, rhs, out] = buffers else {
-            return Err(invalid(format!(
-                "takes 3 buffers [lhs, rhs, out], but {} were bound",
-                buffers.len()
-            )));
+        let (lhs, rhs, bias, out) = match (op.epilogue.bias, buffers) {
+            (false, &[lhs, rhs, out]) => (lhs, rhs, None, out),
+            (true, &[lhs, rhs, bias, out]) => (lhs, rhs, Some(bias), out),
+            _ => {
+                let names = if op.epilogue.bias {
+                    "4 buffers [lhs, rhs, bias, out]"
+                } else {
+                    "3 buffers [lhs, rhs, out]"
+                };
+                return Err(invalid(format!(
+                    "takes {names}, but {} were bound",
+                    buffers.len()
+                )));
+            }
         };
         // `gemm` reads the inputs while it writes the output, so an output that is also an
         // input would be read after it was partly overwritten (and a shared and a mutable
         // borrow of one buffer cannot both exist anyway).
-        if out == lhs || out == rhs {
+        if out == lhs || out == rhs || Some(out) == bias {
             return Err(invalid(format!(
                 "the output buffer {} is also bound as an input; bind a separate buffer",
                 out.0
@@ -74,7 +85,7 @@ impl VendorProgram {
         // One lock per distinct buffer (lhs and rhs may be one), taken in id order so that
         // launches and copies locking overlapping sets cannot deadlock.
         let shared = memory.get_sorted(buffers)?;
-        let mut reads: Vec<(BufferId, RwLockReadGuard<'_, HostBuffer>)> = Vec::with_capacity(2);
+        let mut reads: Vec<(BufferId, RwLockReadGuard<'_, HostBuffer>)> = Vec::with_capacity(3);
         let mut write: Option<RwLockWriteGuard<'_, HostBuffer>> = None;
         for (id, buffer) in &shared {
             if *id == out {
@@ -90,9 +101,28 @@ impl VendorProgram {
             // `get_sorted` returned every id or failed, so this is not reached.
             return Err(invalid("a bound buffer could not be locked".into()));
         };
+        let bias = match bias {
+            Some(id) => {
+                let bytes =
+                    read(id).ok_or_else(|| invalid("the bias could not be locked".into()))?;
+                Some(bias_values(op.dtype, bytes, sizes.n).ok_or_else(|| {
+                    invalid(format!(
+                        "bias buffer {} has {} bytes, but {} need {} elements of {}",
+                        id.0,
+                        bytes.len(),
+                        describe(&sizes),
+                        sizes.n,
+                        op.dtype
+                    ))
+                })?)
+            }
+            None => None,
+        };
         let operands = Operands {
             ids: [lhs, rhs, out],
             sizes,
+            epilogue: op.epilogue,
+            bias,
             lhs_transposed: op.lhs_transposed,
             rhs_transposed: op.rhs_transposed,
             pool: pool.filter(|_| threads > 1),
@@ -115,16 +145,48 @@ impl VendorProgram {
 trait Element: bytemuck::Pod + Send + Sync + 'static {
     const ONE: Self;
     const NAME: &'static str;
+    fn to_f64(self) -> f64;
+    fn from_f64(x: f64) -> Self;
 }
 
 impl Element for f32 {
     const ONE: Self = 1.0;
     const NAME: &'static str = "f32";
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
 }
 
 impl Element for f64 {
     const ONE: Self = 1.0;
     const NAME: &'static str = "f64";
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(x: f64) -> Self {
+        x
+    }
+}
+
+/// The first `n` elements of a bias of `dtype`, as `f64`s; `None` if `bytes` is shorter.
+fn bias_values(dtype: DType, bytes: &[u8], n: usize) -> Option<Vec<f64>> {
+    let size = dtype.size_bytes();
+    let bytes = bytes.get(..n.checked_mul(size)?)?;
+    let mut values = Vec::new();
+    values.try_reserve_exact(n).ok()?;
+    for e in bytes.chunks_exact(size) {
+        values.push(match dtype {
+            DType::F32 => f64::from(f32::from_ne_bytes(e.try_into().ok()?)),
+            DType::F64 => f64::from_ne_bytes(e.try_into().ok()?),
+            DType::F16 => half::f16::from_ne_bytes(e.try_into().ok()?).to_f64(),
+            DType::BF16 => half::bf16::from_ne_bytes(e.try_into().ok()?).to_f64(),
+            _ => return None,
+        });
+    }
+    Some(values)
 }
 
 /// A half-precision type, stored as its 16 bits.
@@ -165,6 +227,10 @@ struct Operands<'p> {
     /// `[lhs, rhs, out]`, for error messages.
     ids: [BufferId; 3],
     sizes: MatmulSizes,
+    /// Applied to every sum before it is stored.
+    epilogue: Epilogue,
+    /// The epilogue's bias, `n` values, where it has one.
+    bias: Option<Vec<f64>>,
     lhs_transposed: bool,
     rhs_transposed: bool,
     /// `None` where there is no pool or it has one thread.
@@ -249,6 +315,7 @@ impl Operands<'_> {
         if s.k == 0 {
             // An empty sum: gemm would zero the output too, but saying so here is plainer.
             out.fill(T::zeroed());
+            self.finish(out);
             return Ok(());
         }
         let (mn, mk, kn) = (s.m * s.n, s.m * s.k, s.k * s.n);
@@ -266,7 +333,7 @@ impl Operands<'_> {
         // gemm's own cut-off below which it runs a product on one thread.
         let threshold = gemm::get_threading_threshold();
         let work = mn.saturating_mul(s.k);
-        match self.pool {
+        let done = match self.pool {
             Some(pool) if work >= threshold => pool.install(|| {
                 out.chunks_exact_mut(mn)
                     .enumerate()
@@ -283,6 +350,31 @@ impl Operands<'_> {
                 .chunks_exact_mut(mn)
                 .enumerate()
                 .try_for_each(|(b, o)| product(b, o, Parallelism::None)),
+        };
+        done?;
+        self.finish(out);
+        Ok(())
+    }
+
+    /// Applies the epilogue to the finished sums `out` (row-major rows of `n`), in `f64`,
+    /// across the pool's threads where the output is large.
+    fn finish<T: Element>(&self, out: &mut [T]) {
+        let (e, n) = (self.epilogue, self.sizes.n);
+        if e.is_none() || n == 0 {
+            return;
+        }
+        let bias = self.bias.as_deref();
+        let row = |r: &mut [T]| {
+            for (j, o) in r.iter_mut().enumerate() {
+                let b = bias.map_or(0.0, |b| b[j]);
+                *o = T::from_f64(e.apply(o.to_f64(), b));
+            }
+        };
+        match self.pool {
+            Some(pool) if out.len() >= 1 << 16 => {
+                pool.install(|| out.par_chunks_exact_mut(n).for_each(row));
+            }
+            _ => out.chunks_exact_mut(n).for_each(row),
         }
     }
 

@@ -76,6 +76,7 @@ impl Case {
             lhs_batch_stride: Dim::from(self.lhs_stride),
             rhs_batch_stride: Dim::from(self.rhs_stride),
             allow_tf32: false,
+            epilogue: tessel_ir::Epilogue::NONE,
         }
     }
 
@@ -342,6 +343,7 @@ fn symbolic_sizes_bind_at_launch() {
             lhs_batch_stride: Dim::from(rows) * Dim::from(k),
             rhs_batch_stride: Dim::from(0),
             allow_tf32: false,
+            epilogue: tessel_ir::Epilogue::NONE,
         };
         for (b, m) in [(1, 37), (3, 5), (2, 0)] {
             let dims = Bindings::new().with(rows, m as i64).with(batch, b as i64);
@@ -510,4 +512,97 @@ fn generated_kernel_agrees() {
     let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
     let (_, scale) = Case::dense(1, m, n, k).reference(&wide(&a), &wide(&b));
     assert_close("generated vs gemm", DType::F32, k, &got, &want, &scale);
+}
+
+/// Epilogues (a bias along the rows, ReLU, GELU's tanh form) over odd, transposed, batched
+/// and empty (`k = 0`) products, against `activation(sum + bias)` in f64. The activations'
+/// slopes stay under 1.2, so the sum's tolerance grows by that much.
+#[test]
+fn epilogues_add_the_bias_and_apply_the_activation() {
+    use tessel_ir::{Activation, Epilogue};
+    let cpu = cpu(3);
+    let epilogues = [
+        (true, Activation::Identity),
+        (false, Activation::Relu),
+        (true, Activation::Relu),
+        (false, Activation::GeluTanh),
+        (true, Activation::GeluTanh),
+    ]
+    .map(|(bias, activation)| Epilogue { bias, activation });
+    let cases = [
+        Case::dense(1, 37, 29, 53),
+        Case::dense(3, 13, 11, 7).transposed(true, true),
+        Case::dense(2, 97, 301, 103).transposed(false, true),
+        Case::dense(2, 5, 6, 0),
+    ];
+    for dtype in FLOATS {
+        for case in cases {
+            for epilogue in epilogues {
+                let what = format!("{dtype} {case:?} {epilogue:?}");
+                let (lhs_len, rhs_len, out_len) = case.lens();
+                let mut rng = Rng(0xe9 ^ (case.m * 1009 + case.k) as u64);
+                let (lhs_bytes, lhs) = random(&mut rng, dtype, lhs_len);
+                let (rhs_bytes, rhs) = random(&mut rng, dtype, rhs_len);
+                let (bias_bytes, bias) = random(&mut rng, dtype, case.n);
+                let size = dtype.size_bytes();
+                let mut ids = vec![buffer(&cpu, &lhs_bytes), buffer(&cpu, &rhs_bytes)];
+                if epilogue.bias {
+                    ids.push(buffer(&cpu, &bias_bytes));
+                }
+                ids.push(buffer(&cpu, &vec![0xff; out_len * size]));
+                let op = Matmul {
+                    epilogue,
+                    ..case.op(dtype)
+                };
+                let program = vendor(&cpu, op);
+                cpu.launch(program, &ids, &Bindings::new()).unwrap();
+                let mut out = vec![0; out_len * size];
+                cpu.read(*ids.last().unwrap(), 0, &mut out).unwrap();
+                let (sums, scale) = case.reference(&lhs, &rhs);
+                let want: Vec<f64> = sums
+                    .iter()
+                    .enumerate()
+                    .map(|(e, s)| epilogue.apply(*s, bias[e % case.n]))
+                    .collect();
+                // The sum's tolerance, and the final rounding (f32's too: the epilogue
+                // runs in f64).
+                let rel = if dtype == DType::F64 { 1e-12 } else { 1e-4 } * (case.k as f64).sqrt();
+                let last = match dtype {
+                    DType::F16 => 2f64.powi(-11),
+                    DType::BF16 => 2f64.powi(-8),
+                    DType::F32 => 2f64.powi(-24),
+                    _ => 0.0,
+                };
+                for (e, (g, w)) in values(dtype, &out).iter().zip(&want).enumerate() {
+                    let tolerance = rel * 1.2 * scale[e] + last * w.abs();
+                    assert!(
+                        (g - w).abs() <= tolerance,
+                        "{what}: element {e} is {g}, expected {w}"
+                    );
+                }
+                cpu.release(program).unwrap();
+                for id in ids {
+                    cpu.free(id).unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// A bias epilogue bound without its bias buffer is an error naming the four buffers.
+#[test]
+fn a_bias_epilogue_needs_four_buffers() {
+    let cpu = cpu(1);
+    let case = Case::dense(1, 2, 3, 4);
+    let op = Matmul {
+        epilogue: tessel_ir::Epilogue {
+            bias: true,
+            activation: tessel_ir::Activation::Identity,
+        },
+        ..case.op(DType::F32)
+    };
+    let program = vendor(&cpu, op);
+    let ids = [8, 12, 6].map(|n| buffer(&cpu, &f32_bytes(&vec![1.0; n])));
+    let err = cpu.launch(program, &ids, &Bindings::new()).unwrap_err();
+    assert!(err.to_string().contains("[lhs, rhs, bias, out]"), "{err}");
 }

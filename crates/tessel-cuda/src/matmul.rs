@@ -226,6 +226,7 @@ mod tests {
             lhs_batch_stride: Dim::from(strides.0),
             rhs_batch_stride: Dim::from(strides.1),
             allow_tf32: false,
+            epilogue: tessel_ir::Epilogue::NONE,
         }
     }
 

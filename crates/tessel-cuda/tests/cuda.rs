@@ -329,6 +329,7 @@ fn matmul(dtype: DType, sizes: [i64; 4], transposed: (bool, bool), strides: (i64
         lhs_batch_stride: Dim::from(strides.0),
         rhs_batch_stride: Dim::from(strides.1),
         allow_tf32: false,
+        epilogue: tessel_ir::Epilogue::NONE,
     }
 }
 

@@ -18,6 +18,7 @@
 //! device: it produces `tessel_ir::Kernel`s and a schedule of buffer slots.
 
 pub mod egraph;
+mod epilogue;
 pub mod extract;
 pub mod graph;
 pub mod kernelize;

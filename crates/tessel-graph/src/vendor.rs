@@ -7,12 +7,15 @@
 //! axes of a leaf or of a node materialized for it), or a node that must be materialized
 //! first. The match is an
 //! *alternative*: the runtime asks each backend for the routine, and the generated kernel
-//! stays a candidate; measurement decides.
+//! stays a candidate; measurement decides. Elementwise work above a product that the
+//! routine can do before storing it (a bias, ReLU, GELU) is matched too, as a further
+//! alternative ([`crate::epilogue`]).
 
 use rustc_hash::FxHashMap;
 use tessel_ir::{Matmul, VendorOp};
 use tessel_shape::{DType, Dim, Shape};
 
+use crate::epilogue::epilogues;
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
 
 /// A matrix product found in the graph.
@@ -20,8 +23,9 @@ use crate::graph::{Graph, NodeId, Op, ReduceOp};
 pub struct VendorMatch {
     /// The routine.
     pub op: VendorOp,
-    /// The nodes whose contiguous buffers the routine reads: `[lhs, rhs]`.
-    pub operands: [NodeId; 2],
+    /// The nodes whose contiguous buffers the routine reads: `[lhs, rhs]`, then the bias
+    /// where its [`Epilogue`](tessel_ir::Epilogue) adds one.
+    pub operands: Vec<NodeId>,
     /// The nodes the routine can write, each holding the product's bytes in row-major
     /// order: the reduction itself and the reshapes stacked on it.
     pub writes: Vec<NodeId>,
@@ -38,10 +42,14 @@ pub fn find_matmuls(graph: &Graph, order: &[NodeId]) -> Vec<VendorMatch> {
             consumers.entry(c).or_default().push(n);
         }
     }
-    order
-        .iter()
-        .filter_map(|&n| match_matmul(graph, n, &consumers))
-        .collect()
+    let mut found = Vec::new();
+    for &n in order {
+        if let Some(plain) = match_matmul(graph, n, &consumers) {
+            found.extend(epilogues(graph, &plain, &consumers));
+            found.push(plain);
+        }
+    }
+    found
 }
 
 /// Every node some match needs materialized, sorted and without repeats: the `separate`
@@ -202,8 +210,9 @@ fn routine(
             },
             rhs_batch_stride: if rhs.batched { k * n } else { Dim::constant(0) },
             allow_tf32: false,
+            epilogue: tessel_ir::Epilogue::NONE,
         }),
-        operands: [lhs.node, rhs.node],
+        operands: vec![lhs.node, rhs.node],
         writes,
         materialize,
     }

@@ -46,6 +46,7 @@ fn spec(m: usize, k: usize, n: usize, lhs_t: bool, rhs_t: bool) -> VendorOp {
         lhs_batch_stride: c(m * k),
         rhs_batch_stride: c(k * n),
         allow_tf32: false,
+        epilogue: tessel_ir::Epilogue::NONE,
     })
 }
 

@@ -7,7 +7,8 @@
 //! kernel; one without returns `Ok(None)`, and the generated kernel is the only candidate.
 //! Vendor programs are measured like every other candidate, never assumed faster.
 //!
-//! Buffers bind positionally, as for kernels: a matmul takes `[lhs, rhs, out]`.
+//! Buffers bind positionally, as for kernels: a matmul takes `[lhs, rhs, out]`, and
+//! `[lhs, rhs, bias, out]` when its [`Epilogue`] adds a bias.
 
 use std::fmt;
 
@@ -40,7 +41,7 @@ impl fmt::Display for VendorOp {
 /// have element type `dtype`. Sizes are symbolic; a launch evaluates them with its dims.
 /// Sums run in `dtype` (the generated kernel does the same), in whatever order the
 /// library chooses. With [`allow_tf32`](Matmul::allow_tf32), an `f32` product may round its
-/// operands to TF32 instead.
+/// operands to TF32 instead. An [`Epilogue`] applies to each sum before it is stored.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Matmul {
     /// Element type of the operands and the result.
@@ -66,6 +67,81 @@ pub struct Matmul {
     /// permission: a backend without TF32 computes in full `f32`. Meaningless for other
     /// dtypes.
     pub allow_tf32: bool,
+    /// What happens to each sum before it is stored.
+    pub epilogue: Epilogue,
+}
+
+/// Elementwise work a matmul does on each sum before storing it, in the accumulation
+/// precision (at least `f32`), with one rounding to the output dtype at the end:
+/// `out[b, i, j] = activation(sum + bias[j])`. The bias, when there is one, is a contiguous
+/// vector of `n` elements of the matmul's dtype, bound after the operands and shared by
+/// every batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Epilogue {
+    /// A bias vector along the output's rows is added.
+    pub bias: bool,
+    /// The activation applied last.
+    pub activation: Activation,
+}
+
+impl Epilogue {
+    /// No epilogue: the sum is stored as it is.
+    pub const NONE: Epilogue = Epilogue {
+        bias: false,
+        activation: Activation::Identity,
+    };
+
+    /// Whether the sum is stored as it is.
+    pub fn is_none(&self) -> bool {
+        *self == Epilogue::NONE
+    }
+
+    /// `activation(sum + bias)` in `f64`, the definition every backend's epilogue is
+    /// tested against.
+    pub fn apply(&self, sum: f64, bias: f64) -> f64 {
+        let x = if self.bias { sum + bias } else { sum };
+        self.activation.apply(x)
+    }
+}
+
+/// An activation a matmul epilogue may apply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// None.
+    #[default]
+    Identity,
+    /// `max(x, 0)` (`torch.relu`).
+    Relu,
+    /// GELU's tanh approximation, `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`
+    /// (`torch.nn.functional.gelu(x, approximate="tanh")`, GPT-2's `gelu_new`).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The activation of `x`, in `f64`.
+    pub fn apply(self, x: f64) -> f64 {
+        match self {
+            Activation::Identity => x,
+            Activation::Relu => x.max(0.0),
+            Activation::GeluTanh => {
+                let k = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * x * (1.0 + (k * (x + 0.044_715 * x * x * x)).tanh())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Epilogue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.bias {
+            f.write_str(" + bias")?;
+        }
+        match self.activation {
+            Activation::Identity => Ok(()),
+            Activation::Relu => f.write_str(", relu"),
+            Activation::GeluTanh => f.write_str(", gelu (tanh)"),
+        }
+    }
 }
 
 /// A [`Matmul`] with its sizes evaluated for one launch.
@@ -151,6 +227,6 @@ impl fmt::Display for Matmul {
         if self.allow_tf32 && self.dtype == DType::F32 {
             f.write_str(" allowing tf32")?;
         }
-        Ok(())
+        self.epilogue.fmt(f)
     }
 }

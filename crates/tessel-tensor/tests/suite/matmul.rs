@@ -349,3 +349,39 @@ fn autocast_runs_products_in_half_precision() -> Result<()> {
     );
     Ok(())
 }
+
+/// A linear layer's bias and activation above the product, as the epilogue a library
+/// routine may absorb (`act(x·wᵀ + b)`, `relu`, GELU's tanh form, GELU's erf form, which
+/// no routine offers, and the bias alone), against the f64 reference, in `f32` and `bf16`,
+/// with a batch of rows folded into one product and a row length that is not a multiple of
+/// 8. Whichever form measurement picks must give these values.
+#[test]
+fn bias_and_activation_above_a_product() -> Result<()> {
+    let k = 40;
+    for dtype in common::on_device([DType::F32, DType::BF16]) {
+        let (x, xr) = operand(100, dtype, &[3, 7, k]);
+        let (w, wr) = operand(101, dtype, &[21, k]);
+        let (b, br) = operand(102, dtype, &[21]);
+        let sums = xr.matmul(&wr.permute(&[1, 0]));
+        let linear = (&x.matmul(&w.t()?)? + &b)?;
+        let gelu_tanh = |v: f64| {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * v * (1.0 + (c * (v + 0.044_715 * v * v * v)).tanh())
+        };
+        let gelu_erf = |v: f64| 0.5 * v * (1.0 + common::erf(v / std::f64::consts::SQRT_2));
+        let cases: [(&str, Tensor, &dyn Fn(f64) -> f64); 4] = [
+            ("bias", linear.clone(), &|v| v),
+            ("relu", linear.relu(), &|v: f64| v.max(0.0)),
+            ("gelu tanh", linear.gelu_tanh(), &gelu_tanh),
+            ("gelu erf", linear.gelu(), &gelu_erf),
+        ];
+        for (what, got, act) in cases {
+            let want = Nd::from_fn(&[3, 7, 21], |i| {
+                act(common::round_to(dtype, sums.at(i) + br.data[i[2]]))
+            });
+            let tol = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+            assert_nd(&format!("{dtype} {what}"), &Nd::of(&got), &want, tol);
+        }
+    }
+    Ok(())
+}
