@@ -117,6 +117,26 @@ del tk, table
 
 # A pre-norm GPT-2-small block forward, as benches/benches/gpu.rs builds it (eager).
 F = torch.nn.functional
+# GPT-2's MLP up-projection with its bias and GELU (tanh form): addmm, then GELU; and
+# torch.compile of the same.
+lt, lin, lout = 8 * 512, 768, 3072
+lin_flops = 2 * lt * lin * lout
+def linear_gelu(x, w, b):
+    return F.gelu(torch.addmm(b, x, w), approximate="tanh")
+for dtype, tag in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
+    lx = (torch.rand(lt, lin, device=dev) * 2 - 1).to(dtype)
+    lw = ((torch.rand(lin, lout, device=dev) * 2 - 1) / lin ** 0.5).to(dtype)
+    lb = ((torch.rand(lout, device=dev) * 2 - 1) / lin ** 0.5).to(dtype)
+    with torch.no_grad():
+        rows.append((f"linear+gelu {tag} [4096,768]x[768,3072]", time_ms(lambda: linear_gelu(lx, lw, lb)), lin_flops, "GFLOP/s"))
+        rows.append((f"  addmm alone {tag}", time_ms(lambda: torch.addmm(lb, lx, lw)), lin_flops, "GFLOP/s"))
+        try:
+            compiled = torch.compile(linear_gelu)
+            compiled(lx, lw, lb)
+            rows.append((f"  torch.compile {tag}", time_ms(lambda: compiled(lx, lw, lb)), lin_flops, "GFLOP/s"))
+        except Exception as e:
+            print(f"torch.compile unavailable: {e}")
+
 bn, bs, be, bh = 8, 512, 768, 12
 bx = torch.rand(bn, bs, be, device=dev) * 2 - 1
 # Weights and biases in ±1/√in, as torch.nn.Linear initializes them (gpu.rs's Init::Linear).

@@ -165,6 +165,28 @@ fn workloads(scale: usize) -> Vec<Workload> {
             f32_matmul: Float32MatmulPrecision::Highest,
             run: |x| x[0].matmul(&x[1]),
         },
+        // A linear layer with its bias and GELU (tanh form), GPT-2's MLP up-projection: a
+        // routine with the epilogue against PyTorch's `addmm` then GELU.
+        Workload {
+            name: "linear+gelu bf16 [4096,768]x[768,3072]",
+            unit: "GFLOP/s",
+            amount: 2.0 * (tokens * 768 * 3072) as f64,
+            inputs: vec![vec![tokens, 768], vec![768, 3072], vec![3072]],
+            dtype: DType::BF16,
+            init: Init::Linear,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| Ok((&x[0].matmul(&x[1])? + &x[2])?.gelu_tanh()),
+        },
+        Workload {
+            name: "linear+gelu f32 [4096,768]x[768,3072]",
+            unit: "GFLOP/s",
+            amount: 2.0 * (tokens * 768 * 3072) as f64,
+            inputs: vec![vec![tokens, 768], vec![768, 3072], vec![3072]],
+            dtype: DType::F32,
+            init: Init::Linear,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| Ok((&x[0].matmul(&x[1])? + &x[2])?.gelu_tanh()),
+        },
         // Issue 9: a ResNet-50 stage convolution, a stem max-pool, and a long sort.
         Workload {
             name: "conv2d f32 [32,64,56,56] 3x3 p1",

@@ -2,7 +2,7 @@
 //! product through the `gemm` crate, for `f32` and `f64`, and for `f16`/`bf16` as the
 //! generated kernels compute them: operands widened to `f32`, summed in `f32` by gemm's
 //! `f32` routine, rounded once at the end (gemm's own f16 routine sums in f16, and it has
-//! no bf16 one). Integers get no program. An [`Epilogue`] (bias, ReLU, GELU) runs over the
+//! no bf16 one). Integers get no program. An [`Epilogue`] (bias, `relu`, GELU) runs over the
 //! finished sums in `f64` before they are stored (for halves, before they are rounded).
 //!
 //! A launch evaluates the op's sizes, locks its three buffers in id order (as kernel

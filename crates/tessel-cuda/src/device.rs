@@ -10,6 +10,7 @@ use tessel_ir::handles::lock;
 use tessel_ir::{BackendError, DeviceInfo, Features};
 
 use crate::ffi::cublas::{self, Blas};
+use crate::ffi::cublaslt::{self, Lt};
 use crate::ffi::{self, Context, Stream};
 use crate::memory::{Pool, Staging};
 
@@ -27,6 +28,8 @@ pub(crate) struct CudaDevice {
     pub(crate) staging: Mutex<Staging>,
     /// The cuBLAS handle, queueing on `stream`; created by the first vendor program.
     pub(crate) blas: Mutex<Option<Blas>>,
+    /// The cuBLASLt handle (matmuls with epilogues); created by the first such program.
+    pub(crate) lt: Mutex<Option<Lt>>,
     /// Declared last: dropped after everything that needs it bound.
     pub(crate) ctx: Context,
 }
@@ -82,6 +85,32 @@ impl CudaDevice {
         drop(spare);
         Ok(true)
     }
+
+    /// Makes sure the device has its cuBLASLt handle: `Ok(false)` when cuBLASLt is not
+    /// installed, an error when it is but no handle can be made. Made with the lock held:
+    /// only matmul programs with epilogues wait on it.
+    pub(crate) fn ensure_lt(&self) -> Result<bool, BackendError> {
+        if cublaslt::load().is_err() {
+            return Ok(false);
+        }
+        let mut slot = lock(&self.lt);
+        if slot.is_none() {
+            let made = Lt::new(&self.ctx).map_err(|why| BackendError::Unsupported {
+                backend: "cuda",
+                what: format!(
+                    "cuBLASLt is installed but unusable on {}: {why}",
+                    self.info.name
+                ),
+            })?;
+            tracing::debug!(
+                "tessel-cuda: {}: cuBLASLt {} handle created",
+                self.info.name,
+                made.version
+            );
+            *slot = Some(made);
+        }
+        Ok(true)
+    }
 }
 
 impl Drop for CudaDevice {
@@ -95,6 +124,7 @@ impl Drop for CudaDevice {
         }
         // The handle queues on the stream, so it goes before the stream does.
         drop(lock(&self.blas).take());
+        drop(lock(&self.lt).take());
         lock(&self.staging).clear(&self.ctx);
         if let Err(e) = lock(&self.pool).trim(&self.ctx, &self.stream) {
             tracing::warn!(
@@ -219,6 +249,7 @@ fn set_up(index: usize, ordinal: usize, driver_version: i32) -> Result<CudaDevic
         pool: Mutex::new(Pool::default()),
         staging: Mutex::new(Staging::default()),
         blas: Mutex::new(None),
+        lt: Mutex::new(None),
         ctx,
     })
 }

@@ -16,6 +16,7 @@ use cudarc::nvrtc::result as nv;
 use cudarc::nvrtc::sys as nvsys;
 
 pub(crate) mod cublas;
+pub(crate) mod cublaslt;
 
 /// Driver entry points this crate calls (directly or inside cudarc), checked before first
 /// use: cudarc panics on a missing symbol, and an old driver lacks the newer `_v2` ones.

@@ -549,11 +549,21 @@ impl CudaBackend {
         let dev = &program.device;
         let name = &program.name;
         let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
-        let &[lhs, rhs, out] = buffers else {
-            return Err(invalid(format!(
-                "takes 3 buffers, [lhs, rhs, out], but {} were bound",
-                buffers.len()
-            )));
+        let epilogue = program.op.epilogue;
+        let (lhs, rhs, bias, out) = match (epilogue.bias, buffers) {
+            (false, &[lhs, rhs, out]) => (lhs, rhs, None, out),
+            (true, &[lhs, rhs, bias, out]) => (lhs, rhs, Some(bias), out),
+            _ => {
+                let names = if epilogue.bias {
+                    "4 buffers, [lhs, rhs, bias, out]"
+                } else {
+                    "3 buffers, [lhs, rhs, out]"
+                };
+                return Err(invalid(format!(
+                    "takes {names}, but {} were bound",
+                    buffers.len()
+                )));
+            }
         };
         let bound = self.buffers.get_all(buffers)?;
         handles::check_launch_devices(
@@ -564,7 +574,7 @@ impl CudaBackend {
             bound.iter().map(|b| b.device.index),
         )?;
         // cuBLAS would read operand elements it has already overwritten.
-        if out == lhs || out == rhs {
+        if out == lhs || out == rhs || Some(out) == bias {
             return Err(invalid(format!(
                 "buffer {} is bound both as the output and as an operand",
                 out.0
@@ -574,23 +584,47 @@ impl CudaBackend {
             .op
             .sizes(dims)
             .map_err(|e| invalid(format!("cannot evaluate its sizes: {e}")))?;
+        let last = bound.len() - 1;
         let plan = matmul::plan(
             &program.op,
             name,
             program.precision,
             &sizes,
-            [bound[0].bytes, bound[1].bytes, bound[2].bytes],
+            [bound[0].bytes, bound[1].bytes, bound[last].bytes],
         )?;
         if plan == Plan::Nothing {
             return Ok(None);
         }
-        let [lhs, rhs, out] = [0, 1, 2].map(|j| bound[j].ptr);
+        // The bias holds one element per output column.
+        let bias = match bias {
+            Some(_) => {
+                let need = sizes.n.saturating_mul(program.precision.size_bytes());
+                if bound[2].bytes < need {
+                    return Err(invalid(format!(
+                        "the bias buffer holds {} bytes, but n = {} needs {need}",
+                        bound[2].bytes, sizes.n
+                    )));
+                }
+                bound[2].ptr
+            }
+            None => 0,
+        };
+        let [lhs, rhs, out] = [0, 1, last].map(|j| bound[j].ptr);
         let work = || {
             match plan {
                 Plan::Nothing => {}
-                Plan::Zero { bytes } => ffi::fill(&dev.ctx, &dev.stream, out, 0, bytes)
-                    .map_err(|e| dev.lost("cuMemsetD8Async", e))?,
-                Plan::Gemm(gemm) => {
+                Plan::Zero { bytes } if epilogue.is_none() => {
+                    ffi::fill(&dev.ctx, &dev.stream, out, 0, bytes)
+                        .map_err(|e| dev.lost("cuMemsetD8Async", e))?;
+                }
+                // An empty sum with an epilogue is `activation(bias)`: no routine for it.
+                Plan::Zero { .. } => {
+                    return Err(BackendError::Unsupported {
+                        backend: "cuda",
+                        what: format!("{name}: an epilogue over an empty sum (k = 0)"),
+                    });
+                }
+                Plan::Gemm(gemm) if epilogue.is_none() => {
                     let blas = lock(&dev.blas);
                     // `vendor` made the handle before it made the program, and it stays
                     // until the device goes.
@@ -606,6 +640,27 @@ impl CudaBackend {
                             kernel: name.clone(),
                             reason,
                         })?;
+                }
+                Plan::Gemm(gemm) => {
+                    let mut lt = lock(&dev.lt);
+                    let Some(lt) = lt.as_mut() else {
+                        return Err(BackendError::Launch {
+                            kernel: name.clone(),
+                            reason: "the device has no cuBLASLt handle".into(),
+                        });
+                    };
+                    lt.matmul(
+                        &dev.ctx,
+                        &dev.stream,
+                        program.precision,
+                        &gemm,
+                        epilogue,
+                        [rhs, lhs, bias, out],
+                    )
+                    .map_err(|reason| BackendError::Launch {
+                        kernel: name.clone(),
+                        reason,
+                    })?;
                 }
             }
             self.counters
@@ -907,6 +962,13 @@ impl Backend for CudaBackend {
                     return Ok(None);
                 };
                 if !dev.ensure_blas()? {
+                    return Ok(None);
+                }
+                // Epilogues run on cuBLASLt, in the precisions it has tensor-core routines
+                // for, and f32.
+                if !matmul.epilogue.is_none()
+                    && (precision == Precision::F64 || !dev.ensure_lt()?)
+                {
                     return Ok(None);
                 }
                 let program = MatmulProgram {

@@ -26,7 +26,7 @@ use tessel_shape::DType;
 /// The element type of a GEMM cuBLAS runs for this backend. Every one accumulates in at
 /// least `f32`, as the generated kernels do, so a vendor program and a generated one compute
 /// the same sums up to their order. Integers have no vendor program here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Precision {
     /// `cublasSgemm`: `f32` in, `f32` accumulated, `f32` out.
     F32,
@@ -69,7 +69,7 @@ impl Precision {
 /// One cuBLAS GEMM's arguments, in cuBLAS's column-major terms and in elements: `batch`
 /// products `C'[p] = op_a(A'[p])·op_b(B'[p])`, where `A'` is the matmul's rhs, `B'` its lhs
 /// and `C'` its output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Gemm {
     /// `op_a` is `T` (else `N`).
     pub(crate) transa: bool,

@@ -8,7 +8,7 @@
 //! first. The match is an
 //! *alternative*: the runtime asks each backend for the routine, and the generated kernel
 //! stays a candidate; measurement decides. Elementwise work above a product that the
-//! routine can do before storing it (a bias, ReLU, GELU) is matched too, as a further
+//! routine can do before storing it (a bias, `relu`, GELU) is matched too, as a further
 //! alternative ([`crate::epilogue`]).
 
 use rustc_hash::FxHashMap;

@@ -355,6 +355,9 @@ fn autocast_runs_products_in_half_precision() -> Result<()> {
 /// no routine offers, and the bias alone), against the f64 reference, in `f32` and `bf16`,
 /// with a batch of rows folded into one product and a row length that is not a multiple of
 /// 8. Whichever form measurement picks must give these values.
+/// A function of one value, as the reference applies it.
+type Activation<'a> = &'a dyn Fn(f64) -> f64;
+
 #[test]
 fn bias_and_activation_above_a_product() -> Result<()> {
     let k = 40;
@@ -369,7 +372,7 @@ fn bias_and_activation_above_a_product() -> Result<()> {
             0.5 * v * (1.0 + (c * (v + 0.044_715 * v * v * v)).tanh())
         };
         let gelu_erf = |v: f64| 0.5 * v * (1.0 + common::erf(v / std::f64::consts::SQRT_2));
-        let cases: [(&str, Tensor, &dyn Fn(f64) -> f64); 4] = [
+        let cases: [(&str, Tensor, Activation); 4] = [
             ("bias", linear.clone(), &|v| v),
             ("relu", linear.relu(), &|v: f64| v.max(0.0)),
             ("gelu tanh", linear.gelu_tanh(), &gelu_tanh),
