@@ -41,6 +41,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
+    "cuMemcpy2DAsync_v2",
     "cuMemsetD8Async",
     "cuModuleLoadData",
     "cuModuleGetFunction",
@@ -268,6 +269,40 @@ pub(crate) fn copy_on_device(
     // SAFETY: both ranges lie in live allocations of this context (checked by the caller);
     // the pool keeps them allocated while work on the stream may use them.
     unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream.0) }
+}
+
+/// Queues copying `height` rows of `width` bytes from `src`, whose rows start `src_pitch`
+/// bytes apart, to `dst`, whose rows start `dst_pitch` bytes apart.
+pub(crate) fn copy_rows(
+    ctx: &Context,
+    stream: &Stream,
+    [dst, dst_pitch]: [u64; 2],
+    [src, src_pitch]: [u64; 2],
+    [width, height]: [usize; 2],
+) -> Result<(), DriverError> {
+    ctx.bind()?;
+    let copy = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch as usize,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch as usize,
+        WidthInBytes: width,
+        Height: height,
+    };
+    // SAFETY: both row sets lie in live allocations of this context (checked by the
+    // caller); the descriptor is read before the call returns; the pool keeps both
+    // allocations while work on the stream may use them.
+    unsafe { sys::cuMemcpy2DAsync_v2(&raw const copy, stream.0) }.result()
 }
 
 /// Queues setting `bytes` bytes at `dst` to `value`.

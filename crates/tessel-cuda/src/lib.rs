@@ -123,7 +123,7 @@ use tessel_shape::Bindings;
 
 use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Event, Module};
-use crate::matmul::{Plan, Precision};
+use crate::matmul::{Gemm, Plan, Precision};
 
 /// How a [`CudaBackend`] is set up.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -624,44 +624,7 @@ impl CudaBackend {
                         what: format!("{name}: an epilogue over an empty sum (k = 0)"),
                     });
                 }
-                Plan::Gemm(gemm) if epilogue.is_none() => {
-                    let blas = lock(&dev.blas);
-                    // `vendor` made the handle before it made the program, and it stays
-                    // until the device goes.
-                    let Some(blas) = blas.as_ref() else {
-                        return Err(BackendError::Launch {
-                            kernel: name.clone(),
-                            reason: "the device has no cuBLAS handle".into(),
-                        });
-                    };
-                    // cuBLAS's A' is the rhs and its B' the lhs: see `matmul`.
-                    blas.gemm(&dev.ctx, program.precision, &gemm, [rhs, lhs, out])
-                        .map_err(|reason| BackendError::Launch {
-                            kernel: name.clone(),
-                            reason,
-                        })?;
-                }
-                Plan::Gemm(gemm) => {
-                    let mut lt = lock(&dev.lt);
-                    let Some(lt) = lt.as_mut() else {
-                        return Err(BackendError::Launch {
-                            kernel: name.clone(),
-                            reason: "the device has no cuBLASLt handle".into(),
-                        });
-                    };
-                    lt.matmul(
-                        &dev.ctx,
-                        &dev.stream,
-                        program.precision,
-                        &gemm,
-                        epilogue,
-                        [rhs, lhs, bias, out],
-                    )
-                    .map_err(|reason| BackendError::Launch {
-                        kernel: name.clone(),
-                        reason,
-                    })?;
-                }
+                Plan::Gemm(gemm) => program.run(&gemm, [rhs, lhs, bias, out])?,
             }
             self.counters
                 .vendor_launches
@@ -669,6 +632,88 @@ impl CudaBackend {
             Ok(())
         };
         queue_timed(dev, name, timed, work)
+    }
+}
+
+impl MatmulProgram {
+    /// Queues the GEMM `g` (see [`MatmulProgram::call`]): split into parts writing rows
+    /// padded to 16 bytes, then copied into place, where [`matmul::padded`] says that runs
+    /// faster; directly when there is no memory for the padded rows.
+    fn run(&self, g: &Gemm, [a, b, bias, c]: [u64; 4]) -> Result<(), BackendError> {
+        let dev = &self.device;
+        let Some(padded) = matmul::padded(self.precision, g) else {
+            return self.call(g, [a, b, bias, c]);
+        };
+        let element = self.precision.size_bytes();
+        let [rows, row, padded_row] =
+            [g.n, g.m, padded.main.ldc].map(|v| v.unsigned_abs() as usize);
+        let rows = rows * g.batch.unsigned_abs() as usize;
+        let scratch = rows
+            .checked_mul(padded_row * element)
+            .and_then(|bytes| lock(&dev.pool).alloc(&dev.ctx, &dev.stream, bytes).ok());
+        let Some((scratch, class)) = scratch else {
+            return self.call(g, [a, b, bias, c]);
+        };
+        let (rest, a_offset, c_offset) = padded.rest;
+        let at = |base: u64, elements: i64| base + elements.unsigned_abs() * element as u64;
+        let bias_rest = if bias == 0 { 0 } else { at(bias, c_offset) };
+        let ran = self
+            .call(&padded.main, [a, b, bias, scratch])
+            .and_then(|()| {
+                self.call(
+                    &rest,
+                    [at(a, a_offset), b, bias_rest, at(scratch, c_offset)],
+                )
+            })
+            .and_then(|()| {
+                ffi::copy_rows(
+                    &dev.ctx,
+                    &dev.stream,
+                    [c, (row * element) as u64],
+                    [scratch, (padded_row * element) as u64],
+                    [row * element, rows],
+                )
+                .map_err(|e| dev.lost("cuMemcpy2DAsync", e))
+            });
+        // Stream-ordered: whoever gets the block next queues after this copy.
+        lock(&dev.pool).release(scratch, class);
+        ran
+    }
+
+    /// Queues one GEMM of this program as `g` describes it: cuBLAS without an epilogue,
+    /// cuBLASLt with one. `[a, b, bias, c]` are cuBLAS's `A'` (the rhs), `B'` (the lhs),
+    /// the bias (0 without one) and the output, checked by the caller against `g`.
+    fn call(&self, g: &Gemm, [a, b, bias, c]: [u64; 4]) -> Result<(), BackendError> {
+        let dev = &self.device;
+        let failed = |reason: String| BackendError::Launch {
+            kernel: self.name.clone(),
+            reason,
+        };
+        let epilogue = self.op.epilogue;
+        if epilogue.is_none() {
+            let blas = lock(&dev.blas);
+            // `vendor` made the handle before it made the program, and it stays until the
+            // device goes.
+            let blas = blas
+                .as_ref()
+                .ok_or_else(|| failed("the device has no cuBLAS handle".into()))?;
+            blas.gemm(&dev.ctx, self.precision, g, [a, b, c])
+                .map_err(failed)
+        } else {
+            let mut lt = lock(&dev.lt);
+            let lt = lt
+                .as_mut()
+                .ok_or_else(|| failed("the device has no cuBLASLt handle".into()))?;
+            lt.matmul(
+                &dev.ctx,
+                &dev.stream,
+                self.precision,
+                g,
+                epilogue,
+                [a, b, bias, c],
+            )
+            .map_err(failed)
+        }
     }
 }
 

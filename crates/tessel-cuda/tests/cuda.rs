@@ -491,6 +491,30 @@ fn check_matmul(test: &str, device: usize, op: &Matmul) -> bool {
     true
 }
 
+/// Half products whose output rows are not a multiple of 8 elements and large enough to run
+/// split into parts writing padded rows (`matmul::padded`): every layout of the rhs, and a
+/// batch, against the reference (the output starts as NaN, so a row the copy misses fails).
+#[test]
+fn cublas_half_products_with_unaligned_rows() {
+    let test = "cublas_half_products_with_unaligned_rows";
+    for device in 0..devices(test) {
+        for dtype in [DType::F16, DType::BF16] {
+            for (sizes, t) in [
+                ([1, 130, 8195, 24], (false, true)),
+                ([1, 130, 8195, 24], (false, false)),
+                ([2, 70, 8195, 16], (true, true)),
+            ] {
+                let [batch, m, n, k] = sizes;
+                let op = matmul(dtype, sizes, t, (m * k, k * n));
+                assert!(batch * m * n >= 1 << 20);
+                if !check_matmul(test, device, &op) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Odd sizes (no dimension a multiple of a tile), including 1×1×1 and vectors, in every
 /// float dtype.
 #[test]
@@ -803,11 +827,13 @@ fn cublaslt_epilogues_match_the_reference() {
         (true, Activation::GeluTanh),
     ]
     .map(|(bias, activation)| Epilogue { bias, activation });
-    let shapes: [([i64; 4], (bool, bool)); 4] = [
+    let shapes: [([i64; 4], (bool, bool)); 5] = [
         ([1, 37, 29, 53], (false, false)),
         ([1, 64, 96, 128], (false, true)),
         ([1, 33, 50, 24], (true, true)),
         ([3, 16, 40, 24], (false, true)),
+        // Half outputs with rows of 8195: split into padded parts (`matmul::padded`).
+        ([1, 130, 8195, 24], (false, true)),
     ];
     for device in 0..devices(test) {
         for dtype in [DType::F32, DType::F16, DType::BF16] {

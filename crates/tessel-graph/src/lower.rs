@@ -152,7 +152,7 @@ pub(crate) fn lower_kernel(
     let node = graph.node(root);
     let shape = node.shape.clone();
     let numel = shape.numel();
-    let idx = index_dtype(graph, root);
+    let idx = index_dtype(graph, root, materialized);
     let name = kernel_name(graph, root);
     let mut kb = KernelBuilder::new(&if lanes.is_some() {
         format!("{name}_g")
@@ -242,14 +242,24 @@ pub(crate) fn lower_kernel(
     }))
 }
 
-/// The index dtype for a kernel computing `root`: 32-bit unless some buffer may exceed it.
-fn index_dtype(graph: &Graph, root: NodeId) -> DType {
-    let max_elems = graph
-        .toposort(&[root])
-        .iter()
-        .map(|&n| graph.node(n).shape.numel().bounds().hi)
-        .max()
-        .unwrap_or(0);
+/// The index dtype for a kernel computing `root`: 32-bit unless some value it reads,
+/// computes or writes may exceed it. The walk stops at materialized nodes (buffers the
+/// kernel loads): what produced them (a matrix product's `[m, k, n]` iteration space) is
+/// another kernel's concern, and 64-bit index math costs a memory-bound kernel dearly.
+fn index_dtype(graph: &Graph, root: NodeId, materialized: &FxHashSet<NodeId>) -> DType {
+    let mut seen = FxHashSet::default();
+    let mut stack = vec![root];
+    let mut max_elems = 0;
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n) {
+            continue;
+        }
+        let node = graph.node(n);
+        max_elems = max_elems.max(node.shape.numel().bounds().hi);
+        if n == root || !materialized.contains(&n) {
+            stack.extend(node.op.children());
+        }
+    }
     if max_elems < i64::from(i32::MAX) {
         DType::I32
     } else {

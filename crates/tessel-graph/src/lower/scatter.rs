@@ -23,7 +23,7 @@ pub(super) fn lower_scatter_kernel(
     let node = graph.node(root);
     let space = graph.node(index).shape.clone();
     let numel = space.numel();
-    let idx = index_dtype(graph, root);
+    let idx = index_dtype(graph, root, materialized);
     let name = kernel_name(graph, root);
     let mut kb = KernelBuilder::new(&format!("s{}", &name[1..]));
     let local = match numel.as_const() {

@@ -46,7 +46,7 @@ pub(super) fn lower_argsort_kernel(
     let lanes = (p / 2).min(SORT_LANES);
     let outer_shape = Shape::new(outer_dims.to_vec());
     let rows = outer_shape.numel();
-    let idx = index_dtype(graph, root);
+    let idx = index_dtype(graph, root, materialized);
     let mut kb = KernelBuilder::new(&format!("{}_sort", kernel_name(graph, root)));
     kb.grid([rows, Dim::constant(1), Dim::constant(1)], [lanes, 1, 1]);
     let group = kb.group_id(0, idx);
