@@ -172,3 +172,47 @@ fn a_deep_residual_stream_with_a_reduction_per_step() -> Result<()> {
     }
     Ok(())
 }
+
+/// Kernels large enough to compute several consecutive outputs per invocation (8 for 2-byte
+/// elements, 4 otherwise): a transposed read with a bias broadcast along the rows, a pad of
+/// the last axis (each output's own validity), and a row statistic broadcast along the last
+/// axis, in f32 and bf16, against the f64 reference.
+#[test]
+fn several_outputs_per_invocation() -> Result<()> {
+    use crate::common::nd::{Nd, assert_nd};
+    for dtype in common::on_device([DType::F32, DType::BF16]) {
+        let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+        let domain = Domain::new((-2.0, 2.0), (0, 0));
+        let xr = Nd::random(&mut Rng::new(7), dtype, &[2, 128, 256], domain);
+        let br = Nd::random(&mut Rng::new(8), dtype, &[256], domain);
+        let (x, b) = (xr.tensor(dtype), br.tensor(dtype));
+        let y = (&x.permute(&[1, 0, 2])? + &b)?.relu();
+        let want = Nd::from_fn(&[128, 2, 256], |i| {
+            common::round_to(dtype, xr.at(&[i[1], i[0], i[2]]) + br.data[i[2]]).max(0.0)
+        });
+        assert_nd(&format!("{dtype} bias relu"), &Nd::of(&y), &want, tol);
+
+        let pr = Nd::random(&mut Rng::new(9), dtype, &[300, 250], domain);
+        let padded = (&pr.tensor(dtype).pad(&[(3, 3)], 0.5)? * 2.0)?;
+        let want = Nd::from_fn(&[300, 256], |i| {
+            if (3..253).contains(&i[1]) {
+                2.0 * pr.at(&[i[0], i[1] - 3])
+            } else {
+                1.0
+            }
+        });
+        assert_nd(&format!("{dtype} pad"), &Nd::of(&padded), &want, tol);
+
+        let m = x.max(&[2], true)?;
+        Tensor::realize_all(&[&m])?;
+        let centered = (&x - &m)?;
+        let want = Nd::from_fn(&[2, 128, 256], |i| {
+            let row_max = (0..256)
+                .map(|c| xr.at(&[i[0], i[1], c]))
+                .fold(f64::NEG_INFINITY, f64::max);
+            common::round_to(dtype, xr.at(i) - row_max)
+        });
+        assert_nd(&format!("{dtype} row max"), &Nd::of(&centered), &want, tol);
+    }
+    Ok(())
+}
