@@ -79,13 +79,18 @@
 //!   `f16`/`bf16`, `cublasGemmEx`/`cublasGemmStridedBatchedEx` with `CUBLAS_COMPUTE_32F`,
 //!   which runs on tensor cores; a batch stride of 0 broadcasts). The row-major product is run as the
 //!   column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`, so no operand is copied or transposed first. Each
-//!   device gets one cuBLAS handle, made by its first vendor program and bound to its
-//!   stream, so cuBLAS calls are ordered with kernels and copies, and [`Backend::time`]
-//!   brackets them with the same events. Sizes are evaluated at each launch; buffers are
-//!   checked against [`tessel_ir::MatmulSizes::min_elements`] (and the output may not be an
-//!   operand) before cuBLAS is called; sizes past cuBLAS's 32-bit `int` are
-//!   [`BackendError::Unsupported`]. `k == 0` zeroes the output; an empty output runs
-//!   nothing. Integer dtypes get `Ok(None)`.
+//!   device gets one cuBLAS handle with a 32 MiB workspace, made by its first vendor
+//!   program and bound to its stream, so cuBLAS calls are ordered with kernels and copies,
+//!   and [`Backend::time`] brackets them with the same events. Sizes are evaluated at each
+//!   launch; buffers are checked against [`tessel_ir::MatmulSizes::min_elements`] (and the
+//!   output may not be an operand) before cuBLAS is called; sizes past cuBLAS's 32-bit
+//!   `int` are [`BackendError::Unsupported`]. `k == 0` zeroes the output; an empty output
+//!   runs nothing. Integer dtypes get `Ok(None)`. A matmul with an
+//!   [`Epilogue`](tessel_ir::Epilogue) (bias, `relu`, GELU) runs on cuBLASLt instead (its
+//!   own handle and workspace per device); f64 epilogues and `k == 0` with one get no
+//!   program. Half-precision outputs with rows not a multiple of 8 elements run split
+//!   into parts writing rows padded to 16 bytes, then copied into place
+//!   (`matmul::padded`).
 //!
 //! # Numerics
 //!

@@ -9,7 +9,7 @@
 //! *alternative*: the runtime asks each backend for the routine, and the generated kernel
 //! stays a candidate; measurement decides. Elementwise work above a product that the
 //! routine can do before storing it (a bias, `relu`, GELU) is matched too, as a further
-//! alternative ([`crate::epilogue`]).
+//! alternative (see `epilogue.rs`).
 
 use rustc_hash::FxHashMap;
 use tessel_ir::{Matmul, VendorOp};

@@ -23,6 +23,7 @@ const SYMBOLS: &[&str] = &[
     "cublasDestroy_v2",
     "cublasSetStream_v2",
     "cublasSetMathMode",
+    "cublasSetWorkspace_v2",
     "cublasGetVersion_v2",
     "cublasSgemm_v2",
     "cublasDgemm_v2",
@@ -82,9 +83,15 @@ const F32_ACCUMULATION: bsys::cublasComputeType_t = bsys::cublasComputeType_t::C
 const TF32_OPERANDS: bsys::cublasComputeType_t =
     bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32;
 
-/// A cuBLAS handle bound to one device's stream; destroyed on drop.
+/// Scratch memory given to cuBLAS per device, as PyTorch gives it on Hopper (32 MiB): without
+/// one, cuBLAS falls back to kernels that need none, slower for some shapes.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A cuBLAS handle bound to one device's stream, with its workspace; destroyed on drop.
 pub(crate) struct Blas {
     handle: bsys::cublasHandle_t,
+    /// The workspace's device address (0 until allocated).
+    workspace: u64,
     /// The context the handle was created in, made current again to destroy it.
     ctx: sys::CUcontext,
     /// cuBLAS's version, `10000·major + 100·minor + patch`.
@@ -107,6 +114,7 @@ impl Blas {
         // From here on, dropping `this` destroys the handle, on the error paths too.
         let mut this = Blas {
             handle,
+            workspace: 0,
             ctx: ctx.ctx,
             version: 0,
         };
@@ -121,6 +129,14 @@ impl Blas {
         unsafe { bsys::cublasSetMathMode(handle, bsys::cublasMath_t::CUBLAS_DEFAULT_MATH) }
             .result()
             .map_err(|e| format!("cublasSetMathMode failed: {e}"))?;
+        this.workspace = super::malloc(ctx, WORKSPACE_BYTES)
+            .map_err(|e| format!("allocating cuBLAS's {WORKSPACE_BYTES}-byte workspace: {e}"))?;
+        let workspace = std::ptr::with_exposed_provenance_mut::<c_void>(this.workspace as usize);
+        // SAFETY: the handle is live; the workspace is a live allocation of its context of
+        // `WORKSPACE_BYTES`, owned by this handle and freed only after it is destroyed.
+        unsafe { bsys::cublasSetWorkspace_v2(handle, workspace, WORKSPACE_BYTES) }
+            .result()
+            .map_err(|e| format!("cublasSetWorkspace failed: {e}"))?;
         let mut version: c_int = 0;
         // SAFETY: the handle is live; writes one int through a valid pointer.
         unsafe { bsys::cublasGetVersion_v2(handle, &raw mut version) }
@@ -320,12 +336,16 @@ impl Blas {
 impl Drop for Blas {
     fn drop(&mut self) {
         // SAFETY: the context outlives the handle (its device destroys the handle before
-        // releasing the context); the handle is destroyed once, here. cuBLAS finishes the
-        // work it queued before releasing what that work uses.
+        // releasing the context, after synchronizing its stream, so no queued GEMM still
+        // uses the workspace); the handle and the workspace are released once, here.
         let result = unsafe {
             cu::ctx::set_current(self.ctx)
                 .map_err(|e| e.to_string())
                 .and_then(|()| blas::destroy_handle(self.handle).map_err(|e| e.to_string()))
+                .and_then(|()| match self.workspace {
+                    0 => Ok(()),
+                    w => cu::free_sync(w).map_err(|e| e.to_string()),
+                })
         };
         if let Err(e) = result {
             tracing::debug!("tessel-cuda: destroying a cuBLAS handle failed: {e}");
