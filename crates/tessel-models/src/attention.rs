@@ -20,7 +20,8 @@ pub(crate) fn merge_heads(x: &Tensor) -> Result<Tensor> {
         .reshape(&[d[0] as i64, d[2] as i64, (d[1] * d[3]) as i64])
 }
 
-/// `softmax(q kᵀ / √d + mask) v` over the cached and new positions of `layer`; keys and
+/// `softmax(q kᵀ / √d + mask) v` over the cached and new positions of `layer` (causal
+/// from the positions, on the device, where the cache says so and gives no mask); keys and
 /// values with fewer heads than the queries (grouped-query attention) serve
 /// `heads / kv_heads` query heads each, as `transformers`' `repeat_kv`.
 pub(crate) fn attend(
@@ -31,6 +32,7 @@ pub(crate) fn attend(
     v: Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
+    let causal = mask.is_none() && cache.causal();
     let (k, v) = cache.append(layer, k, v)?;
-    scaled_dot_product_attention(q, &k, &v, mask, false, None, true)
+    scaled_dot_product_attention(q, &k, &v, mask, causal, None, true)
 }

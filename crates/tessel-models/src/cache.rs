@@ -106,13 +106,30 @@ impl KvCache {
         out
     }
 
+    /// Whether this step's attention must hide later tokens of the step from earlier ones
+    /// by itself (`is_causal`): a first step of several tokens, none of them padding, for
+    /// which [`KvCache::attention_mask`] gives no mask.
+    pub fn causal(&self) -> bool {
+        self.len == 0
+            && self.step_len() > 1
+            && self.new.iter().all(|row| row.iter().all(|&real| real))
+    }
+
     /// The additive mask of the step's attention, `[batch, 1, step_len, past + step_len]`
     /// in `dtype` (0 where a query sees a key, the dtype's lowest value where causality or
-    /// padding hides it, as `transformers` builds it), or `None` when nothing is hidden.
+    /// padding hides it, as `transformers` builds it), or `None` when nothing is hidden
+    /// or, on a first step without padding, causality alone hides keys: the attention
+    /// applies that itself where [`KvCache::causal`] says so.
     pub fn attention_mask(&self, dtype: DType, device: &Device) -> Result<Option<Tensor>> {
         let (b, t, past) = (self.batch(), self.step_len(), self.len);
         let lowest = dtype.min_value().to_f64();
         if past == 0 {
+            // Every token real: the causal part alone, which the attention computes on the
+            // device from positions ([`KvCache::causal`]); no `[b, t, t]` mask is built
+            // on the host and uploaded for every call.
+            if self.new.iter().all(|row| row.iter().all(|&real| real)) {
+                return Ok(None);
+            }
             let mut hidden = Vec::with_capacity(b * t * t);
             for row in &self.new {
                 for i in 0..t {
