@@ -67,15 +67,23 @@ pub(crate) fn load_driver() -> Result<(), String> {
     // SAFETY: `is_culib_present` just found a loadable library, so `culib` (which panics
     // when none loads) returns it.
     let lib = unsafe { sys::culib() };
-    for name in DRIVER_SYMBOLS {
-        // SAFETY: the symbol is only looked up, never called through this pointer type.
-        if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
-            return Err(format!(
-                "the CUDA driver lacks `{name}`: it is older than CUDA 13.0; update the driver"
-            ));
-        }
+    match missing_symbol(lib, DRIVER_SYMBOLS) {
+        Some(name) => Err(format!(
+            "the CUDA driver lacks `{name}`: it is older than CUDA 13.0; update the driver"
+        )),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The first of `symbols` that `lib` does not export: cudarc panics on calling one.
+pub(crate) fn missing_symbol<'a>(
+    lib: &libloading::Library,
+    symbols: &[&'a str],
+) -> Option<&'a str> {
+    symbols.iter().copied().find(|name| {
+        // SAFETY: the symbol is only looked up, never called through this pointer type.
+        unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err()
+    })
 }
 
 /// `cuInit(0)`.

@@ -18,7 +18,7 @@ use tessel_ir::{Activation, Epilogue, VendorOp};
 use tessel_shape::{DType, Dim, Scalar};
 
 use crate::graph::{Graph, NodeId, Op};
-use crate::vendor::VendorMatch;
+use crate::vendor::{VendorMatch, with_reshapes};
 
 /// Nodes looked at above one product; an epilogue is a handful of ops.
 const REGION_MAX: usize = 64;
@@ -66,14 +66,7 @@ pub(crate) fn epilogues(
         let Some((epilogue, bias)) = region.recognize(y) else {
             continue;
         };
-        let mut writes = vec![y];
-        let mut top = y;
-        while let Some([parent]) = consumers.get(&top).map(Vec::as_slice)
-            && matches!(graph.node(*parent).op, Op::Reshape(_))
-        {
-            writes.push(*parent);
-            top = *parent;
-        }
+        let writes = with_reshapes(graph, y, consumers);
         let mut operands = plain.operands.clone();
         let mut materialize: Vec<NodeId> = plain
             .materialize

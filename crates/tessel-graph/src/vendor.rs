@@ -172,14 +172,8 @@ fn routine(
 ) -> VendorMatch {
     let batch_len = batch.iter().fold(Dim::constant(1), |acc, d| acc * *d);
     // The product's bytes are also every pure reshape stacked on it.
-    let mut writes = vec![product];
-    let mut top = product;
-    while let Some([parent]) = consumers.get(&top).map(Vec::as_slice)
-        && matches!(graph.node(*parent).op, Op::Reshape(_))
-    {
-        writes.push(*parent);
-        top = *parent;
-    }
+    let writes = with_reshapes(graph, product, consumers);
+    let top = *writes.last().unwrap_or(&product);
     let mut materialize: Vec<NodeId> = [lhs.node, rhs.node]
         .into_iter()
         .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
@@ -216,6 +210,24 @@ fn routine(
         writes,
         materialize,
     }
+}
+
+/// `node` and the chain of reshapes stacked on it (each its producer's only consumer), in
+/// order: the nodes holding `node`'s bytes in row-major order.
+pub(crate) fn with_reshapes(
+    graph: &Graph,
+    node: NodeId,
+    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
+) -> Vec<NodeId> {
+    let mut nodes = vec![node];
+    let mut top = node;
+    while let Some([parent]) = consumers.get(&top).map(Vec::as_slice)
+        && matches!(graph.node(*parent).op, Op::Reshape(_))
+    {
+        nodes.push(*parent);
+        top = *parent;
+    }
+    nodes
 }
 
 /// How the routine reads one operand.

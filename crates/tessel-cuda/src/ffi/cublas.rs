@@ -65,13 +65,10 @@ fn find() -> Result<(), String> {
     // SAFETY: a loadable library was just found, so `culib` (which panics when none loads)
     // returns one; cudarc keeps it loaded for the process.
     let lib = unsafe { bsys::culib() };
-    for name in SYMBOLS {
-        // SAFETY: the symbol is only looked up, never called through this pointer type.
-        if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
-            return Err(format!("the cuBLAS library found lacks `{name}`"));
-        }
+    match super::missing_symbol(lib, SYMBOLS) {
+        Some(name) => Err(format!("the cuBLAS library found lacks `{name}`")),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Half-precision products accumulate in `f32` (tensor cores; `alpha`/`beta` are `f32`), as

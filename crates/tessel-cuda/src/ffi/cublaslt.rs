@@ -74,13 +74,10 @@ fn find() -> Result<(), String> {
     // SAFETY: a loadable library was just found, so `culib` returns one; cudarc keeps it
     // loaded for the process.
     let lib = unsafe { lsys::culib() };
-    for name in SYMBOLS {
-        // SAFETY: the symbol is only looked up, never called through this pointer type.
-        if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
-            return Err(format!("the cuBLASLt library found lacks `{name}`"));
-        }
+    match super::missing_symbol(lib, SYMBOLS) {
+        Some(name) => Err(format!("the cuBLASLt library found lacks `{name}`")),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// What the heuristic's choice depends on besides the descriptors' fixed parts.
