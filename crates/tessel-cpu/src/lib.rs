@@ -551,9 +551,19 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {
+    fn vendor(
+        &self,
+        device: usize,
+        op: &VendorOp,
+    ) -> Result<Vec<tessel_ir::VendorProgram>, BackendError> {
         self.check_device(device)?;
-        Ok(VendorProgram::new(op).map(|p| self.programs.insert(Program::Vendor(p))))
+        Ok(VendorProgram::new(op)
+            .map(|p| tessel_ir::VendorProgram {
+                program: self.programs.insert(Program::Vendor(p)),
+                variant: "gemm".into(),
+            })
+            .into_iter()
+            .collect())
     }
 
     fn vendor_library(&self, _device: usize) -> String {

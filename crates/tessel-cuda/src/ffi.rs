@@ -429,15 +429,30 @@ impl Module {
         }
     }
 
-    /// Queues the kernel on `stream` with `grid` blocks of `block` threads. `args` holds one
-    /// slot per kernel parameter, in order, each holding the parameter's value in its first
-    /// bytes (a device pointer, or a dim in its dtype).
+    /// Lets the kernel launch with up to `bytes` of dynamic shared memory (past the 48 KiB
+    /// every kernel may use); fails where the device has less.
+    pub(crate) fn allow_shared(&self, bytes: u32) -> Result<(), DriverError> {
+        let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
+        // SAFETY: the function belongs to this live module; the attribute takes an `int`.
+        unsafe {
+            cu::function::set_function_attribute(
+                self.function,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+        }
+    }
+
+    /// Queues the kernel on `stream` with `grid` blocks of `block` threads and `shared`
+    /// bytes of dynamic shared memory. `args` holds one slot per kernel parameter, in order,
+    /// each holding the parameter's value in its first bytes (a device pointer, or a dim in
+    /// its dtype).
     pub(crate) fn launch(
         &self,
         ctx: &Context,
         stream: &Stream,
-        grid: [u32; 3],
-        block: [u32; 3],
+        [grid, block]: [[u32; 3]; 2],
+        shared: u32,
         args: &mut [ArgSlot],
     ) -> Result<(), DriverError> {
         ctx.bind()?;
@@ -446,18 +461,20 @@ impl Module {
             .map(|slot| slot.0.as_mut_ptr().cast::<c_void>())
             .collect();
         // SAFETY: the function was compiled from source whose parameters are exactly
-        // `args` in order (the emitter writes one parameter per IR parameter, and the
-        // caller fills one slot per parameter with a value of that parameter's size); the
-        // driver copies the values before returning. Every device pointer is a live
-        // allocation at least as large as its parameter's declared length (checked by
-        // `LaunchArgs::evaluate`), and the pool keeps it allocated until work queued on
-        // this stream before its reuse is done.
+        // `args` in order (the emitter writes one parameter per IR parameter, `mma.cu` has
+        // the parameters `MatmulProgram::launch_generated` fills, and the caller fills one
+        // slot per parameter with a value of that parameter's size); the driver copies the
+        // values before returning. Every device pointer is a live allocation at least as
+        // large as the kernel reads or writes through it (checked by
+        // `LaunchArgs::evaluate`, or for matmuls by `matmul::plan`), and the pool keeps it
+        // allocated until work queued on this stream before its reuse is done. `shared`
+        // was allowed by `allow_shared` where it exceeds the default.
         unsafe {
             cu::launch_kernel(
                 self.function,
                 (grid[0], grid[1], grid[2]),
                 (block[0], block[1], block[2]),
-                0,
+                shared,
                 stream.0,
                 &mut params,
             )

@@ -109,6 +109,7 @@ mod device;
 mod ffi;
 mod matmul;
 mod memory;
+mod mma;
 mod nvrtc;
 
 use std::path::PathBuf;
@@ -122,7 +123,7 @@ use tessel_ir::codegen::{self, CUDA, CodegenError};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Matmul, Param,
-    ProgramId, ProgramOrigin, VendorOp, verify,
+    ProgramId, ProgramOrigin, VendorOp, VendorProgram, verify,
 };
 use tessel_shape::Bindings;
 
@@ -234,13 +235,26 @@ struct KernelProgram {
     max_threads: u32,
 }
 
-/// A matrix product cuBLAS runs, on a device whose cuBLAS handle exists.
+/// A matrix product, run by cuBLAS or by the generated tensor-core kernel.
 struct MatmulProgram {
     op: Matmul,
     precision: Precision,
     device: Arc<CudaDevice>,
     /// `op` as text: the program's name in errors.
     name: String,
+    by: MatmulBy,
+}
+
+/// What runs a [`MatmulProgram`].
+enum MatmulBy {
+    /// cuBLAS (cuBLASLt with an epilogue), on a device whose handles exist.
+    Library,
+    /// The generated tensor-core kernel ([`mma`]) with one tile shape.
+    Generated {
+        module: Arc<Module>,
+        tile: mma::Tile,
+        origin: ProgramOrigin,
+    },
 }
 
 /// Two timing events queued around a program's work, and their device.
@@ -401,7 +415,8 @@ impl CudaBackend {
     fn module(
         &self,
         dev: &CudaDevice,
-        kernel: &Kernel,
+        name: &str,
+        entry: &str,
         source: &str,
     ) -> Result<(Arc<Module>, ProgramOrigin), BackendError> {
         let nvrtc = self.nvrtc()?;
@@ -411,11 +426,10 @@ impl CudaBackend {
             self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok((Arc::clone(module), ProgramOrigin::Cached));
         }
-        let entry = codegen::entry_name(kernel);
         let dir = self.config.cache_dir.as_deref();
         let cached = dir
             .and_then(|d| nvrtc::read_cached(d, key))
-            .and_then(|cubin| match Module::load(&dev.ctx, &cubin, &entry) {
+            .and_then(|cubin| match Module::load(&dev.ctx, &cubin, entry) {
                 Ok(module) => Some(module),
                 Err(e) => {
                     tracing::debug!(
@@ -430,9 +444,9 @@ impl CudaBackend {
         } else {
             // No lock is held while NVRTC compiles, which may take a second.
             let started = std::time::Instant::now();
-            let compiled = ffi::nvrtc_compile(source, &kernel.name, &options);
+            let compiled = ffi::nvrtc_compile(source, name, &options);
             let fail = |why: String| BackendError::Compile {
-                kernel: kernel.name.clone(),
+                kernel: name.to_owned(),
                 code: source.to_owned(),
                 log: why,
             };
@@ -444,20 +458,43 @@ impl CudaBackend {
                 ))
             })?;
             if !compiled.log.is_empty() {
-                tracing::debug!(kernel = %kernel.name, "tessel-cuda: NVRTC log:\n{}", compiled.log);
+                tracing::debug!(kernel = %name, "tessel-cuda: NVRTC log:\n{}", compiled.log);
             }
-            tracing::debug!(kernel = %kernel.name, elapsed = ?started.elapsed(), "tessel-cuda: compiled");
+            tracing::debug!(kernel = %name, elapsed = ?started.elapsed(), "tessel-cuda: compiled");
             self.counters.compiles.fetch_add(1, Ordering::Relaxed);
             if let Some(dir) = dir {
                 nvrtc::write_cached(dir, key, &cubin, source);
             }
             (
-                Module::load(&dev.ctx, &cubin, &entry).map_err(fail)?,
+                Module::load(&dev.ctx, &cubin, entry).map_err(fail)?,
                 ProgramOrigin::Compiled,
             )
         };
         let module = Arc::new(module);
         lock(&self.modules).insert((dev.index, key), Arc::clone(&module));
+        Ok((module, origin))
+    }
+
+    /// The generated matmul kernel for `op` with `tile`, compiled (or from a cache) and
+    /// allowed its shared memory.
+    fn generated_module(
+        &self,
+        dev: &CudaDevice,
+        op: &Matmul,
+        tile: &mma::Tile,
+    ) -> Result<(Arc<Module>, ProgramOrigin), BackendError> {
+        let name = format!("{op} [{}]", tile.label());
+        let (module, origin) = self.module(dev, &name, mma::ENTRY, &mma::source(op, tile))?;
+        module
+            .allow_shared(tile.shared_bytes(op))
+            .map_err(|e| BackendError::Compile {
+                kernel: name,
+                code: String::new(),
+                log: format!(
+                    "{} bytes of shared memory are more than the device allows: {e}",
+                    tile.shared_bytes(op)
+                ),
+            })?;
         Ok((module, origin))
     }
 
@@ -532,7 +569,7 @@ impl CudaBackend {
             };
             program
                 .module
-                .launch(&dev.ctx, &dev.stream, grid, block, &mut slots)
+                .launch(&dev.ctx, &dev.stream, [grid, block], 0, &mut slots)
                 .map_err(|e| BackendError::Launch {
                     kernel: kernel.name.clone(),
                     reason: format!("cuLaunchKernel failed: {e}"),
@@ -615,6 +652,24 @@ impl CudaBackend {
             None => 0,
         };
         let [lhs, rhs, out] = [0, 1, last].map(|j| bound[j].ptr);
+        if let MatmulBy::Generated { module, tile, .. } = &program.by {
+            // The kernel zero-fills past `k`, so an empty sum needs nothing special.
+            let Some(launch) = mma::launch(&program.op, tile, &sizes, name)? else {
+                return Ok(None);
+            };
+            return queue_timed(dev, name, timed, || {
+                launch_generated(dev, module, &launch, [lhs, rhs, bias, out]).map_err(|e| {
+                    BackendError::Launch {
+                        kernel: name.clone(),
+                        reason: format!("cuLaunchKernel failed: {e}"),
+                    }
+                })?;
+                self.counters
+                    .vendor_launches
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            });
+        }
         let work = || {
             match plan {
                 Plan::Nothing => {}
@@ -720,6 +775,30 @@ impl MatmulProgram {
             .map_err(failed)
         }
     }
+}
+
+/// Queues one launch of the generated matmul kernel on `dev`'s stream with the pointers
+/// `[lhs, rhs, bias, out]` (bias 0 without one), in the kernel's parameter order.
+fn launch_generated(
+    dev: &CudaDevice,
+    module: &Module,
+    launch: &mma::Launch,
+    pointers: [u64; 4],
+) -> Result<(), DriverError> {
+    let mut slots: Vec<ArgSlot> = pointers.iter().map(|p| ArgSlot(p.to_ne_bytes())).collect();
+    for size in launch.sizes {
+        let mut slot = ArgSlot::default();
+        slot.0[..4].copy_from_slice(&size.to_ne_bytes());
+        slots.push(slot);
+    }
+    slots.extend(launch.strides.map(|s| ArgSlot(s.to_ne_bytes())));
+    module.launch(
+        &dev.ctx,
+        &dev.stream,
+        [launch.grid, launch.block],
+        launch.shared,
+        &mut slots,
+    )
 }
 
 /// Queues `work` on `dev`'s stream, between two timing events (returned) when `timed`.
@@ -940,7 +1019,8 @@ impl Backend for CudaBackend {
             log: e.to_string(),
         })?;
         let source = render(kernel)?;
-        let (module, origin) = self.module(dev, kernel, &source)?;
+        let entry = codegen::entry_name(kernel);
+        let (module, origin) = self.module(dev, &kernel.name, &entry, &source)?;
         let max_threads = module
             .max_threads_per_block()
             .map_or(dev.info.max_workgroup_size, |n| {
@@ -996,40 +1076,78 @@ impl Backend for CudaBackend {
     fn origin(&self, program: ProgramId) -> Result<ProgramOrigin, BackendError> {
         Ok(match &*self.programs.get(program)? {
             Program::Kernel(kernel) => kernel.origin,
+            Program::Matmul(MatmulProgram {
+                by: MatmulBy::Generated { origin, .. },
+                ..
+            }) => *origin,
             // A cuBLAS call: nothing of it is compiled.
             Program::Matmul(_) => ProgramOrigin::Cached,
         })
     }
 
     /// Float [`Matmul`]s (`f32`, `f64`, and `f16`/`bf16` through `GemmEx` with `f32`
-    /// accumulation; `f32` on TF32 tensor cores where the matmul allows it) run on cuBLAS; integers, or no cuBLAS installed,
-    /// are `Ok(None)`. The device's cuBLAS handle is made here, on first use.
-    fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {
+    /// accumulation; `f32` on TF32 tensor cores where the matmul allows it) run on cuBLAS
+    /// (variant `"cuBLAS"`); `f16`/`bf16` products the generated tensor-core kernel runs
+    /// ([`mma::supports`]) get one more program per tile shape, compiled here in parallel.
+    /// Integers, or no cuBLAS and no generated kernel, are an empty list. The device's
+    /// cuBLAS handle is made here, on first use.
+    fn vendor(&self, device: usize, op: &VendorOp) -> Result<Vec<VendorProgram>, BackendError> {
         let dev = self.device(device)?;
-        match op {
-            VendorOp::Matmul(matmul) => {
-                let Some(precision) = Precision::of(matmul) else {
-                    return Ok(None);
-                };
-                if !dev.ensure_blas()? {
-                    return Ok(None);
-                }
-                // Epilogues run on cuBLASLt, in the precisions it has tensor-core routines
-                // for, and f32.
-                if !matmul.epilogue.is_none()
-                    && (precision == Precision::F64 || !dev.ensure_lt()?)
-                {
-                    return Ok(None);
-                }
-                let program = MatmulProgram {
-                    op: matmul.clone(),
-                    precision,
-                    device: Arc::clone(dev),
-                    name: matmul.to_string(),
-                };
-                Ok(Some(self.programs.insert(Program::Matmul(program))))
+        let VendorOp::Matmul(matmul) = op;
+        let Some(precision) = Precision::of(matmul) else {
+            return Ok(Vec::new());
+        };
+        let program = |by| MatmulProgram {
+            op: matmul.clone(),
+            precision,
+            device: Arc::clone(dev),
+            name: matmul.to_string(),
+            by,
+        };
+        let mut out = Vec::new();
+        // Epilogues run on cuBLASLt, in the precisions it has tensor-core routines for, and
+        // f32.
+        if dev.ensure_blas()?
+            && (matmul.epilogue.is_none() || (precision != Precision::F64 && dev.ensure_lt()?))
+        {
+            out.push(VendorProgram {
+                program: self
+                    .programs
+                    .insert(Program::Matmul(program(MatmulBy::Library))),
+                variant: "cuBLAS".into(),
+            });
+        }
+        if let Some(why) = mma::supports(matmul, dev.capability) {
+            tracing::trace!("tessel-cuda: no generated matmul for {matmul}: {why}");
+            return Ok(out);
+        }
+        let built: Vec<_> = std::thread::scope(|scope| {
+            let workers: Vec<_> = mma::TILES
+                .iter()
+                .map(|tile| scope.spawn(move || (tile, self.generated_module(dev, matmul, tile))))
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        for (tile, module) in built {
+            match module {
+                Ok((module, origin)) => out.push(VendorProgram {
+                    program: self
+                        .programs
+                        .insert(Program::Matmul(program(MatmulBy::Generated {
+                            module,
+                            tile: *tile,
+                            origin,
+                        }))),
+                    variant: tile.label(),
+                }),
+                // A tile this device cannot hold (too much shared memory) is left out.
+                Err(e) => tracing::warn!("tessel-cuda: {matmul}: no {}: {e}", tile.label()),
             }
         }
+        Ok(out)
     }
 
     fn vendor_library(&self, device: usize) -> String {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tessel_cuda::{CudaBackend, CudaConfig};
 use tessel_ir::{
     Access, Backend, BackendError, DeviceInfo, KernelBuilder, Matmul, MatmulSizes, ProgramId,
-    VendorOp, samples,
+    VendorOp, VendorProgram, samples,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, UnaryOp, Var};
 use tessel_testkit::{Check, Conformance, Op, Rng, Tolerance};
@@ -336,19 +336,33 @@ fn matmul(dtype: DType, sizes: [i64; 4], transposed: (bool, bool), strides: (i64
 /// The four `(lhs, rhs)` transpose combinations.
 const TRANSPOSES: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
 
-/// `op`'s cuBLAS program on `device`, or `None` after a skip line when cuBLAS is not
-/// installed (the backend answers `Ok(None)` then).
-fn cublas(test: &str, device: usize, op: &Matmul) -> Option<ProgramId> {
-    let program = backend()
+/// Every program `device` has for `op` (cuBLAS's first), or an empty list after a skip
+/// line when it has none.
+fn routines(test: &str, device: usize, op: &Matmul) -> Vec<VendorProgram> {
+    let programs = backend()
         .vendor(device, &VendorOp::Matmul(op.clone()))
         .unwrap();
-    if program.is_none() {
+    if programs.is_empty() {
         tessel_testkit::skip(
             &format!("cuda::{test}"),
             "cuBLAS (libcublas.so.13) is not on the loader path",
         );
     }
-    program
+    programs
+}
+
+/// `op`'s cuBLAS program on `device` (its other programs released), or `None` after a skip
+/// line when cuBLAS is not installed.
+fn cublas(test: &str, device: usize, op: &Matmul) -> Option<ProgramId> {
+    let mut cublas = None;
+    for p in routines(test, device, op) {
+        if p.variant == "cuBLAS" {
+            cublas = Some(p.program);
+        } else {
+            backend().release(p.program).unwrap();
+        }
+    }
+    cublas
 }
 
 /// The float dtypes cuBLAS runs.
@@ -480,15 +494,16 @@ fn check_program(
     elapsed
 }
 
-/// Checks `op` with constant sizes on `device` through a fresh program; `false` (after a skip
-/// line) when cuBLAS is not installed.
+/// Checks `op` with constant sizes on `device` through every program the backend has for it
+/// (cuBLAS, and the generated tensor-core kernel's tiles where it runs `op`); `false` (after
+/// a skip line) when there is none.
 fn check_matmul(test: &str, device: usize, op: &Matmul) -> bool {
-    let Some(program) = cublas(test, device, op) else {
-        return false;
-    };
-    check_program(test, device, program, op, &Bindings::new(), false);
-    backend().release(program).unwrap();
-    true
+    let programs = routines(test, device, op);
+    for p in &programs {
+        check_program(test, device, p.program, op, &Bindings::new(), false);
+        backend().release(p.program).unwrap();
+    }
+    !programs.is_empty()
 }
 
 /// Half products whose output rows are not a multiple of 8 elements and large enough to run
@@ -726,7 +741,7 @@ fn cublas_matmul_declines_integers() {
     for device in 0..devices(test) {
         for dtype in [DType::I32, DType::I64, DType::U8] {
             let op = VendorOp::Matmul(matmul(dtype, [1, 8, 8, 8], (false, false), (0, 0)));
-            assert_eq!(cuda.vendor(device, &op), Ok(None), "{op}");
+            assert_eq!(cuda.vendor(device, &op), Ok(Vec::new()), "{op}");
         }
     }
 }
@@ -844,52 +859,100 @@ fn cublaslt_epilogues_match_the_reference() {
                         epilogue,
                         ..matmul(dtype, sizes, t, ((m * k) as i64, (k * n) as i64))
                     };
-                    let Some(program) = cublas(test, device, &op) else {
+                    let programs = routines(test, device, &op);
+                    if programs.is_empty() {
                         return;
-                    };
-                    let mut rng = Rng(0xe911 ^ (m * 31 + n) as u64);
-                    let mut random = |len: usize| -> Vec<f64> {
-                        (0..len).map(|_| rounded(dtype, 2.0 * rng.unit())).collect()
-                    };
-                    let (lhs, rhs, bias) =
-                        (random(batch * m * k), random(batch * k * n), random(n));
-                    let mut data = vec![encode(dtype, &lhs), encode(dtype, &rhs)];
-                    if epilogue.bias {
-                        data.push(encode(dtype, &bias));
                     }
-                    data.push(vec![0xff; batch * m * n * dtype.size_bytes()]);
-                    let ids: Vec<_> = data
-                        .iter()
-                        .map(|d| {
-                            let id = cuda.alloc(device, d.len()).unwrap();
-                            cuda.write(id, 0, d).unwrap();
-                            id
-                        })
-                        .collect();
-                    if let Err(e) = cuda.launch(program, &ids, &Bindings::new()) {
-                        panic!("{op}: {e}");
+                    for VendorProgram { program, variant } in programs {
+                        let mut rng = Rng(0xe911 ^ (m * 31 + n) as u64);
+                        let mut random = |len: usize| -> Vec<f64> {
+                            (0..len).map(|_| rounded(dtype, 2.0 * rng.unit())).collect()
+                        };
+                        let (lhs, rhs, bias) =
+                            (random(batch * m * k), random(batch * k * n), random(n));
+                        let mut data = vec![encode(dtype, &lhs), encode(dtype, &rhs)];
+                        if epilogue.bias {
+                            data.push(encode(dtype, &bias));
+                        }
+                        data.push(vec![0xff; batch * m * n * dtype.size_bytes()]);
+                        let ids: Vec<_> = data
+                            .iter()
+                            .map(|d| {
+                                let id = cuda.alloc(device, d.len()).unwrap();
+                                cuda.write(id, 0, d).unwrap();
+                                id
+                            })
+                            .collect();
+                        if let Err(e) = cuda.launch(program, &ids, &Bindings::new()) {
+                            panic!("{op} [{variant}]: {e}");
+                        }
+                        let mut out = vec![0u8; data.last().unwrap().len()];
+                        cuda.read(*ids.last().unwrap(), 0, &mut out).unwrap();
+                        let s = op.sizes(&Bindings::new()).unwrap();
+                        let (sums, scale) = reference(&op, &s, &lhs, &rhs);
+                        let (rel, last) = match dtype {
+                            DType::F32 => (1e-6, 2f64.powi(-23)),
+                            DType::F16 => (1e-3, 2f64.powi(-10)),
+                            _ => (1e-3, 2f64.powi(-7)),
+                        };
+                        for (e, got) in decode(dtype, &out).iter().enumerate() {
+                            let want = epilogue.apply(sums[e], bias[e % n]);
+                            let tolerance = rel * 1.2 * scale[e] + last * want.abs() + 1e-6;
+                            assert!(
+                                (got - want).abs() <= tolerance,
+                                "{op} [{variant}]: element {e} is {got}, expected {want}"
+                            );
+                        }
+                        for id in ids {
+                            cuda.free(id).unwrap();
+                        }
+                        cuda.release(program).unwrap();
                     }
-                    let mut out = vec![0u8; data.last().unwrap().len()];
-                    cuda.read(*ids.last().unwrap(), 0, &mut out).unwrap();
-                    let s = op.sizes(&Bindings::new()).unwrap();
-                    let (sums, scale) = reference(&op, &s, &lhs, &rhs);
-                    let (rel, last) = match dtype {
-                        DType::F32 => (1e-6, 2f64.powi(-23)),
-                        DType::F16 => (1e-3, 2f64.powi(-10)),
-                        _ => (1e-3, 2f64.powi(-7)),
-                    };
-                    for (e, got) in decode(dtype, &out).iter().enumerate() {
-                        let want = epilogue.apply(sums[e], bias[e % n]);
-                        let tolerance = rel * 1.2 * scale[e] + last * want.abs() + 1e-6;
-                        assert!(
-                            (got - want).abs() <= tolerance,
-                            "{op}: element {e} is {got}, expected {want}"
-                        );
+                }
+            }
+        }
+    }
+}
+
+/// The generated tensor-core kernel, every tile, against the f64 reference: sizes that are
+/// not multiples of any tile (but rows of 16 bytes), every transpose combination, packed,
+/// padded and broadcast batch strides, a single row, and empty sums, in f16 and bf16. Each
+/// program's output starts as NaN, so an element a tile misses fails.
+#[test]
+fn generated_tensor_core_matmul_matches_the_reference() {
+    let test = "generated_tensor_core_matmul_matches_the_reference";
+    let cuda = backend();
+    for device in 0..devices(test) {
+        if cuda.compute_capability(device).is_none_or(|c| c.0 < 8) {
+            tessel_testkit::skip(&format!("cuda::{test}"), "mma.sync needs sm_80");
+            continue;
+        }
+        for dtype in [DType::F16, DType::BF16] {
+            let mut cases: Vec<Matmul> = Vec::new();
+            for t in TRANSPOSES {
+                let [_, m, n, k] = [3, 72, 136, 264];
+                let (mk, kn) = (m * k, k * n);
+                for strides in [(mk, kn), (mk + 8, kn + 16), (0, kn), (mk, 0)] {
+                    cases.push(matmul(dtype, [3, m, n, k], t, strides));
+                }
+                cases.push(matmul(dtype, [1, 200, 72, 40], t, (0, 0)));
+                cases.push(matmul(dtype, [1, 8, 8, 8], t, (0, 0)));
+                cases.push(matmul(dtype, [2, 24, 16, 0], t, (0, 0)));
+            }
+            cases.push(matmul(dtype, [1, 1, 264, 40], (false, true), (0, 0)));
+            cases.push(matmul(dtype, [1, 520, 1032, 264], (false, false), (0, 0)));
+            for op in cases {
+                let programs = routines(test, device, &op);
+                let generated = programs
+                    .iter()
+                    .filter(|p| p.variant.starts_with("mma "))
+                    .count();
+                assert_eq!(generated, 4, "{op}: {programs:?}");
+                for p in programs {
+                    if p.variant != "cuBLAS" {
+                        check_program(test, device, p.program, &op, &Bindings::new(), false);
                     }
-                    for id in ids {
-                        cuda.free(id).unwrap();
-                    }
-                    cuda.release(program).unwrap();
+                    cuda.release(p.program).unwrap();
                 }
             }
         }

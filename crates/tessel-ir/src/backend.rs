@@ -15,7 +15,7 @@ use std::time::Duration;
 use tessel_shape::Bindings;
 
 use crate::kernel::Kernel;
-use crate::vendor::VendorOp;
+use crate::vendor::{VendorOp, VendorProgram};
 
 /// A device buffer, as its backend identifies it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -219,13 +219,14 @@ pub trait Backend: Send + Sync {
         Ok(ProgramOrigin::Compiled)
     }
 
-    /// A program running the library routine `op` on device `device`, or `None` where the
-    /// backend has no library for it (see [`crate::vendor`]). The program launches, times
-    /// and releases like a compiled kernel. A library that is missing at run time means
-    /// `Ok(None)`, not an error.
-    fn vendor(&self, device: usize, op: &VendorOp) -> Result<Option<ProgramId>, BackendError> {
+    /// The programs that run `op` on device `device`, each a different way (a library
+    /// routine, a kernel the backend generates for the op in several tile shapes): empty
+    /// where the backend has none (see [`crate::vendor`]). Each launches, times and
+    /// releases like a compiled kernel, and the planner measures every one. A library that
+    /// is missing at run time means fewer programs, not an error.
+    fn vendor(&self, device: usize, op: &VendorOp) -> Result<Vec<VendorProgram>, BackendError> {
         let _ = (device, op);
-        Ok(None)
+        Ok(Vec::new())
     }
 
     /// The name and version of the library behind [`Backend::vendor`]'s programs on

@@ -1,11 +1,13 @@
 //! Library routines a backend may offer in place of a generated kernel.
 //!
-//! The graph layer recognizes a pattern (a matrix product) and asks each backend for a
-//! [`VendorOp`] program through [`Backend::vendor`](crate::Backend::vendor). A backend that
-//! has a library for it (the `gemm` crate on the CPU, cuBLAS on CUDA) returns a
-//! [`ProgramId`](crate::ProgramId) that launches, times and releases like any compiled
-//! kernel; one without returns `Ok(None)`, and the generated kernel is the only candidate.
-//! Vendor programs are measured like every other candidate, never assumed faster.
+//! The graph layer recognizes a pattern (a matrix product) and asks each backend for
+//! [`VendorOp`] programs through [`Backend::vendor`](crate::Backend::vendor). A backend
+//! returns every way it has to run the op as a [`VendorProgram`]: a library routine (the
+//! `gemm` crate on the CPU, cuBLAS on CUDA), or a kernel of its own written for the op
+//! (CUDA's tensor-core matmul, one program per tile shape). Each launches, times and
+//! releases like any compiled kernel; a backend with none returns an empty list, and the
+//! generated kernel of the graph is the only candidate. Vendor programs are measured like
+//! every other candidate, never assumed faster.
 //!
 //! Buffers bind positionally, as for kernels: a matmul takes `[lhs, rhs, out]`, and
 //! `[lhs, rhs, bias, out]` when its [`Epilogue`] adds a bias.
@@ -13,6 +15,19 @@
 use std::fmt;
 
 use tessel_shape::{Bindings, DType, Dim, EvalError};
+
+use crate::ProgramId;
+
+/// One way a backend runs a [`VendorOp`] (see [`Backend::vendor`](crate::Backend::vendor)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VendorProgram {
+    /// The program.
+    pub program: ProgramId,
+    /// What tells it from the other programs for the same op (`"cuBLAS"`,
+    /// `"mma 128×256×32/3"`): shown in plans, and part of the key its measured time is
+    /// cached under.
+    pub variant: String,
+}
 
 /// A library operation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

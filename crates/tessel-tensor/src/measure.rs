@@ -276,7 +276,7 @@ impl<'c> Measurer<'c> {
             .map(|b| {
                 let (device, backend) = &compiled.devices[b.device];
                 let work = &compiled.candidates[b.candidate].work;
-                timing_key(&**backend, *device, work, &self.dims)
+                timing_key(&**backend, *device, work, &b.variant, &self.dims)
             })
             .collect();
         // Cached times spare the timing runs, never the checking run: a program is only
@@ -423,7 +423,7 @@ impl<'c> Measurer<'c> {
         for &(slot, ref_device, reference, fresh) in &checks {
             let (reference, fresh) = ((ref_device, reference), (d, fresh));
             if let Some(why) = self.disagreement(slot, reference, fresh, self.precision, floor)? {
-                tracing::warn!(target: "tessel::plan", "{}: dropping {}: its output differs from the reference ({why})", self.device(d), c.work.name());
+                tracing::warn!(target: "tessel::plan", "{}: dropping {} {}: its output differs from the reference ({why})", self.device(d), c.work.name(), b.variant);
                 agrees = false;
                 break;
             }
@@ -433,7 +433,7 @@ impl<'c> Measurer<'c> {
             Some(t) => Some(t),
             None => Some(self.time(k, &args, first)?),
         };
-        tracing::debug!(target: "tessel::measure", "{}: {}: checking run {:.3} ms, time {:?} ms{}", self.device(d), c.work.name(), first.as_secs_f64() * 1e3, timed.map(|t| t * 1e3), if known.is_some() { " (cached)" } else { "" });
+        tracing::debug!(target: "tessel::measure", "{}: {} {}: checking run {:.3} ms, time {:?} ms{}", self.device(d), c.work.name(), b.variant, first.as_secs_f64() * 1e3, timed.map(|t| t * 1e3), if known.is_some() { " (cached)" } else { "" });
         // What was checked against a reference is not needed after this program.
         for (_, _, _, fresh) in checks {
             self.release(d, fresh);
@@ -895,7 +895,13 @@ fn device_identity(h: &mut Fnv128, backend: &dyn Backend, device: Device) {
     }
 }
 
-fn timing_key(backend: &dyn Backend, device: Device, work: &Work, dims: &Bindings) -> u128 {
+fn timing_key(
+    backend: &dyn Backend,
+    device: Device,
+    work: &Work,
+    variant: &str,
+    dims: &Bindings,
+) -> u128 {
     let mut h = Fnv128::new();
     h.field(b"tessel-timing-v2");
     // A program with dynamic dims takes as long as the sizes it runs at.
@@ -907,6 +913,7 @@ fn timing_key(backend: &dyn Backend, device: Device, work: &Work, dims: &Binding
     device_identity(&mut h, backend, device);
     if let Work::Vendor(_) = work {
         h.field(backend.vendor_library(device.ordinal).as_bytes());
+        h.field(variant.as_bytes());
     }
     h.field(work.text().as_bytes());
     h.finish()

@@ -587,6 +587,9 @@ pub(crate) struct Built {
     /// Index into [`Compiled::devices`].
     pub(crate) device: usize,
     pub(crate) program: Arc<Program>,
+    /// Which of a routine's programs this is ([`tessel_ir::VendorProgram::variant`]);
+    /// empty for kernels.
+    pub(crate) variant: String,
 }
 
 /// Candidates compiled for the realize's devices.
@@ -659,11 +662,10 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
                 continue;
             };
             match backend.vendor(device.ordinal, op) {
-                Ok(Some(id)) => {
-                    any_vendor = true;
-                    built.push((i, id));
+                Ok(programs) => {
+                    any_vendor |= !programs.is_empty();
+                    built.extend(programs.into_iter().map(|p| (i, p.program, p.variant)));
                 }
-                Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(target: "tessel::plan", "{device}: no library routine for {op}: {e}");
                 }
@@ -690,7 +692,7 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
                     // `id` was just made, so the backend knows it.
                     let origin = backend.origin(id).unwrap_or(ProgramOrigin::Compiled);
                     out.origins.count(origin);
-                    built.push((*i, id));
+                    built.push((*i, id, String::new()));
                 }
                 Err(e) if c.default && d == 0 => return Err(e.into()),
                 Err(e) => {
@@ -698,11 +700,12 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
                 }
             }
         }
-        for (candidate, id) in built {
+        for (candidate, id, variant) in built {
             out.programs.push(Built {
                 candidate,
                 device: d,
                 program: program(&backend, device, id),
+                variant,
             });
         }
     }
@@ -895,8 +898,13 @@ impl Compiled {
             .enumerate()
             .map(|(k, b)| {
                 let c = &self.candidates[b.candidate];
+                let name = c.work.name();
                 ProgramView {
-                    name: c.work.name(),
+                    name: if b.variant.is_empty() {
+                        name
+                    } else {
+                        format!("{name} [{}]", b.variant)
+                    },
                     routine: matches!(c.work, Work::Vendor(_)),
                     device: b.device,
                     reads: c.reads().collect(),

@@ -1,0 +1,276 @@
+// Tessel's generated tensor-core GEMM: `mma.sync.m16n8k16` on f16/bf16 operands with f32
+// accumulation, operand tiles staged in shared memory by a `cp.async` pipeline and read
+// into fragments by `ldmatrix`. `mma.rs` defines the configuration before this text:
+//
+//   TC_BM, TC_BN, TC_BK    block tile (rows of out, columns of out, contracted length)
+//   TC_WM, TC_WN           warp tile; (TC_BM / TC_WM) * (TC_BN / TC_WN) warps per block
+//   TC_STAGES              tiles in flight (>= 2)
+//   TC_GROUP               tile rows per group of consecutive blocks
+//   TC_A_T                 1: lhs is stored k x m (transposed), 0: m x k
+//   TC_B_T                 1: rhs is stored n x k (transposed), 0: k x n
+//   TC_F16                 1: f16 operands and output, 0: bf16
+//   TC_BIAS                1: bias[n] is added to every row
+//   tc_activation(x)       a device function applied last (defined before this text)
+//
+// Every operand row starts 16-byte aligned (the rows' lengths are multiples of 8 elements:
+// `mma.rs` offers this kernel only then), so every global read is a 16-byte `cp.async`,
+// zero-filled past the edges of `m`, `n` and `k`. Shared rows are padded by 8 elements, so
+// the eight 16-byte rows an `ldmatrix` reads fall in distinct banks.
+
+typedef unsigned short tc_u16;
+typedef unsigned int tc_u32;
+
+#define TC_PAD 8
+static_assert(TC_BK % 32 == 0, "fragments double-buffer over an even number of k-steps");
+static_assert(TC_WN % 16 == 0 && TC_WM % 16 == 0, "warp tiles are whole pairs of mma tiles");
+#define TC_WARPS ((TC_BM / TC_WM) * (TC_BN / TC_WN))
+#define TC_THREADS (32 * TC_WARPS)
+#define TC_MT (TC_WM / 16)
+#define TC_NT (TC_WN / 8)
+
+// Shared tile shapes: rows x row length (elements), as stored.
+#if TC_A_T
+#define TC_A_ROWS TC_BK
+#define TC_A_LEN (TC_BM + TC_PAD)
+#else
+#define TC_A_ROWS TC_BM
+#define TC_A_LEN (TC_BK + TC_PAD)
+#endif
+#if TC_B_T
+#define TC_B_ROWS TC_BN
+#define TC_B_LEN (TC_BK + TC_PAD)
+#else
+#define TC_B_ROWS TC_BK
+#define TC_B_LEN (TC_BN + TC_PAD)
+#endif
+#define TC_A_TILE (TC_A_ROWS * TC_A_LEN)
+#define TC_B_TILE (TC_B_ROWS * TC_B_LEN)
+#define TC_STAGE (TC_A_TILE + TC_B_TILE)
+
+__device__ __forceinline__ tc_u32 tc_shared(const void* p) {
+    tc_u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void tc_copy16(tc_u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void tc_ldmatrix(tc_u32* r, tc_u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void tc_ldmatrix_t(tc_u32* r, tc_u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void tc_mma(float* c, const tc_u32* a, const tc_u32* b) {
+#if TC_F16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#endif
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ float tc_to_float(tc_u16 bits) {
+#if TC_F16
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+    return f;
+#else
+    return __uint_as_float(((tc_u32)bits) << 16);
+#endif
+}
+
+// Two floats rounded to nearest even, `lo` in the low half.
+__device__ __forceinline__ tc_u32 tc_pack(float lo, float hi) {
+    tc_u32 r;
+#if TC_F16
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+// Queues the copy of the k-tile starting at `k0` into shared stage `s`.
+__device__ __forceinline__ void tc_load(
+    tc_u16* smem, int s, const tc_u16* lhs, const tc_u16* rhs,
+    int m, int n, int k, int m0, int n0, int k0) {
+    tc_u16* as = smem + s * TC_STAGE;
+    tc_u16* bs = as + TC_A_TILE;
+    // Chunks of 8 elements per stored row of each tile.
+    const int a_chunks = (TC_A_LEN - TC_PAD) / 8;
+    const int b_chunks = (TC_B_LEN - TC_PAD) / 8;
+#pragma unroll
+    for (int i = 0; i < (TC_A_ROWS * a_chunks + TC_THREADS - 1) / TC_THREADS; i++) {
+        int c = threadIdx.x + i * TC_THREADS;
+        if (TC_A_ROWS * a_chunks % TC_THREADS != 0 && c >= TC_A_ROWS * a_chunks) break;
+        int row = c / a_chunks, col = (c % a_chunks) * 8;
+#if TC_A_T
+        int gk = k0 + row, gm = m0 + col;
+        bool ok = gk < k && gm < m;
+        const tc_u16* src = ok ? lhs + (long long)gk * m + gm : lhs;
+#else
+        int gm = m0 + row, gk = k0 + col;
+        bool ok = gm < m && gk < k;
+        const tc_u16* src = ok ? lhs + (long long)gm * k + gk : lhs;
+#endif
+        tc_copy16(tc_shared(as + row * TC_A_LEN + col), src, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < (TC_B_ROWS * b_chunks + TC_THREADS - 1) / TC_THREADS; i++) {
+        int c = threadIdx.x + i * TC_THREADS;
+        if (TC_B_ROWS * b_chunks % TC_THREADS != 0 && c >= TC_B_ROWS * b_chunks) break;
+        int row = c / b_chunks, col = (c % b_chunks) * 8;
+#if TC_B_T
+        int gn = n0 + row, gk = k0 + col;
+        bool ok = gn < n && gk < k;
+        const tc_u16* src = ok ? rhs + (long long)gn * k + gk : rhs;
+#else
+        int gk = k0 + row, gn = n0 + col;
+        bool ok = gk < k && gn < n;
+        const tc_u16* src = ok ? rhs + (long long)gk * n + gn : rhs;
+#endif
+        tc_copy16(tc_shared(bs + row * TC_B_LEN + col), src, ok);
+    }
+}
+
+// Loads the fragments of k-step `kk` from the stage at shared address `stage`.
+__device__ __forceinline__ void tc_fragments(
+    tc_u32 (*a)[4], tc_u32 (*b)[2], tc_u32 stage, int kk, int wm, int wn, int lane) {
+    const tc_u32 bs = stage + TC_A_TILE * 2;
+#pragma unroll
+    for (int i = 0; i < TC_MT; i++) {
+#if TC_A_T
+        int kr = kk + (lane % 8) + (lane / 16) * 8;
+        int mc = wm + i * 16 + ((lane / 8) % 2) * 8;
+        tc_ldmatrix_t(a[i], stage + (kr * TC_A_LEN + mc) * 2);
+#else
+        int mr = wm + i * 16 + lane % 16;
+        int kc = kk + (lane / 16) * 8;
+        tc_ldmatrix(a[i], stage + (mr * TC_A_LEN + kc) * 2);
+#endif
+    }
+#pragma unroll
+    for (int j = 0; j < TC_NT; j += 2) {
+        tc_u32 r[4];
+#if TC_B_T
+        int nr = wn + j * 8 + (lane % 8) + (lane / 16) * 8;
+        int kc = kk + ((lane / 8) % 2) * 8;
+        tc_ldmatrix(r, bs + (nr * TC_B_LEN + kc) * 2);
+#else
+        int kr = kk + (lane % 8) + ((lane / 8) % 2) * 8;
+        int nc = wn + j * 8 + (lane / 16) * 8;
+        tc_ldmatrix_t(r, bs + (kr * TC_B_LEN + nc) * 2);
+#endif
+        b[j][0] = r[0];
+        b[j][1] = r[1];
+        b[j + 1][0] = r[2];
+        b[j + 1][1] = r[3];
+    }
+}
+
+// One block computes a TC_BM x TC_BN tile of `out[blockIdx.y]`; blocks are numbered along
+// `blockIdx.x` in groups of TC_GROUP tile rows, so blocks running at once share operand
+// tiles in L2.
+extern "C" __global__ void __launch_bounds__(TC_THREADS) tessel_mma(
+    const tc_u16* __restrict__ lhs, const tc_u16* __restrict__ rhs,
+    const tc_u16* __restrict__ bias, tc_u16* __restrict__ out,
+    int m, int n, int k, long long lhs_stride, long long rhs_stride) {
+    extern __shared__ __align__(16) tc_u16 smem[];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int wm = (warp / (TC_BN / TC_WN)) * TC_WM;
+    const int wn = (warp % (TC_BN / TC_WN)) * TC_WN;
+    const int tiles_m = (m + TC_BM - 1) / TC_BM, tiles_n = (n + TC_BN - 1) / TC_BN;
+    const int per_group = TC_GROUP * tiles_n;
+    const int group = blockIdx.x / per_group, first = group * TC_GROUP;
+    const int rows = min(tiles_m - first, TC_GROUP);
+    const int m0 = (first + (blockIdx.x % per_group) % rows) * TC_BM;
+    const int n0 = ((blockIdx.x % per_group) / rows) * TC_BN;
+    lhs += blockIdx.y * lhs_stride;
+    rhs += blockIdx.y * rhs_stride;
+    out += (long long)blockIdx.y * m * n;
+
+    float acc[TC_MT][TC_NT][4];
+#pragma unroll
+    for (int i = 0; i < TC_MT; i++)
+#pragma unroll
+        for (int j = 0; j < TC_NT; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.0f;
+
+    const int tiles = (k + TC_BK - 1) / TC_BK;
+#pragma unroll
+    for (int s = 0; s < TC_STAGES - 1; s++) {
+        if (s < tiles) tc_load(smem, s, lhs, rhs, m, n, k, m0, n0, s * TC_BK);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(TC_STAGES - 2));
+    __syncthreads();
+
+    // Fragments are double-buffered: those of the next k-step load while the mma of this
+    // one run, across tile boundaries too.
+    const tc_u32 base = tc_shared(smem);
+    int read = 0, write = TC_STAGES - 1;
+    tc_u32 a[2][TC_MT][4], b[2][TC_NT][2];
+    tc_fragments(a[0], b[0], base, 0, wm, wn, lane);
+    for (int t = 0; t < tiles; t++) {
+#pragma unroll
+        for (int kk = 0; kk < TC_BK / 16; kk++) {
+            if (kk == TC_BK / 16 - 1) {
+                // The next tile has landed, and every warp is done reading the stage the
+                // next copy overwrites.
+                asm volatile("cp.async.wait_group %0;\n" :: "n"(TC_STAGES - 2));
+                __syncthreads();
+                read = (read + 1) % TC_STAGES;
+            }
+            tc_fragments(a[(kk + 1) % 2], b[(kk + 1) % 2], base + read * TC_STAGE * 2,
+                         ((kk + 1) % (TC_BK / 16)) * 16, wm, wn, lane);
+            if (kk == 0) {
+                int next = t + TC_STAGES - 1;
+                if (next < tiles) tc_load(smem, write, lhs, rhs, m, n, k, m0, n0, next * TC_BK);
+                asm volatile("cp.async.commit_group;\n" ::);
+                write = (write + 1) % TC_STAGES;
+            }
+#pragma unroll
+            for (int i = 0; i < TC_MT; i++)
+#pragma unroll
+                for (int j = 0; j < TC_NT; j++) tc_mma(acc[i][j], a[kk % 2][i], b[kk % 2][j]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+
+    // Each thread holds, per 16 x 8 tile, columns (c, c + 1) of rows r and r + 8; `n` is
+    // even, so a pair is stored as one 32-bit word or not at all.
+#pragma unroll
+    for (int j = 0; j < TC_NT; j++) {
+        int col = n0 + wn + j * 8 + (lane % 4) * 2;
+        if (col >= n) continue;
+        float b0 = 0.0f, b1 = 0.0f;
+#if TC_BIAS
+        b0 = tc_to_float(bias[col]);
+        b1 = tc_to_float(bias[col + 1]);
+#endif
+#pragma unroll
+        for (int i = 0; i < TC_MT; i++) {
+            int row = m0 + wm + i * 16 + lane / 4;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int r = row + h * 8;
+                if (r < m) {
+                    float v0 = tc_activation(acc[i][j][2 * h] + b0);
+                    float v1 = tc_activation(acc[i][j][2 * h + 1] + b1);
+                    *(tc_u32*)(out + (long long)r * n + col) = tc_pack(v0, v1);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The generated tensor-core matmul: a [`Matmul`] in `f16` or `bf16` as CUDA C of our own,
+//! `mma.sync.m16n8k16` with `f32` accumulation, operand tiles staged in shared memory by a
+//! `cp.async` pipeline, and the [`Epilogue`](tessel_ir::Epilogue) (bias, activation, the
+//! rounding to the output dtype) applied to the accumulators before the one store.
+//!
+//! The kernel is `mma.cu`, configured per program by macros written here: the block and
+//! warp [`Tile`], the operands' layouts, the dtype, the bias and the activation. Sizes and
+//! strides are kernel arguments, so one compiled program serves every shape of its
+//! configuration; the planner measures each [`TILES`] entry against cuBLAS per shape and
+//! keeps the fastest.
+//!
+//! It runs a product only where every stored operand row starts 16 bytes aligned (rows of a
+//! multiple of 8 elements, batch strides too) and the output rows have an even length, with
+//! those sizes constant; anything else is left to cuBLAS ([`supports`] says why not).
+
+use tessel_ir::{Activation, BackendError, Matmul, MatmulSizes};
+use tessel_shape::{DType, Dim};
+
+/// The kernel text, configured by the macros [`source`] prepends.
+const TEMPLATE: &str = include_str!("mma.cu");
+
+/// The kernel's entry point.
+pub(crate) const ENTRY: &str = "tessel_mma";
+
+/// A block tile and how its warps split it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Tile {
+    /// Output rows per block.
+    pub(crate) bm: u32,
+    /// Output columns per block.
+    pub(crate) bn: u32,
+    /// Contracted length per pipeline stage.
+    pub(crate) bk: u32,
+    /// Output rows per warp.
+    pub(crate) wm: u32,
+    /// Output columns per warp.
+    pub(crate) wn: u32,
+    /// Stages in flight.
+    pub(crate) stages: u32,
+}
+
+/// The tiles offered for every product, each measured: large tiles for large outputs, a
+/// small one for small or batched outputs (measured on the H200: `128×256` is the fastest at
+/// 4096³, `64×64` for `[96, 512, 64]` outputs).
+pub(crate) const TILES: [Tile; 4] = [
+    Tile::new(128, 256, 32, 64, 64, 3),
+    Tile::new(256, 128, 32, 64, 64, 3),
+    Tile::new(128, 128, 32, 64, 64, 4),
+    Tile::new(64, 64, 32, 32, 32, 4),
+];
+
+/// Tile rows per group of consecutively numbered blocks (blocks running at once then share
+/// operand tiles in L2).
+const GROUP: u32 = 8;
+
+impl Tile {
+    const fn new(bm: u32, bn: u32, bk: u32, wm: u32, wn: u32, stages: u32) -> Tile {
+        Tile {
+            bm,
+            bn,
+            bk,
+            wm,
+            wn,
+            stages,
+        }
+    }
+
+    /// Threads per block: one warp per warp tile.
+    pub(crate) fn threads(&self) -> u32 {
+        32 * (self.bm / self.wm) * (self.bn / self.wn)
+    }
+
+    /// Dynamic shared memory per block: `stages` copies of both operand tiles, each row
+    /// padded by 8 elements (as `mma.cu` lays them out).
+    pub(crate) fn shared_bytes(&self, op: &Matmul) -> u32 {
+        let pad = 8;
+        let a = if op.lhs_transposed {
+            self.bk * (self.bm + pad)
+        } else {
+            self.bm * (self.bk + pad)
+        };
+        let b = if op.rhs_transposed {
+            self.bn * (self.bk + pad)
+        } else {
+            self.bk * (self.bn + pad)
+        };
+        self.stages * (a + b) * 2
+    }
+
+    /// The program's variant name: `mma 128×256×32/3`.
+    pub(crate) fn label(&self) -> String {
+        format!("mma {}×{}×{}/{}", self.bm, self.bn, self.bk, self.stages)
+    }
+}
+
+/// Why the generated kernel cannot run `op` on a device of compute capability
+/// `capability`, or `None` when it can.
+pub(crate) fn supports(op: &Matmul, capability: (i32, i32)) -> Option<String> {
+    if capability.0 < 8 {
+        return Some(format!(
+            "mma.sync on bf16/f16 and cp.async need compute capability 8.0 (this device has {}.{})",
+            capability.0, capability.1
+        ));
+    }
+    if !matches!(op.dtype, DType::F16 | DType::BF16) {
+        return Some(format!("it computes f16 and bf16 only, not {}", op.dtype));
+    }
+    let constant = |d: Dim| d.as_const().filter(|&v| v >= 0);
+    let (Some(batch), Some(m), Some(n), Some(k), Some(lhs_stride), Some(rhs_stride)) = (
+        constant(op.batch),
+        constant(op.m),
+        constant(op.n),
+        constant(op.k),
+        constant(op.lhs_batch_stride),
+        constant(op.rhs_batch_stride),
+    ) else {
+        return Some("its sizes are not constants".into());
+    };
+    let lhs_row = if op.lhs_transposed { m } else { k };
+    let rhs_row = if op.rhs_transposed { k } else { n };
+    let aligned = |v: i64| v % 8 == 0;
+    if !(aligned(lhs_row) && aligned(rhs_row) && aligned(lhs_stride) && aligned(rhs_stride)) {
+        return Some(format!(
+            "operand rows of {lhs_row} and {rhs_row} elements and batch strides of \
+             {lhs_stride} and {rhs_stride} are not all multiples of 8 (16 bytes)"
+        ));
+    }
+    if n % 2 != 0 {
+        return Some(format!("output rows of {n} elements are odd"));
+    }
+    let fits = |v: i64| i32::try_from(v).is_ok();
+    if !(fits(m) && fits(n) && fits(k)) || batch > 65_535 {
+        return Some(format!(
+            "batch {batch}, m {m}, n {n}, k {k} exceed the kernel's 32-bit sizes or 65535 products"
+        ));
+    }
+    None
+}
+
+/// The CUDA C of `op` with `tile`: `mma.cu` after its configuration.
+pub(crate) fn source(op: &Matmul, tile: &Tile) -> String {
+    let activation = match op.epilogue.activation {
+        Activation::Identity => "return x;",
+        Activation::Relu => "return fmaxf(x, 0.0f);",
+        // The same form and constants as `Activation::apply`; `tanhf` is correctly rounded
+        // to within 2 ulp.
+        Activation::GeluTanh => {
+            "return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));"
+        }
+    };
+    let flag = |b: bool| u8::from(b);
+    format!(
+        "// {op}\n\
+         #define TC_BM {}\n#define TC_BN {}\n#define TC_BK {}\n#define TC_WM {}\n#define TC_WN {}\n\
+         #define TC_STAGES {}\n#define TC_GROUP {GROUP}\n#define TC_A_T {}\n#define TC_B_T {}\n\
+         #define TC_F16 {}\n#define TC_BIAS {}\n\
+         __device__ __forceinline__ float tc_activation(float x) {{ {activation} }}\n{TEMPLATE}",
+        tile.bm,
+        tile.bn,
+        tile.bk,
+        tile.wm,
+        tile.wn,
+        tile.stages,
+        flag(op.lhs_transposed),
+        flag(op.rhs_transposed),
+        flag(op.dtype == DType::F16),
+        flag(op.epilogue.bias),
+    )
+}
+
+/// One launch: the grid, the block, the shared memory and the size arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Launch {
+    pub(crate) grid: [u32; 3],
+    pub(crate) block: [u32; 3],
+    pub(crate) shared: u32,
+    /// `m`, `n`, `k`, as the kernel's `int`s.
+    pub(crate) sizes: [i32; 3],
+    /// The operands' batch strides, in elements.
+    pub(crate) strides: [i64; 2],
+}
+
+/// The launch of `op` with `tile` at sizes `s` (already checked against the buffers), or
+/// `None` when the output is empty. Sizes past the kernel's are
+/// [`BackendError::Unsupported`] (`supports` keeps such products away; symbolic ones never
+/// get here).
+pub(crate) fn launch(
+    op: &Matmul,
+    tile: &Tile,
+    s: &MatmulSizes,
+    name: &str,
+) -> Result<Option<Launch>, BackendError> {
+    if s.batch == 0 || s.m == 0 || s.n == 0 {
+        return Ok(None);
+    }
+    let unsupported = || BackendError::Unsupported {
+        backend: "cuda",
+        what: format!("{name}: sizes {s:?} are past the generated matmul's limits"),
+    };
+    let blocks = s.m.div_ceil(tile.bm as usize) * s.n.div_ceil(tile.bn as usize);
+    let int = |v: usize| i32::try_from(v).map_err(|_| unsupported());
+    let long = |v: usize| i64::try_from(v).map_err(|_| unsupported());
+    if s.batch > 65_535 || blocks > i32::MAX as usize {
+        return Err(unsupported());
+    }
+    Ok(Some(Launch {
+        grid: [blocks as u32, s.batch as u32, 1],
+        block: [tile.threads(), 1, 1],
+        shared: tile.shared_bytes(op),
+        sizes: [int(s.m)?, int(s.n)?, int(s.k)?],
+        strides: [long(s.lhs_batch_stride)?, long(s.rhs_batch_stride)?],
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TILES, launch, source, supports};
+    use tessel_ir::{Epilogue, Matmul};
+    use tessel_shape::{Bindings, DType, Dim};
+
+    fn op(dtype: DType, [batch, m, n, k]: [i64; 4], t: (bool, bool)) -> Matmul {
+        Matmul {
+            dtype,
+            batch: batch.into(),
+            m: m.into(),
+            n: n.into(),
+            k: k.into(),
+            lhs_transposed: t.0,
+            rhs_transposed: t.1,
+            lhs_batch_stride: (m * k).into(),
+            rhs_batch_stride: (k * n).into(),
+            allow_tf32: false,
+            epilogue: Epilogue::NONE,
+        }
+    }
+
+    #[test]
+    fn only_aligned_constant_half_products_are_generated() {
+        let sm90 = (9, 0);
+        assert_eq!(
+            supports(&op(DType::BF16, [2, 200, 72, 40], (false, false)), sm90),
+            None
+        );
+        assert_eq!(
+            supports(&op(DType::F16, [1, 8, 8, 8], (true, true)), sm90),
+            None
+        );
+        assert!(supports(&op(DType::BF16, [1, 8, 8, 8], (false, false)), (7, 5)).is_some());
+        assert!(supports(&op(DType::F32, [1, 8, 8, 8], (false, false)), sm90).is_some());
+        // lhs rows of k = 12 elements are not 16-byte aligned; transposed, its rows are m
+        // (and the rhs's rows are n unless it is transposed too).
+        assert!(supports(&op(DType::BF16, [1, 8, 8, 12], (false, false)), sm90).is_some());
+        assert_eq!(
+            supports(&op(DType::BF16, [1, 8, 8, 12], (true, false)), sm90),
+            None
+        );
+        assert!(supports(&op(DType::BF16, [1, 8, 8, 12], (true, true)), sm90).is_some());
+        // rhs rows of n = 20.
+        assert!(supports(&op(DType::BF16, [1, 8, 20, 8], (false, false)), sm90).is_some());
+        // Odd output rows.
+        assert!(supports(&op(DType::BF16, [1, 8, 7, 8], (false, true)), sm90).is_some());
+        let mut symbolic = op(DType::BF16, [1, 8, 8, 8], (false, false));
+        symbolic.m = Dim::from(tessel_shape::Var::new("rows", 0, 64).unwrap());
+        assert!(supports(&symbolic, sm90).is_some());
+    }
+
+    #[test]
+    fn sources_and_launches_follow_the_tile() {
+        let product = op(DType::BF16, [3, 200, 72, 40], (false, true));
+        let text = source(&product, &TILES[0]);
+        assert!(text.contains("#define TC_BM 128\n#define TC_BN 256\n"));
+        assert!(text.contains("#define TC_B_T 1\n") && text.contains("#define TC_F16 0\n"));
+        assert!(text.contains("extern \"C\" __global__"));
+        let s = product.sizes(&Bindings::new()).unwrap();
+        let l = launch(&product, &TILES[3], &s, "test").unwrap().unwrap();
+        // 64×64 tiles: 4 tile rows × 2 tile columns, one grid row per product.
+        assert_eq!(l.grid, [8, 3, 1]);
+        assert_eq!(l.block, [128, 1, 1]);
+        assert_eq!(l.sizes, [200, 72, 40]);
+        assert_eq!(l.strides, [200 * 40, 40 * 72]);
+        // Four stages of a 64×40 lhs tile and a 64×40 rhs tile (stored n × k).
+        assert_eq!(l.shared, 4 * (64 * 40 + 64 * 40) * 2);
+        let empty = op(DType::BF16, [3, 0, 72, 40], (false, true));
+        let s = empty.sizes(&Bindings::new()).unwrap();
+        assert_eq!(launch(&empty, &TILES[0], &s, "test"), Ok(None));
+    }
+}
