@@ -85,12 +85,20 @@
 //!   launch; buffers are checked against [`tessel_ir::MatmulSizes::min_elements`] (and the
 //!   output may not be an operand) before cuBLAS is called; sizes past cuBLAS's 32-bit
 //!   `int` are [`BackendError::Unsupported`]. `k == 0` zeroes the output; an empty output
-//!   runs nothing. Integer dtypes get `Ok(None)`. A matmul with an
+//!   runs nothing. Integer dtypes get no program. A matmul with an
 //!   [`Epilogue`](tessel_ir::Epilogue) (bias, `relu`, GELU) runs on cuBLASLt instead (its
 //!   own handle and workspace per device); f64 epilogues and `k == 0` with one get no
-//!   program. Half-precision outputs with rows not a multiple of 8 elements run split
+//!   cuBLAS program. Half-precision outputs with rows not a multiple of 8 elements run split
 //!   into parts writing rows padded to 16 bytes, then copied into place
 //!   (`matmul::padded`).
+//! - **Generated tensor-core matmul** (`mma.cu`, configured by `mma.rs`): `f16`/`bf16`
+//!   products with constant sizes, operand rows of a multiple of 8 elements and even output
+//!   rows, on compute capability 8.0 and up, as CUDA C of our own: `mma.sync.m16n8k16`
+//!   with `f32` accumulation, a 3–4 stage `cp.async` pipeline, `ldmatrix` fragments
+//!   double-buffered, the epilogue (bias, activation, rounding) on the accumulators and the
+//!   output stored in 16-byte row chunks through shared memory. One program per tile shape
+//!   (128×256, 128×128, 64×64), each measured. Offered where cuBLAS does not run the
+//!   product, or next to it with [`GeneratedMatmul::Always`].
 //!
 //! # Numerics
 //!
@@ -141,11 +149,29 @@ pub struct CudaConfig {
     /// The NVRTC library (or its folder) to load instead of searching. NVRTC is loaded once
     /// per process: only the first backend to compile decides.
     pub nvrtc_path: Option<PathBuf>,
+    /// Which products get the generated tensor-core matmul as well.
+    pub generated_matmul: GeneratedMatmul,
+}
+
+/// Which `f16`/`bf16` products the generated tensor-core matmul (`mma.cu`) is offered for,
+/// as programs the planner measures (`$TESSEL_CUDA_GENERATED_MATMUL`: `fallback`, `always`,
+/// `never`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GeneratedMatmul {
+    /// Those cuBLAS does not run here (no cuBLAS installed, or an epilogue cuBLASLt has no
+    /// routine for). Measured on the H200, cuBLAS is 1.4–3× faster on every product tried,
+    /// so compiling the kernel next to it would only cost first-call time.
+    #[default]
+    Fallback,
+    /// Every product it can run, next to cuBLAS: each tile is measured against it.
+    Always,
+    /// None.
+    Never,
 }
 
 impl CudaConfig {
     /// The configuration from the environment: `$TESSEL_CUDA_DEVICE`, `$TESSEL_NVRTC_PATH`,
-    /// and the disk cache in `$TESSEL_CACHE_DIR/cuda` (else `$XDG_CACHE_HOME/tessel/cuda`,
+    /// `$TESSEL_CUDA_GENERATED_MATMUL`, and the disk cache in `$TESSEL_CACHE_DIR/cuda` (else `$XDG_CACHE_HOME/tessel/cuda`,
     /// else `$HOME/.cache/tessel/cuda`, else the temporary directory's `tessel/cuda`).
     pub fn from_env() -> CudaConfig {
         let var = |name: &str| {
@@ -167,10 +193,23 @@ impl CudaConfig {
             }
             parsed
         });
+        let generated_matmul = match std::env::var("TESSEL_CUDA_GENERATED_MATMUL") {
+            Ok(v) if v.trim() == "always" => GeneratedMatmul::Always,
+            Ok(v) if v.trim() == "never" => GeneratedMatmul::Never,
+            Ok(v) if !matches!(v.trim(), "" | "fallback") => {
+                tracing::warn!(
+                    "tessel-cuda: TESSEL_CUDA_GENERATED_MATMUL={v} is not fallback, always or \
+                     never; using fallback"
+                );
+                GeneratedMatmul::Fallback
+            }
+            _ => GeneratedMatmul::Fallback,
+        };
         CudaConfig {
             device,
             cache_dir: Some(root.join("cuda")),
             nvrtc_path: var("TESSEL_NVRTC_PATH"),
+            generated_matmul,
         }
     }
 }
@@ -1088,7 +1127,8 @@ impl Backend for CudaBackend {
     /// Float [`Matmul`]s (`f32`, `f64`, and `f16`/`bf16` through `GemmEx` with `f32`
     /// accumulation; `f32` on TF32 tensor cores where the matmul allows it) run on cuBLAS
     /// (variant `"cuBLAS"`); `f16`/`bf16` products the generated tensor-core kernel runs
-    /// ([`mma::supports`]) get one more program per tile shape, compiled here in parallel.
+    /// (`mma::supports`) get one more program per tile shape, compiled here in parallel,
+    /// where [`CudaConfig::generated_matmul`] asks for them.
     /// Integers, or no cuBLAS and no generated kernel, are an empty list. The device's
     /// cuBLAS handle is made here, on first use.
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Vec<VendorProgram>, BackendError> {
@@ -1116,6 +1156,14 @@ impl Backend for CudaBackend {
                     .insert(Program::Matmul(program(MatmulBy::Library))),
                 variant: "cuBLAS".into(),
             });
+        }
+        let wanted = match self.config.generated_matmul {
+            GeneratedMatmul::Always => true,
+            GeneratedMatmul::Fallback => out.is_empty(),
+            GeneratedMatmul::Never => false,
+        };
+        if !wanted {
+            return Ok(out);
         }
         if let Some(why) = mma::supports(matmul, dev.capability) {
             tracing::trace!("tessel-cuda: no generated matmul for {matmul}: {why}");

@@ -15,7 +15,9 @@
 // Every operand row starts 16-byte aligned (the rows' lengths are multiples of 8 elements:
 // `mma.rs` offers this kernel only then), so every global read is a 16-byte `cp.async`,
 // zero-filled past the edges of `m`, `n` and `k`. Shared rows are padded by 8 elements, so
-// the eight 16-byte rows an `ldmatrix` reads fall in distinct banks.
+// the eight 16-byte rows an `ldmatrix` reads fall in distinct banks. The output tile is
+// staged in the (then idle) pipeline's shared memory, so it is stored in whole 16-byte row
+// chunks.
 
 typedef unsigned short tc_u16;
 typedef unsigned int tc_u32;
@@ -248,29 +250,51 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS) tessel_mma(
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 
-    // Each thread holds, per 16 x 8 tile, columns (c, c + 1) of rows r and r + 8; `n` is
-    // even, so a pair is stored as one 32-bit word or not at all.
+    // The epilogue goes through shared memory: each thread writes its accumulators' pairs
+    // (c, c + 1) of rows r and r + 8 per 16 x 8 tile, after bias and activation, into a
+    // TC_BM x TC_BN tile (rows padded by 8 elements); then whole 16-byte row chunks are
+    // stored, coalesced. Rows of `n` not a multiple of 8 are stored a pair at a time.
+    __syncthreads();
+    constexpr int out_len = TC_BN + TC_PAD;
+    static_assert(TC_BM * out_len <= TC_STAGES * TC_STAGE, "the output tile fits the stages");
 #pragma unroll
     for (int j = 0; j < TC_NT; j++) {
-        int col = n0 + wn + j * 8 + (lane % 4) * 2;
-        if (col >= n) continue;
+        int c = wn + j * 8 + (lane % 4) * 2;
         float b0 = 0.0f, b1 = 0.0f;
 #if TC_BIAS
-        b0 = tc_to_float(bias[col]);
-        b1 = tc_to_float(bias[col + 1]);
+        if (n0 + c < n) {
+            b0 = tc_to_float(bias[n0 + c]);
+            b1 = tc_to_float(bias[n0 + c + 1]);
+        }
 #endif
 #pragma unroll
         for (int i = 0; i < TC_MT; i++) {
-            int row = m0 + wm + i * 16 + lane / 4;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                int r = row + h * 8;
-                if (r < m) {
-                    float v0 = tc_activation(acc[i][j][2 * h] + b0);
-                    float v1 = tc_activation(acc[i][j][2 * h + 1] + b1);
-                    *(tc_u32*)(out + (long long)r * n + col) = tc_pack(v0, v1);
-                }
+                int r = wm + i * 16 + lane / 4 + h * 8;
+                float v0 = tc_activation(acc[i][j][2 * h] + b0);
+                float v1 = tc_activation(acc[i][j][2 * h + 1] + b1);
+                *(tc_u32*)(smem + r * out_len + c) = tc_pack(v0, v1);
             }
+        }
+    }
+    __syncthreads();
+    constexpr int per_row = TC_BN / 8, step = TC_THREADS / per_row;
+    static_assert(TC_THREADS % per_row == 0, "whole output rows per pass");
+    const int row0 = threadIdx.x / per_row, c = (threadIdx.x % per_row) * 8;
+    if (n % 8 == 0) {
+#pragma unroll 4
+        for (int r = row0; r < TC_BM; r += step) {
+            if (m0 + r < m && n0 + c < n)
+                *(uint4*)(out + (long long)(m0 + r) * n + n0 + c) = *(const uint4*)(smem + r * out_len + c);
+        }
+    } else {
+        for (int r = row0; r < TC_BM; r += step) {
+            if (m0 + r >= m) continue;
+#pragma unroll
+            for (int e = 0; e < 8; e += 2)
+                if (n0 + c + e < n)
+                    *(tc_u32*)(out + (long long)(m0 + r) * n + n0 + c + e) = *(const tc_u32*)(smem + r * out_len + c + e);
         }
     }
 }

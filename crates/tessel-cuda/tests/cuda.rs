@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tessel_cuda::{CudaBackend, CudaConfig};
+use tessel_cuda::{CudaBackend, CudaConfig, GeneratedMatmul};
 use tessel_ir::{
     Access, Backend, BackendError, DeviceInfo, KernelBuilder, Matmul, MatmulSizes, ProgramId,
     VendorOp, VendorProgram, samples,
@@ -18,10 +18,16 @@ use tessel_shape::{BinaryOp, Bindings, DType, Dim, UnaryOp, Var};
 use tessel_testkit::{Check, Conformance, Op, Rng, Tolerance};
 
 /// One backend for the whole test binary (compiles are what take time, and its module cache
-/// is shared this way).
+/// is shared this way). It offers the generated tensor-core matmul next to cuBLAS, so the
+/// matmul tests check both.
 fn backend() -> &'static CudaBackend {
     static BACKEND: OnceLock<CudaBackend> = OnceLock::new();
-    BACKEND.get_or_init(CudaBackend::new)
+    BACKEND.get_or_init(|| {
+        CudaBackend::with_config(CudaConfig {
+            generated_matmul: GeneratedMatmul::Always,
+            ..CudaConfig::from_env()
+        })
+    })
 }
 
 /// How CUDA may differ from the interpreter. Kernels are compiled with `--fmad=false` and
@@ -947,7 +953,7 @@ fn generated_tensor_core_matmul_matches_the_reference() {
                     .iter()
                     .filter(|p| p.variant.starts_with("mma "))
                     .count();
-                assert_eq!(generated, 4, "{op}: {programs:?}");
+                assert_eq!(generated, 3, "{op}: {programs:?}");
                 for p in programs {
                     if p.variant != "cuBLAS" {
                         check_program(test, device, p.program, &op, &Bindings::new(), false);
@@ -955,6 +961,46 @@ fn generated_tensor_core_matmul_matches_the_reference() {
                     cuda.release(p.program).unwrap();
                 }
             }
+        }
+    }
+}
+
+/// By default the generated kernel is only a fallback: next to cuBLAS a product gets cuBLAS
+/// alone; `Never` offers it nowhere, `Always` next to cuBLAS.
+#[test]
+fn generated_matmul_is_offered_as_configured() {
+    let test = "generated_matmul_is_offered_as_configured";
+    for device in 0..devices(test) {
+        if backend().compute_capability(device).is_none_or(|c| c.0 < 8) {
+            continue;
+        }
+        let op = VendorOp::Matmul(matmul(DType::BF16, [1, 64, 64, 64], (false, true), (0, 0)));
+        let variants = |generated_matmul| {
+            let cuda = CudaBackend::with_config(CudaConfig {
+                generated_matmul,
+                ..CudaConfig::from_env()
+            });
+            let programs = cuda.vendor(device, &op).unwrap();
+            for p in &programs {
+                cuda.release(p.program).unwrap();
+            }
+            programs.into_iter().map(|p| p.variant).collect::<Vec<_>>()
+        };
+        let always = variants(GeneratedMatmul::Always);
+        let generated: Vec<&String> = always.iter().filter(|v| v.starts_with("mma ")).collect();
+        assert_eq!(generated.len(), 3, "{always:?}");
+        let has_cublas = always.first().is_some_and(|v| v == "cuBLAS");
+        let cublas: Vec<String> = if has_cublas {
+            vec!["cuBLAS".into()]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(variants(GeneratedMatmul::Never), cublas);
+        let fallback = variants(GeneratedMatmul::Fallback);
+        if has_cublas {
+            assert_eq!(fallback, cublas);
+        } else {
+            assert_eq!(fallback.len(), 3, "{fallback:?}");
         }
     }
 }
