@@ -106,6 +106,13 @@ def train_step():
     opt.step()
     opt.zero_grad(set_to_none=True)
 bench("gpt2 AdamW step [8,512] f32 eager", train_step, "tokens/s", 8 * 512, runs=5)
+def autocast_step():
+    with torch.autocast(torch.device(dev).type, dtype=torch.bfloat16):
+        loss = gpt2(ids.to(dev), labels=ids.to(dev)).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+bench("gpt2 AdamW step [8,512] bf16 autocast eager", autocast_step, "tokens/s", 8 * 512, runs=5)
 del gpt2, opt
 
 # BERT-base, batch 64 x 128 tokens.

@@ -22,7 +22,7 @@ use tessel_models::{Bert, GenerateOptions, Gpt2, ResNet, generate};
 use tessel_nn::Module;
 use tessel_nn::loss::{CrossEntropyOptions, cross_entropy};
 use tessel_nn::optim::{AdamW, AdamWConfig, Optimizer};
-use tessel_tensor::{DType, Device, Result, Tensor, load_safetensors};
+use tessel_tensor::{DType, Device, Result, Tensor, autocast as autocast_scope, load_safetensors};
 
 /// First call and median of `runs` later calls of `f`, synchronized.
 fn timed(
@@ -157,7 +157,15 @@ fn gpt2_decode(dir: &Path, device: Device, runs: usize) -> Result<()> {
     Ok(())
 }
 
-fn gpt2_train(dir: &Path, device: Device, runs: usize, tokens: Option<(i64, i64)>) -> Result<()> {
+/// One AdamW step of GPT-2 with `f32` master weights; with `autocast` set, the forward and
+/// backward run under `tessel_tensor::autocast` in that dtype (PyTorch's `torch.autocast`).
+fn gpt2_train(
+    dir: &Path,
+    device: Device,
+    runs: usize,
+    tokens: Option<(i64, i64)>,
+    autocast: Option<DType>,
+) -> Result<()> {
     let r = reference(dir, device)?;
     let start = Instant::now();
     let model = Gpt2::from_dir(dir, DType::F32, &device)?;
@@ -173,18 +181,25 @@ fn gpt2_train(dir: &Path, device: Device, runs: usize, tokens: Option<(i64, i64)
             ..AdamWConfig::default()
         },
     )?;
-    let (first, steady) = timed(device, runs, || {
+    let loss = || {
         let logits = model.forward(&inputs)?;
         let v = logits.dims()[2] as i64;
-        let loss = cross_entropy(
+        cross_entropy(
             &logits.reshape(&[-1, v])?,
             &targets,
             &CrossEntropyOptions::default(),
-        )?;
+        )
+    };
+    let (first, steady) = timed(device, runs, || {
+        let loss = match autocast {
+            Some(dtype) => autocast_scope(dtype, loss)?,
+            None => loss()?,
+        };
         opt.step(&loss)
     })?;
+    let precision = autocast.map_or("f32".to_owned(), |d| format!("{d} autocast"));
     report(
-        &format!("gpt2 AdamW step [{rows},{}] f32", length + 1),
+        &format!("gpt2 AdamW step [{rows},{}] {precision}", length + 1),
         load,
         first,
         steady,
@@ -323,8 +338,12 @@ fn main() -> std::process::ExitCode {
             Box::new(|| resnet(&root.join("resnet50"), device, DType::BF16, runs)),
         ),
         (
-            "gpt2-train",
-            Box::new(|| gpt2_train(&gpt2, device, runs.min(3), tokens)),
+            "gpt2-train-f32",
+            Box::new(|| gpt2_train(&gpt2, device, runs.min(3), tokens, None)),
+        ),
+        (
+            "gpt2-train-bf16",
+            Box::new(|| gpt2_train(&gpt2, device, runs.min(3), tokens, Some(DType::BF16))),
         ),
     ];
     println!("Tessel on {device}");

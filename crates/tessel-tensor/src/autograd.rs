@@ -16,7 +16,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_graph::{AtomicOp, Node, NodeId, Op, ReduceOp};
-use tessel_shape::{BinaryOp, Dim, Scalar, Shape, TernaryOp, UnaryOp};
+use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use crate::error::{Error, Result};
 use crate::ops::movement::{pad_axis, shrink};
@@ -180,6 +180,7 @@ impl Tape {
     fn backward(&self, loss: &Tensor) -> Result<FxHashMap<NodeId, Tensor>> {
         let mut grads: FxHashMap<NodeId, Tensor> = FxHashMap::default();
         grads.insert(loss.node(), loss.ones_like());
+        let mut halves = Halves::default();
         for &id in self.order.iter().rev() {
             if !self.needs(id) {
                 continue;
@@ -188,7 +189,7 @@ impl Tape {
                 continue;
             };
             let node = &self.nodes[&id];
-            for (child, contribution) in self.vjp(id, node, &g)? {
+            for (child, contribution) in self.vjp(id, node, &g, &mut halves)? {
                 if !self.needs(child) {
                     continue;
                 }
@@ -207,7 +208,13 @@ impl Tape {
     }
 
     /// The gradient contributions of node `id` (with gradient `g`) to its operands.
-    fn vjp(&self, id: NodeId, node: &Node, g: &Tensor) -> Result<Vec<(NodeId, Tensor)>> {
+    fn vjp(
+        &self,
+        id: NodeId,
+        node: &Node,
+        g: &Tensor,
+        halves: &mut Halves,
+    ) -> Result<Vec<(NodeId, Tensor)>> {
         let out = self.tensor(id);
         Ok(match &node.op {
             Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Bitcast(_) | Op::Argsort(_) => vec![],
@@ -233,10 +240,14 @@ impl Tape {
             }
             Op::Cast(a) => {
                 let x = self.tensor(*a);
-                if x.dtype().is_float() {
-                    vec![(*a, g.cast_to(x.dtype()))]
-                } else {
+                if !x.dtype().is_float() {
                     vec![]
+                } else if let Some(narrow) = halves.narrow(g, x.dtype()) {
+                    vec![(*a, narrow)]
+                } else {
+                    let cast = g.cast_to(x.dtype());
+                    halves.widened(&cast, g);
+                    vec![(*a, cast)]
                 }
             }
             Op::Reshape(a) => vec![(*a, g.reshape_to(self.tensor(*a).shape().clone()))],
@@ -282,7 +293,7 @@ impl Tape {
                     ),
                 )]
             }
-            Op::Reduce(op, a, axes) => match self.matmul_vjp(node, g)? {
+            Op::Reduce(op, a, axes) => match self.matmul_vjp(node, g, halves)? {
                 Some(contributions) => contributions,
                 None => vec![(*a, reduce_vjp(*op, self.tensor(*a), out, g, axes))],
             },
@@ -315,8 +326,17 @@ impl Tape {
     /// of broadcast products, which no library routine matches: a weight's gradient would
     /// run as a generated reduction over every token. Where an operand is shared by the
     /// whole batch (a linear layer's weight), its gradient is one product over the batch
-    /// folded into rows. `None` for any other reduction.
-    fn matmul_vjp(&self, node: &Node, g: &Tensor) -> Result<Option<Vec<(NodeId, Tensor)>>> {
+    /// folded into rows. A half-precision product (operands widened to `f32` from the
+    /// same `f16`/`bf16` dtype, as [`Tensor::matmul`] records it) gets half-precision
+    /// gradient products, as in PyTorch: `g` rounded to that dtype (exact, when it is the
+    /// widened gradient of the product's half output), each result widened back to `f32`.
+    /// `None` for any other reduction.
+    fn matmul_vjp(
+        &self,
+        node: &Node,
+        g: &Tensor,
+        halves: &mut Halves,
+    ) -> Result<Option<Vec<(NodeId, Tensor)>>> {
         let Op::Reduce(ReduceOp::Sum, product, axes) = &node.op else {
             return Ok(None);
         };
@@ -354,9 +374,28 @@ impl Tape {
         let matrices = |t: &Tensor, s: &[Dim], rows: Dim, cols: Dim| {
             t.reshape_to(s[..rank].iter().copied().chain([rows, cols]).collect())
         };
-        let x = matrices(self.tensor(vx), sx, m, k);
-        let y = matrices(self.tensor(vy), sy, k, n);
-        let g = matrices(g, batch, m, n);
+        let half = match (self.widened_from(vx), self.widened_from(vy)) {
+            (Some(a), Some(b)) if self.nodes[&a].dtype == self.nodes[&b].dtype => Some((a, b)),
+            _ => None,
+        };
+        let (x, y, g) = match half {
+            Some((a, b)) => {
+                let dtype = self.nodes[&a].dtype;
+                let g = halves.narrow(g, dtype).unwrap_or_else(|| g.cast_to(dtype));
+                (self.tensor(a), self.tensor(b), g)
+            }
+            None => (self.tensor(vx), self.tensor(vy), g.clone()),
+        };
+        let x = matrices(x, sx, m, k);
+        let y = matrices(y, sy, k, n);
+        let g = matrices(&g, batch, m, n);
+        // A half product's gradients go straight to the half operands the product widened
+        // (the gradient of a reshape of a widening cast is the same values, reshaped).
+        let (to_x, to_y) = half.unwrap_or((vx, vy));
+        let to = |t: Tensor, v: NodeId| {
+            let like = self.tensor(v);
+            (v, t.cast_to(like.dtype()).reshape_to(like.shape().clone()))
+        };
         let shared = |s: &[Dim]| rank > 0 && s[..rank].iter().all(|d| *d == one);
         let whole = |s: &[Dim]| s[..rank] == *batch;
         let rows = batch.iter().fold(one, |acc, d| acc * *d);
@@ -373,7 +412,7 @@ impl Tape {
             } else {
                 summed_to(&g.matmul(&y.transpose(-1, -2)?)?, &sx[..rank], [m, k])
             };
-            out.push((vx, dx.reshape_to(Shape::new(sx.to_vec()))));
+            out.push(to(dx, to_x));
         }
         if self.needs(vy) {
             let dy = if shared(sy) && whole(sx) {
@@ -382,9 +421,52 @@ impl Tape {
             } else {
                 summed_to(&x.transpose(-1, -2)?.matmul(&g)?, &sy[..rank], [k, n])
             };
-            out.push((vy, dy.reshape_to(Shape::new(sy.to_vec()))));
+            out.push(to(dy, to_y));
         }
         Ok(Some(out))
+    }
+}
+
+/// Gradients that are casts of narrower ones, by node: a cast of such a gradient back to the
+/// narrower dtype is the narrower gradient itself (the round trip is exact), with no cast
+/// recorded.
+#[derive(Default)]
+struct Halves(FxHashMap<NodeId, Tensor>);
+
+impl Halves {
+    /// Notes that `wide` is `narrow` cast to a wider float dtype (ignored otherwise: a
+    /// rounding is no round trip).
+    fn widened(&mut self, wide: &Tensor, narrow: &Tensor) {
+        let (w, n) = (wide.dtype(), narrow.dtype());
+        if w.is_float() && n.is_float() && w.size_bytes() > n.size_bytes() {
+            self.0.insert(wide.node(), narrow.clone());
+        }
+    }
+
+    /// The narrower gradient `g` was cast from, if it has dtype `dtype`.
+    fn narrow(&self, g: &Tensor, dtype: DType) -> Option<Tensor> {
+        self.0
+            .get(&g.node())
+            .filter(|n| n.dtype() == dtype && n.shape() == g.shape())
+            .cloned()
+    }
+}
+
+impl Tape {
+    /// The `f16`/`bf16` node that `v` widens to `f32` through reshapes, if it does: how
+    /// [`Tensor::matmul`] records a half-precision operand.
+    fn widened_from(&self, mut v: NodeId) -> Option<NodeId> {
+        loop {
+            let node = self.nodes.get(&v)?;
+            match node.op {
+                Op::Reshape(a) => v = a,
+                Op::Cast(a) if node.dtype == DType::F32 => {
+                    let from = self.nodes.get(&a)?.dtype;
+                    return matches!(from, DType::F16 | DType::BF16).then_some(a);
+                }
+                _ => return None,
+            }
+        }
     }
 }
 

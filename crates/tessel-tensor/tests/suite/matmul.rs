@@ -265,8 +265,8 @@ fn shape_errors_name_op_and_shapes() -> Result<()> {
 
 /// `autocast(bf16)`: a product of `f32` operands runs in `bf16` (the operands rounded to
 /// `bf16`, sums in `f32`, the result rounded), `softmax` of it in `f32`; the gradients of
-/// the `f32` operands are `f32`, against the same computation in `f64` on the rounded
-/// operands. Outside the scope, and after it, products are `f32` again; `f32` is not a
+/// the `f32` operands are `f32`, computed by `bf16` products, against the same computation
+/// in `f64` on the rounded operands. Outside the scope, and after it, products are `f32` again; `f32` is not a
 /// mixed-precision dtype.
 #[test]
 fn autocast_runs_products_in_half_precision() -> Result<()> {
@@ -347,6 +347,31 @@ fn autocast_runs_products_in_half_precision() -> Result<()> {
         matches!(&refused, Err(Error::InvalidArgument { op: "autocast", reason }) if reason.contains("BF16")),
         "{refused:?}"
     );
+    Ok(())
+}
+
+/// Under `autocast(bf16)` the gradient products of a linear layer (a batch of rows against a
+/// shared weight, a bias and an activation between it and the loss) are bf16 products, as
+/// PyTorch's are: every matrix product in the gradients' plan reads bf16 operands.
+#[test]
+fn autocast_gradient_products_are_half_products() -> Result<()> {
+    if common::on_device([DType::BF16]).is_empty() {
+        return Ok(());
+    }
+    let (x, _) = operand(92, DType::F32, &[2, 24, 40]);
+    let (w, _) = operand(93, DType::F32, &[16, 40]);
+    let (b, _) = operand(94, DType::F32, &[16]);
+    let grads = tessel_tensor::autocast(DType::BF16, || {
+        let y = (&x.matmul(&w.t()?)? + &b)?.gelu_tanh();
+        let loss = (&y * &y)?.sum_all()?;
+        tessel_tensor::grad(&loss, &[&x, &w])
+    })?;
+    let plan = tessel_tensor::inspect::plan_to_dot(&[&grads[0], &grads[1]])?.unwrap_or_default();
+    assert!(plan.contains("matmul bf16"), "{plan}");
+    assert!(!plan.contains("matmul f32"), "{plan}");
+    for g in &grads {
+        assert!(Nd::of(g).data.iter().all(|v| v.is_finite()));
+    }
     Ok(())
 }
 
