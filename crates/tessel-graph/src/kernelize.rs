@@ -8,6 +8,9 @@
 //!   larger iteration space, since recomputing it per broadcast element would repeat the
 //!   reduction;
 //! - a value that contains a reduction and has several consumers;
+//! - a value that contains a reduction and is reduced again (nested, the outer reduction
+//!   would add up every inner sum serially per output: a sum split into blocks of rows
+//!   would run as one loop again);
 //! - a value with several consumers whose computation inlines more than
 //!   `MAX_INLINE_OPS` (64) ops, so sharing stays linear in the graph's size, or reads 4
 //!   distinct buffers of its own size or more (`SHARED_LOADS`: a residual stream's sums),
@@ -638,6 +641,15 @@ fn choose_materialized(
         // A reduction read at other coordinates than its own would be recomputed per
         // element read: broadcast (`Expand`) or gathered.
         if let Op::Expand(child) | Op::Gather(child, ..) = node.op
+            && has_reduce[&child]
+        {
+            out.insert(child);
+        }
+        // A reduction of a value that itself reduces is two kernels: nested in one, every
+        // invocation of the outer reduction would add up all its inner sums in turn, which
+        // undoes a sum split into blocks of rows (a column sum over many rows as
+        // `sum(sum(blocks))`) and leaves one serial loop per output.
+        if let Op::Reduce(_, child, _) = node.op
             && has_reduce[&child]
         {
             out.insert(child);

@@ -481,3 +481,37 @@ fn cross_entropy_gradients_realize_with_the_loss() {
     assert_close("d logits", &read(&g[0]), &want, 1e-5);
     assert_eq!(g[1].dims(), vec![k, c]);
 }
+
+/// A scale and a bias broadcast over many rows (a layer norm's weight and bias over every
+/// token): their gradients, sums over 300 rows (summed in blocks of rows, the last one
+/// padded), against sums in f64, in f32 on every device.
+#[test]
+fn gradients_of_operands_broadcast_over_many_rows() {
+    let [rows, cols] = [300usize, 24];
+    let mut rng = Rng::new(0x0b1a5);
+    let mut random = |n: usize| -> Vec<f64> { (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect() };
+    let (xv, sv, bv, wv) = (
+        random(rows * cols),
+        random(cols),
+        random(cols),
+        random(rows * cols),
+    );
+    let x = tensor(DType::F32, &xv, &[3, 100, cols]);
+    let (s, b) = (
+        tensor(DType::F32, &sv, &[cols]),
+        tensor(DType::F32, &bv, &[cols]),
+    );
+    let w = tensor(DType::F32, &wv, &[3, 100, cols]);
+    let y = (&(&x * &s).unwrap() + &b).unwrap();
+    let loss = (&y * &w).unwrap().sum_all().unwrap();
+    let grads = grad(&loss, &[&s, &b]).unwrap();
+    let column = |f: &dyn Fn(usize) -> f64| -> Vec<f64> {
+        (0..cols)
+            .map(|c| (0..rows).map(|r| f(r * cols + c)).sum())
+            .collect()
+    };
+    let ds = column(&|i| wv[i] * f64::from(xv[i] as f32));
+    let db = column(&|i| wv[i]);
+    assert_close("d/d scale", &read(&grads[0]), &ds, 1e-4);
+    assert_close("d/d bias", &read(&grads[1]), &db, 1e-4);
+}
