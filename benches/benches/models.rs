@@ -157,7 +157,7 @@ fn gpt2_decode(dir: &Path, device: Device, runs: usize) -> Result<()> {
     Ok(())
 }
 
-/// One AdamW step of GPT-2 with `f32` master weights; with `autocast` set, the forward and
+/// One `AdamW` step of GPT-2 with `f32` master weights; with `autocast` set, the forward and
 /// backward run under `tessel_tensor::autocast` in that dtype (PyTorch's `torch.autocast`).
 fn gpt2_train(
     dir: &Path,
