@@ -31,6 +31,7 @@
 
 use std::cell::Cell;
 
+use tessel_graph::Op;
 use tessel_shape::DType;
 
 use crate::error::{Error, Result};
@@ -80,9 +81,39 @@ pub fn autocast_dtype() -> Option<DType> {
 pub(crate) fn product_operand(x: &Tensor) -> Tensor {
     match autocast_dtype() {
         Some(low) if x.dtype().is_float() && x.dtype() != DType::F64 && x.dtype() != low => {
-            x.cast(low)
+            cast_below_permute(x, low)
         }
         _ => x.clone(),
+    }
+}
+
+/// `x` cast to `dtype`; where `x` is a permute (a transposed weight, `w.t()`), the permute
+/// of the cast of its operand, which is the same values: the cast is then stored in the
+/// weight's own layout, which a library routine reads transposed. Cast after the permute,
+/// it would be stored transposed: GPT-2's tied `[50257, 768]` embedding as rows of 50 257
+/// elements, which cuBLAS reads several times slower than rows of 768.
+fn cast_below_permute(x: &Tensor, dtype: DType) -> Tensor {
+    let inner = {
+        let mut st = crate::runtime::runtime().lock();
+        match &st.graph.node(x.node()).op {
+            Op::Permute(child, perm) => {
+                let (child, perm) = (*child, perm.clone());
+                let node = st.graph.node(child);
+                let (shape, from) = (node.shape.clone(), node.dtype);
+                st.graph.retain(child);
+                Some((child, perm, shape, from))
+            }
+            _ => None,
+        }
+    };
+    match inner {
+        Some((child, perm, shape, from)) => {
+            let values = x.dim_values().clone();
+            let source = Tensor::from_node_with(child, shape, from, x.device(), values);
+            let cast = source.cast(dtype);
+            cast.record(Op::Permute(cast.node(), perm), dtype, x.shape().clone())
+        }
+        None => x.cast(dtype),
     }
 }
 

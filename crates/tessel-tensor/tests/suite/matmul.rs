@@ -361,10 +361,11 @@ fn autocast_gradient_products_are_half_products() -> Result<()> {
     let (x, _) = operand(92, DType::F32, &[2, 24, 40]);
     let (w, _) = operand(93, DType::F32, &[16, 40]);
     let (b, _) = operand(94, DType::F32, &[16]);
-    let grads = tessel_tensor::autocast(DType::BF16, || {
-        let y = (&x.matmul(&w.t()?)? + &b)?.gelu_tanh();
+    let (product, grads) = tessel_tensor::autocast(DType::BF16, || {
+        let product = x.matmul(&w.t()?)?;
+        let y = (&product + &b)?.gelu_tanh();
         let loss = (&y * &y)?.sum_all()?;
-        tessel_tensor::grad(&loss, &[&x, &w])
+        Ok((product, tessel_tensor::grad(&loss, &[&x, &w])?))
     })?;
     let plan = tessel_tensor::inspect::plan_to_dot(&[&grads[0], &grads[1]])?.unwrap_or_default();
     assert!(plan.contains("matmul bf16"), "{plan}");
@@ -372,6 +373,11 @@ fn autocast_gradient_products_are_half_products() -> Result<()> {
     for g in &grads {
         assert!(Nd::of(g).data.iter().all(|v| v.is_finite()));
     }
+    // The transposed weight is cast before its transpose (stored in its own layout): the
+    // same values as the product of the rounded operands.
+    let bf = |t: &Tensor| t.cast(DType::BF16).cast(DType::F64);
+    let want = bf(&x).matmul(&bf(&w).t()?)?;
+    assert_nd("autocast x·wᵀ", &Nd::of(&product), &Nd::of(&want), 1e-2);
     Ok(())
 }
 
