@@ -74,7 +74,7 @@
 //!   kernel with `groups` blocks of `local` threads, the buffers' device pointers and then
 //!   the dims by value as arguments, and return; [`Backend::synchronize`] waits.
 //!   [`Backend::time`] brackets its launch with CUDA events on the stream.
-//! - **Vendor matmul**: [`Backend::vendor`] gives float [`Matmul`]s a program that calls
+//! - **Vendor matmul**: [`Backend::vendor`] gives float [`Matmul`](tessel_ir::Matmul)s a program that calls
 //!   cuBLAS (`cublas{S,D}gemm`, `cublas{S,D}gemmStridedBatched` when `batch > 1`; for
 //!   `f16`/`bf16`, `cublasGemmEx`/`cublasGemmStridedBatchedEx` with `CUBLAS_COMPUTE_32F`,
 //!   which runs on tensor cores; a batch stride of 0 broadcasts). The row-major product is run as the
@@ -119,6 +119,7 @@ mod matmul;
 mod memory;
 mod mma;
 mod nvrtc;
+mod routine;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,14 +131,14 @@ use rustc_hash::FxHashMap;
 use tessel_ir::codegen::{self, CUDA, CodegenError};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
-    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Matmul, Param,
-    ProgramId, ProgramOrigin, VendorOp, VendorProgram, verify,
+    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
+    ProgramOrigin, VendorOp, VendorProgram, verify,
 };
 use tessel_shape::Bindings;
 
 use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Event, Module};
-use crate::matmul::{Gemm, Plan, Precision};
+use crate::routine::MatmulProgram;
 
 /// How a [`CudaBackend`] is set up.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -272,28 +273,6 @@ struct KernelProgram {
     origin: ProgramOrigin,
     /// The most threads per block this kernel runs with.
     max_threads: u32,
-}
-
-/// A matrix product, run by cuBLAS or by the generated tensor-core kernel.
-struct MatmulProgram {
-    op: Matmul,
-    precision: Precision,
-    device: Arc<CudaDevice>,
-    /// `op` as text: the program's name in errors.
-    name: String,
-    by: MatmulBy,
-}
-
-/// What runs a [`MatmulProgram`].
-enum MatmulBy {
-    /// cuBLAS (cuBLASLt with an epilogue), on a device whose handles exist.
-    Library,
-    /// The generated tensor-core kernel ([`mma`]) with one tile shape.
-    Generated {
-        module: Arc<Module>,
-        tile: mma::Tile,
-        origin: ProgramOrigin,
-    },
 }
 
 /// Two timing events queued around a program's work, and their device.
@@ -514,29 +493,6 @@ impl CudaBackend {
         Ok((module, origin))
     }
 
-    /// The generated matmul kernel for `op` with `tile`, compiled (or from a cache) and
-    /// allowed its shared memory.
-    fn generated_module(
-        &self,
-        dev: &CudaDevice,
-        op: &Matmul,
-        tile: &mma::Tile,
-    ) -> Result<(Arc<Module>, ProgramOrigin), BackendError> {
-        let name = format!("{op} [{}]", tile.label());
-        let (module, origin) = self.module(dev, &name, mma::ENTRY, &mma::source(op, tile))?;
-        module
-            .allow_shared(tile.shared_bytes(op))
-            .map_err(|e| BackendError::Compile {
-                kernel: name,
-                code: String::new(),
-                log: format!(
-                    "{} bytes of shared memory are more than the device allows: {e}",
-                    tile.shared_bytes(op)
-                ),
-            })?;
-        Ok((module, origin))
-    }
-
     /// Checks a launch and queues it; the timing events when `timed` and something was
     /// queued (an empty grid or an empty product runs nothing).
     fn enqueue(
@@ -617,227 +573,6 @@ impl CudaBackend {
             Ok(())
         })
     }
-
-    /// Checks a matmul launch ([`matmul::plan`]) and queues it: one cuBLAS call, or a zero
-    /// fill when `k == 0`, or nothing for an empty output.
-    fn enqueue_matmul(
-        &self,
-        program: &MatmulProgram,
-        buffers: &[BufferId],
-        dims: &Bindings,
-        timed: bool,
-    ) -> Result<Option<Timing>, BackendError> {
-        let dev = &program.device;
-        let name = &program.name;
-        let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
-        let epilogue = program.op.epilogue;
-        let (lhs, rhs, bias, out) = match (epilogue.bias, buffers) {
-            (false, &[lhs, rhs, out]) => (lhs, rhs, None, out),
-            (true, &[lhs, rhs, bias, out]) => (lhs, rhs, Some(bias), out),
-            _ => {
-                let names = if epilogue.bias {
-                    "4 buffers, [lhs, rhs, bias, out]"
-                } else {
-                    "3 buffers, [lhs, rhs, out]"
-                };
-                return Err(invalid(format!(
-                    "takes {names}, but {} were bound",
-                    buffers.len()
-                )));
-            }
-        };
-        let bound = self.buffers.get_all(buffers)?;
-        handles::check_launch_devices(
-            "cuda",
-            name,
-            dev.index,
-            buffers,
-            bound.iter().map(|b| b.device.index),
-        )?;
-        // cuBLAS would read operand elements it has already overwritten.
-        if out == lhs || out == rhs || Some(out) == bias {
-            return Err(invalid(format!(
-                "buffer {} is bound both as the output and as an operand",
-                out.0
-            )));
-        }
-        let sizes = program
-            .op
-            .sizes(dims)
-            .map_err(|e| invalid(format!("cannot evaluate its sizes: {e}")))?;
-        let last = bound.len() - 1;
-        let plan = matmul::plan(
-            &program.op,
-            name,
-            program.precision,
-            &sizes,
-            [bound[0].bytes, bound[1].bytes, bound[last].bytes],
-        )?;
-        if plan == Plan::Nothing {
-            return Ok(None);
-        }
-        // The bias holds one element per output column.
-        let bias = match bias {
-            Some(_) => {
-                let need = sizes.n.saturating_mul(program.precision.size_bytes());
-                if bound[2].bytes < need {
-                    return Err(invalid(format!(
-                        "the bias buffer holds {} bytes, but n = {} needs {need}",
-                        bound[2].bytes, sizes.n
-                    )));
-                }
-                bound[2].ptr
-            }
-            None => 0,
-        };
-        let [lhs, rhs, out] = [0, 1, last].map(|j| bound[j].ptr);
-        if let MatmulBy::Generated { module, tile, .. } = &program.by {
-            // The kernel zero-fills past `k`, so an empty sum needs nothing special.
-            let Some(launch) = mma::launch(&program.op, tile, &sizes, name)? else {
-                return Ok(None);
-            };
-            return queue_timed(dev, name, timed, || {
-                launch_generated(dev, module, &launch, [lhs, rhs, bias, out]).map_err(|e| {
-                    BackendError::Launch {
-                        kernel: name.clone(),
-                        reason: format!("cuLaunchKernel failed: {e}"),
-                    }
-                })?;
-                self.counters
-                    .vendor_launches
-                    .fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            });
-        }
-        let work = || {
-            match plan {
-                Plan::Nothing => {}
-                Plan::Zero { bytes } if epilogue.is_none() => {
-                    ffi::fill(&dev.ctx, &dev.stream, out, 0, bytes)
-                        .map_err(|e| dev.lost("cuMemsetD8Async", e))?;
-                }
-                // An empty sum with an epilogue is `activation(bias)`: no routine for it.
-                Plan::Zero { .. } => {
-                    return Err(BackendError::Unsupported {
-                        backend: "cuda",
-                        what: format!("{name}: an epilogue over an empty sum (k = 0)"),
-                    });
-                }
-                Plan::Gemm(gemm) => program.run(&gemm, [rhs, lhs, bias, out])?,
-            }
-            self.counters
-                .vendor_launches
-                .fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        };
-        queue_timed(dev, name, timed, work)
-    }
-}
-
-impl MatmulProgram {
-    /// Queues the GEMM `g` (see [`MatmulProgram::call`]): split into parts writing rows
-    /// padded to 16 bytes, then copied into place, where [`matmul::padded`] says that runs
-    /// faster; directly when there is no memory for the padded rows.
-    fn run(&self, g: &Gemm, [a, b, bias, c]: [u64; 4]) -> Result<(), BackendError> {
-        let dev = &self.device;
-        let Some(padded) = matmul::padded(self.precision, g) else {
-            return self.call(g, [a, b, bias, c]);
-        };
-        let element = self.precision.size_bytes();
-        let [rows, row, padded_row] =
-            [g.n, g.m, padded.main.ldc].map(|v| v.unsigned_abs() as usize);
-        let rows = rows * g.batch.unsigned_abs() as usize;
-        let scratch = rows
-            .checked_mul(padded_row * element)
-            .and_then(|bytes| lock(&dev.pool).alloc(&dev.ctx, &dev.stream, bytes).ok());
-        let Some((scratch, class)) = scratch else {
-            return self.call(g, [a, b, bias, c]);
-        };
-        let (rest, a_offset, c_offset) = padded.rest;
-        let at = |base: u64, elements: i64| base + elements.unsigned_abs() * element as u64;
-        let bias_rest = if bias == 0 { 0 } else { at(bias, c_offset) };
-        let ran = self
-            .call(&padded.main, [a, b, bias, scratch])
-            .and_then(|()| {
-                self.call(
-                    &rest,
-                    [at(a, a_offset), b, bias_rest, at(scratch, c_offset)],
-                )
-            })
-            .and_then(|()| {
-                ffi::copy_rows(
-                    &dev.ctx,
-                    &dev.stream,
-                    [c, (row * element) as u64],
-                    [scratch, (padded_row * element) as u64],
-                    [row * element, rows],
-                )
-                .map_err(|e| dev.lost("cuMemcpy2DAsync", e))
-            });
-        // Stream-ordered: whoever gets the block next queues after this copy.
-        lock(&dev.pool).release(scratch, class);
-        ran
-    }
-
-    /// Queues one GEMM of this program as `g` describes it: cuBLAS without an epilogue,
-    /// cuBLASLt with one. `[a, b, bias, c]` are cuBLAS's `A'` (the rhs), `B'` (the lhs),
-    /// the bias (0 without one) and the output, checked by the caller against `g`.
-    fn call(&self, g: &Gemm, [a, b, bias, c]: [u64; 4]) -> Result<(), BackendError> {
-        let dev = &self.device;
-        let failed = |reason: String| BackendError::Launch {
-            kernel: self.name.clone(),
-            reason,
-        };
-        let epilogue = self.op.epilogue;
-        if epilogue.is_none() {
-            let blas = lock(&dev.blas);
-            // `vendor` made the handle before it made the program, and it stays until the
-            // device goes.
-            let blas = blas
-                .as_ref()
-                .ok_or_else(|| failed("the device has no cuBLAS handle".into()))?;
-            blas.gemm(&dev.ctx, self.precision, g, [a, b, c])
-                .map_err(failed)
-        } else {
-            let mut lt = lock(&dev.lt);
-            let lt = lt
-                .as_mut()
-                .ok_or_else(|| failed("the device has no cuBLASLt handle".into()))?;
-            lt.matmul(
-                &dev.ctx,
-                &dev.stream,
-                self.precision,
-                g,
-                epilogue,
-                [a, b, bias, c],
-            )
-            .map_err(failed)
-        }
-    }
-}
-
-/// Queues one launch of the generated matmul kernel on `dev`'s stream with the pointers
-/// `[lhs, rhs, bias, out]` (bias 0 without one), in the kernel's parameter order.
-fn launch_generated(
-    dev: &CudaDevice,
-    module: &Module,
-    launch: &mma::Launch,
-    pointers: [u64; 4],
-) -> Result<(), DriverError> {
-    let mut slots: Vec<ArgSlot> = pointers.iter().map(|p| ArgSlot(p.to_ne_bytes())).collect();
-    for size in launch.sizes {
-        let mut slot = ArgSlot::default();
-        slot.0[..4].copy_from_slice(&size.to_ne_bytes());
-        slots.push(slot);
-    }
-    slots.extend(launch.strides.map(|s| ArgSlot(s.to_ne_bytes())));
-    module.launch(
-        &dev.ctx,
-        &dev.stream,
-        [launch.grid, launch.block],
-        launch.shared,
-        &mut slots,
-    )
 }
 
 /// Queues `work` on `dev`'s stream, between two timing events (returned) when `timed`.
@@ -1115,16 +850,11 @@ impl Backend for CudaBackend {
     fn origin(&self, program: ProgramId) -> Result<ProgramOrigin, BackendError> {
         Ok(match &*self.programs.get(program)? {
             Program::Kernel(kernel) => kernel.origin,
-            Program::Matmul(MatmulProgram {
-                by: MatmulBy::Generated { origin, .. },
-                ..
-            }) => *origin,
-            // A cuBLAS call: nothing of it is compiled.
-            Program::Matmul(_) => ProgramOrigin::Cached,
+            Program::Matmul(matmul) => matmul.origin(),
         })
     }
 
-    /// Float [`Matmul`]s (`f32`, `f64`, and `f16`/`bf16` through `GemmEx` with `f32`
+    /// Float [`Matmul`](tessel_ir::Matmul)s (`f32`, `f64`, and `f16`/`bf16` through `GemmEx` with `f32`
     /// accumulation; `f32` on TF32 tensor cores where the matmul allows it) run on cuBLAS
     /// (variant `"cuBLAS"`); `f16`/`bf16` products the generated tensor-core kernel runs
     /// (`mma::supports`) get one more program per tile shape, compiled here in parallel,
@@ -1132,70 +862,8 @@ impl Backend for CudaBackend {
     /// Integers, or no cuBLAS and no generated kernel, are an empty list. The device's
     /// cuBLAS handle is made here, on first use.
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Vec<VendorProgram>, BackendError> {
-        let dev = self.device(device)?;
         let VendorOp::Matmul(matmul) = op;
-        let Some(precision) = Precision::of(matmul) else {
-            return Ok(Vec::new());
-        };
-        let program = |by| MatmulProgram {
-            op: matmul.clone(),
-            precision,
-            device: Arc::clone(dev),
-            name: matmul.to_string(),
-            by,
-        };
-        let mut out = Vec::new();
-        // Epilogues run on cuBLASLt, in the precisions it has tensor-core routines for, and
-        // f32.
-        if dev.ensure_blas()?
-            && (matmul.epilogue.is_none() || (precision != Precision::F64 && dev.ensure_lt()?))
-        {
-            out.push(VendorProgram {
-                program: self
-                    .programs
-                    .insert(Program::Matmul(program(MatmulBy::Library))),
-                variant: "cuBLAS".into(),
-            });
-        }
-        let wanted = match self.config.generated_matmul {
-            GeneratedMatmul::Always => true,
-            GeneratedMatmul::Fallback => out.is_empty(),
-            GeneratedMatmul::Never => false,
-        };
-        if !wanted {
-            return Ok(out);
-        }
-        if let Some(why) = mma::supports(matmul, dev.capability) {
-            tracing::trace!("tessel-cuda: no generated matmul for {matmul}: {why}");
-            return Ok(out);
-        }
-        let built: Vec<_> = std::thread::scope(|scope| {
-            let workers: Vec<_> = mma::TILES
-                .iter()
-                .map(|tile| scope.spawn(move || (tile, self.generated_module(dev, matmul, tile))))
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
-        });
-        for (tile, module) in built {
-            match module {
-                Ok((module, origin)) => out.push(VendorProgram {
-                    program: self
-                        .programs
-                        .insert(Program::Matmul(program(MatmulBy::Generated {
-                            module,
-                            tile: *tile,
-                            origin,
-                        }))),
-                    variant: tile.label(),
-                }),
-                // A tile this device cannot hold (too much shared memory) is left out.
-                Err(e) => tracing::warn!("tessel-cuda: {matmul}: no {}: {e}", tile.label()),
-            }
-        }
-        Ok(out)
+        self.matmul_programs(device, matmul)
     }
 
     fn vendor_library(&self, device: usize) -> String {
