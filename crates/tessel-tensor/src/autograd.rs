@@ -333,7 +333,8 @@ impl Tape {
     /// folded into rows. A half-precision product (operands widened to `f32` from the
     /// same `f16`/`bf16` dtype, as [`Tensor::matmul`] records it) gets half-precision
     /// gradient products, as in PyTorch: `g` rounded to that dtype (exact, when it is the
-    /// widened gradient of the product's half output), each result widened back to `f32`.
+    /// widened gradient of the product's half output), each result given straight to the
+    /// half operand the product widened.
     /// `None` for any other reduction.
     fn matmul_vjp(
         &self,
