@@ -19,8 +19,10 @@ use tessel_ir::cache::{Fnv128, temp_suffix};
 
 /// Flags for every kernel. `-fwrapv` and `-ffp-contract=off` keep C's arithmetic equal to
 /// the interpreter's (wrapping integers, no fused multiply-adds the IR did not ask for);
-/// `-fno-math-errno` lets `sqrt` compile to one instruction without changing any result.
-/// No `-ffast-math`: it would trade IEEE results for speed.
+/// `-fno-math-errno` lets `sqrt` compile to one instruction and `-fno-trapping-math` lets
+/// the vectorizer compute both arms of a select (nothing reads the floating-point
+/// exception flags), neither changing any result. No `-ffast-math`: it would trade IEEE
+/// results for speed.
 pub(crate) const FLAGS: &[&str] = &[
     "-std=c11",
     "-O3",
@@ -30,7 +32,13 @@ pub(crate) const FLAGS: &[&str] = &[
     "-fwrapv",
     "-ffp-contract=off",
     "-fno-math-errno",
+    "-fno-trapping-math",
 ];
+
+/// Flags used where the compiler accepts them (GCC's, which Clang rejects).
+/// `-fno-thread-jumps`: GCC threads the jumps of consecutive selects on one value (the
+/// range clamps in `tsl_expf`) into control flow its vectorizer then refuses.
+const OPTIONAL_FLAGS: &[&str] = &["-fno-thread-jumps"];
 
 /// Libraries linked after the source.
 const LIBS: &[&str] = &["-lm"];
@@ -47,6 +55,8 @@ pub(crate) struct Compiler {
     /// library built for another machine's may not run here (a cache directory shared
     /// between machines, a container image).
     target: String,
+    /// [`FLAGS`] and the [`OPTIONAL_FLAGS`] this compiler accepts.
+    flags: Vec<&'static str>,
 }
 
 impl Compiler {
@@ -57,18 +67,26 @@ impl Compiler {
             return None;
         }
         // `-E -dM` on an empty file prints the predefined macros, with gcc and clang alike.
-        let target = Command::new(path)
-            .args(FLAGS.iter().filter(|f| **f != "-shared"))
-            .args(["-E", "-dM", "-x", "c", "/dev/null"])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
+        let macros = |flags: &[&str]| {
+            Command::new(path)
+                .args(flags.iter().filter(|f| **f != "-shared"))
+                .args(["-E", "-dM", "-x", "c", "/dev/null"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        };
+        let mut flags = FLAGS.to_vec();
+        for &flag in OPTIONAL_FLAGS {
+            if macros(&[flag]).is_some() {
+                flags.push(flag);
+            }
+        }
         Some(Compiler {
             path: path.to_owned(),
             version: String::from_utf8_lossy(&out.stdout).into_owned(),
-            target,
+            target: macros(&flags).unwrap_or_default(),
+            flags,
         })
     }
 
@@ -90,7 +108,7 @@ impl Compiler {
         hash.field(self.path.as_os_str().as_encoded_bytes());
         hash.field(self.version.as_bytes());
         hash.field(self.target.as_bytes());
-        for flag in FLAGS.iter().chain(LIBS) {
+        for flag in self.flags.iter().chain(LIBS) {
             hash.field(flag.as_bytes());
         }
         hash.field(env!("CARGO_PKG_VERSION").as_bytes());
@@ -118,7 +136,7 @@ impl Compiler {
         };
         fs::write(&c_temp, source).map_err(|e| io("write", &c_temp, e))?;
         let out = Command::new(&self.path)
-            .args(FLAGS)
+            .args(&self.flags)
             .arg("-o")
             .arg(&lib_temp)
             .arg(&c_temp)
@@ -134,7 +152,7 @@ impl Compiler {
                 log.push_str(&String::from_utf8_lossy(&out.stdout));
                 Err(BuildError::Compiler(format!(
                     "{} exited with {}:\n{}",
-                    command_line(&self.path, &lib_temp, &c_temp),
+                    command_line(&self.path, &self.flags, &lib_temp, &c_temp),
                     out.status,
                     log.trim_end()
                 )))
@@ -169,9 +187,9 @@ pub(crate) fn library_path(dir: &Path, key: u128) -> PathBuf {
 }
 
 /// The compiler invocation as a shell would show it, for error messages.
-fn command_line(cc: &Path, out: &Path, input: &Path) -> String {
+fn command_line(cc: &Path, flags: &[&str], out: &Path, input: &Path) -> String {
     let mut parts: Vec<&OsStr> = vec![cc.as_os_str()];
-    parts.extend(FLAGS.iter().map(OsStr::new));
+    parts.extend(flags.iter().map(OsStr::new));
     parts.push(OsStr::new("-o"));
     parts.push(out.as_os_str());
     parts.push(input.as_os_str());

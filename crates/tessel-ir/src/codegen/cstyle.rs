@@ -82,6 +82,14 @@ pub struct CStyle {
     /// transcendentals; else it is the reference's: fdlibm's `erf` in `double`, rounded once,
     /// bit-identical to the interpreter but an order of magnitude slower on a GPU (GELU).
     pub native_f32_erf: bool,
+    /// Signed `int32_t`/`int64_t` arithmetic wraps in this dialect (C compiled with
+    /// `-fwrapv`), so `+ - *` on them are written plainly instead of through the unsigned
+    /// type: the loop vectorizer then sees the indices as affine in the loop counter.
+    pub signed_wraps: bool,
+    /// `exp`, `exp2`, `log`, `log2` and `tanh` on `float` are Tessel's branch-free helpers
+    /// (`tsl_expf`, ...: at most 2 ulps from the exact value), which a C compiler
+    /// vectorizes, instead of the math library's scalar calls, which it cannot.
+    pub own_f32_math: bool,
     /// The statement combining `value` atomically by an op into the element `at` points
     /// to, for a dtype (`None` where the dialect has no such atomic of that width).
     pub atomic: fn(op: AtomicOp, dtype: DType, at: &str, value: &str) -> Option<String>,
@@ -105,8 +113,8 @@ pub struct HalfBuiltins {
 /// C11 for the host compiler: the CPU backend's dialect.
 ///
 /// Needs a compiler invoked with `-fwrapv -ffp-contract=off` and without `-ffast-math`:
-/// the emitted code already avoids signed overflow, but contraction into `fma` or fast-math
-/// reassociation would change results against the interpreter.
+/// signed `int32_t`/`int64_t` arithmetic is written plainly and must wrap, and contraction
+/// into `fma` or fast-math reassociation would change results against the interpreter.
 pub const C: CStyle = CStyle {
     name: "c",
     launch: Launch::Serial,
@@ -125,6 +133,8 @@ pub const C: CStyle = CStyle {
     f16_builtins: None,
     // The CPU keeps the reference's bits.
     native_f32_erf: false,
+    signed_wraps: true,
+    own_f32_math: true,
     atomic: c_atomic,
 };
 
@@ -239,6 +249,8 @@ pub const OPENCL: CStyle = CStyle {
     f16_builtins: Some(OPENCL_HALF),
     // OpenCL C's `erf` on `float`: 16 ulp at most (OpenCL C 1.2, 7.4), no `double` needed.
     native_f32_erf: true,
+    signed_wraps: false,
+    own_f32_math: false,
     atomic: opencl_atomic,
 };
 
@@ -403,6 +415,8 @@ pub const CUDA: CStyle = CStyle {
     f16_builtins: None,
     // `erff`: 2 ulp at most (CUDA C++ Programming Guide, mathematical functions).
     native_f32_erf: true,
+    signed_wraps: false,
+    own_f32_math: false,
     atomic: cuda_atomic,
 };
 

@@ -8,7 +8,8 @@
 //!
 //! - Integer `+ - * neg mad` run in an unsigned type at least as wide as `int`, where they
 //!   wrap by definition; narrow types would otherwise be promoted to a signed `int` that
-//!   can overflow (`u16 * u16`).
+//!   can overflow (`u16 * u16`). Where the dialect's signed arithmetic wraps
+//!   ([`CStyle::signed_wraps`](super::CStyle::signed_wraps)), `i32`/`i64` ones are plain.
 //! - Integer `/ %` and `pow` go through helpers (see [`Helper`]); shifts mask the amount
 //!   by the bit width (`b mod bits`, negative amounts included).
 //! - `f16`/`bf16` values are their bit patterns; every op converts to `float`, computes
@@ -25,6 +26,7 @@ use tessel_shape::{BinaryOp, DType, Scalar, TernaryOp, UnaryOp};
 
 use super::CodegenError;
 use super::cstyle::CStyle;
+use super::fastmath::Fast;
 use super::helpers::{Helper, Helpers, wide_unsigned};
 
 /// Renders scalar expressions for one dialect, recording the helpers they call.
@@ -75,6 +77,12 @@ impl<'d> Exprs<'d> {
             self.ty_for(op, DType::U32)?,
             self.ty_for(op, DType::U64)?,
         ))
+    }
+
+    /// Whether `+ - *` on `dtype` may be written plainly: signed 32- and 64-bit integers
+    /// where the dialect's signed arithmetic wraps.
+    fn plain_signed(&self, dtype: DType) -> bool {
+        self.dialect.signed_wraps && matches!(dtype, DType::I32 | DType::I64)
     }
 
     fn suffix(&self, dtype: DType) -> &'static str {
@@ -218,6 +226,19 @@ impl<'d> Exprs<'d> {
             ("1.0f", "0.0f")
         };
         let call = |f: &str| format!("{f}{s}({a})");
+        if dtype == DType::F32 && self.dialect.own_f32_math {
+            let fast = match op {
+                UnaryOp::Exp => Some(Fast::Exp),
+                UnaryOp::Exp2 => Some(Fast::Exp2),
+                UnaryOp::Log => Some(Fast::Log),
+                UnaryOp::Log2 => Some(Fast::Log2),
+                UnaryOp::Tanh => Some(Fast::Tanh),
+                _ => None,
+            };
+            if let Some(fast) = fast {
+                return Ok(format!("{}({a})", self.helpers.call(Helper::Fast(fast))));
+            }
+        }
         Ok(match op {
             UnaryOp::Neg => format!("(-{a})"),
             UnaryOp::Abs => call("fabs"),
@@ -311,7 +332,11 @@ impl<'d> Exprs<'d> {
             _ => {
                 let w = self.wide(name, dtype)?;
                 let mask = dtype.bits() - 1;
+                let plain = self.plain_signed(dtype);
                 match op {
+                    BinaryOp::Add if plain => format!("({a} + {b})"),
+                    BinaryOp::Sub if plain => format!("({a} - {b})"),
+                    BinaryOp::Mul if plain => format!("({a} * {b})"),
                     BinaryOp::Add => format!("({t})(({w}){a} + ({w}){b})"),
                     BinaryOp::Sub => format!("({t})(({w}){a} - ({w}){b})"),
                     BinaryOp::Mul => format!("({t})(({w}){a} * ({w}){b})"),
@@ -392,6 +417,7 @@ impl<'d> Exprs<'d> {
                     let r = format!("{fma}((double){x}, (double){y}, (double){z})");
                     self.f32_to_half(dtype, &r)
                 }
+                _ if self.plain_signed(dtype) => format!("({a} * {b} + {c})"),
                 _ => {
                     let w = self.wide(name, dtype)?;
                     format!("({t})(({w}){a} * ({w}){b} + ({w}){c})")

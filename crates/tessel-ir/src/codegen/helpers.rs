@@ -16,6 +16,7 @@ use tessel_shape::DType;
 use super::CodegenError;
 use super::cstyle::CStyle;
 use super::exprs::int_literal;
+use super::fastmath::Fast;
 
 /// One helper a kernel's source needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,6 +57,8 @@ pub(super) enum Helper {
     IntPow(DType),
     /// `F32`/`F64` to an integer dtype: truncating, saturating, NaN to 0.
     FloatToInt(DType, DType),
+    /// A vectorizable `float` transcendental (the C dialect's own, see `fastmath.rs`).
+    Fast(Fast),
 }
 
 impl Helper {
@@ -82,6 +85,7 @@ impl Helper {
                 deps
             }
             Helper::Erf => f64_bits.to_vec(),
+            Helper::Fast(f) => f.deps(),
             _ => Vec::new(),
         }
     }
@@ -106,6 +110,7 @@ impl Helper {
             Helper::IntRem(d) => format!("tsl_rem_{d}"),
             Helper::IntPow(d) => format!("tsl_pow_{d}"),
             Helper::FloatToInt(from, to) => format!("tsl_{from}_to_{to}"),
+            Helper::Fast(f) => f.name().into(),
         }
     }
 }
@@ -306,6 +311,7 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
 "
         ),
         Helper::Erf => erf_definition(p, u32_t, u64_t, s64),
+        Helper::Fast(f) => f.definition(p),
         Helper::FloatMax(d) | Helper::FloatMin(d) => {
             let t = ty(d)?;
             let (cmp, signed) = if matches!(helper, Helper::FloatMax(_)) { (">", "b") } else { ("<", "a") };

@@ -152,6 +152,7 @@
 mod cstyle;
 mod emit;
 mod exprs;
+mod fastmath;
 mod helpers;
 mod wgsl;
 
