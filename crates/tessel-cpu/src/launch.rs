@@ -3,6 +3,8 @@
 
 use std::ffi::c_void;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use rayon::ThreadPool;
 use rayon::prelude::*;
@@ -18,6 +20,8 @@ pub(crate) type KernelFn =
     unsafe extern "C" fn(*const *mut c_void, *const i64, *const i64, i64, i64);
 
 /// Runs `entry` over every workgroup of `args`, split into contiguous ranges across `pool`.
+/// With a `deadline`, the ranges are smaller and those not started by then are skipped:
+/// returns whether every workgroup ran.
 ///
 /// `addrs[j]` is the address of the storage of the buffer bound to the `j`-th buffer
 /// parameter. Addresses (with exposed provenance) rather than pointers cross the threads,
@@ -28,16 +32,24 @@ pub(crate) fn run(
     entry: KernelFn,
     addrs: &[usize],
     args: &LaunchArgs,
-) {
+    deadline: Option<Instant>,
+) -> bool {
     if args.groups == 0 {
-        return;
+        return true;
     }
-    // A few ranges per thread, so that a slow range (a busy core) is balanced by stealing.
+    // A few ranges per thread, so that a slow range (a busy core) is balanced by stealing;
+    // many more under a deadline, so that giving up comes soon after it.
     let total = args.groups;
-    let chunks = total.min(i64::try_from(threads.max(1) * 4).unwrap_or(i64::MAX));
+    let per_thread = if deadline.is_some() { 64 } else { 4 };
+    let chunks = total.min(i64::try_from(threads.max(1) * per_thread).unwrap_or(i64::MAX));
+    let skipped = AtomicBool::new(false);
     // `total * c / chunks` in i128 cannot overflow.
     let bound = |c: i64| (i128::from(total) * i128::from(c) / i128::from(chunks)) as i64;
     let run_range = |c: i64| {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            skipped.store(true, Ordering::Relaxed);
+            return;
+        }
         let bufs: Vec<*mut c_void> = addrs
             .iter()
             .map(|&a| ptr::with_exposed_provenance_mut(a))
@@ -70,4 +82,5 @@ pub(crate) fn run(
     } else {
         pool.install(|| (0..chunks).into_par_iter().for_each(run_range));
     }
+    !skipped.load(Ordering::Relaxed)
 }

@@ -324,6 +324,100 @@ impl Guard<'_> {
     }
 }
 
+impl CpuBackend {
+    /// Runs `program`; with a `deadline`, workgroups not started by then are skipped and
+    /// `Ok(false)` says so (library routines and the interpreter always finish).
+    fn launch_until(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        deadline: Option<Instant>,
+    ) -> Result<bool, BackendError> {
+        let program = self.programs.get(program)?;
+        let program = match &*program {
+            Program::Kernel(kernel) => kernel,
+            Program::Vendor(op) => {
+                // No pool: `gemm` runs on this thread rather than failing the launch.
+                op.launch(
+                    &self.memory,
+                    self.pool.as_ref(),
+                    self.config.threads,
+                    buffers,
+                    dims,
+                )?;
+                self.counters.launches.fetch_add(1, Ordering::Relaxed);
+                return Ok(true);
+            }
+        };
+        let kernel = &program.kernel;
+        let params: Vec<&Param> = kernel
+            .params
+            .iter()
+            .filter(|p| matches!(p, Param::Buffer { .. }))
+            .collect();
+        // Which buffers the kernel may write; the interpreter takes every buffer mutably.
+        let writes = |id: BufferId| {
+            program.native.is_none()
+                || buffers.iter().zip(&params).any(|(b, p)| {
+                    *b == id && matches!(p, Param::Buffer { access, .. } if access.mutates())
+                })
+        };
+        // One lock per distinct buffer (a buffer may be bound to several parameters), taken
+        // in id order; the table's lock is not held while the kernel runs.
+        let shared = self.memory.get_sorted(buffers)?;
+        let mut guards: Vec<(BufferId, Guard<'_>)> = shared
+            .iter()
+            .map(|(id, buffer)| {
+                let guard = if writes(*id) {
+                    Guard::Write(memory::write(buffer))
+                } else {
+                    Guard::Read(memory::read(buffer))
+                };
+                (*id, guard)
+            })
+            .collect();
+        // Where each parameter's buffer sits among the (sorted, distinct) guards.
+        let slots: Vec<usize> = buffers
+            .iter()
+            .map(|b| guards.binary_search_by_key(b, |(id, _)| *id).unwrap_or(0))
+            .collect();
+        let sizes: Vec<usize> = slots.iter().map(|&s| guards[s].1.buffer().len()).collect();
+        let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
+        self.counters.launches.fetch_add(1, Ordering::Relaxed);
+        for &(j, bytes) in &args.zeroed {
+            if let Guard::Write(g) = &mut guards[slots[j]].1 {
+                g.bytes_mut()[..bytes].fill(0);
+            }
+        }
+
+        let Some(native) = &program.native else {
+            return run_interpreter(kernel, buffers, &mut guards, dims).map(|()| true);
+        };
+        let addrs: Vec<usize> = slots
+            .iter()
+            .map(|&s| match &mut guards[s].1 {
+                Guard::Write(g) => g.addr_mut(),
+                Guard::Read(g) => g.addr(),
+            })
+            .collect();
+        let Some(pool) = &self.pool else {
+            return Err(BackendError::Launch {
+                kernel: kernel.name.clone(),
+                reason: "the cpu backend could not start its worker threads".into(),
+            });
+        };
+        Ok(launch::run(
+            pool,
+            self.config.threads,
+            native.entry,
+            &addrs,
+            &args,
+            deadline,
+        ))
+    }
+}
+
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
@@ -445,81 +539,19 @@ impl Backend for CpuBackend {
         buffers: &[BufferId],
         dims: &Bindings,
     ) -> Result<(), BackendError> {
-        let program = self.programs.get(program)?;
-        let program = match &*program {
-            Program::Kernel(kernel) => kernel,
-            Program::Vendor(op) => {
-                // No pool: `gemm` runs on this thread rather than failing the launch.
-                op.launch(
-                    &self.memory,
-                    self.pool.as_ref(),
-                    self.config.threads,
-                    buffers,
-                    dims,
-                )?;
-                self.counters.launches.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
-            }
-        };
-        let kernel = &program.kernel;
-        let params: Vec<&Param> = kernel
-            .params
-            .iter()
-            .filter(|p| matches!(p, Param::Buffer { .. }))
-            .collect();
-        // Which buffers the kernel may write; the interpreter takes every buffer mutably.
-        let writes = |id: BufferId| {
-            program.native.is_none()
-                || buffers.iter().zip(&params).any(|(b, p)| {
-                    *b == id && matches!(p, Param::Buffer { access, .. } if access.mutates())
-                })
-        };
-        // One lock per distinct buffer (a buffer may be bound to several parameters), taken
-        // in id order; the table's lock is not held while the kernel runs.
-        let shared = self.memory.get_sorted(buffers)?;
-        let mut guards: Vec<(BufferId, Guard<'_>)> = shared
-            .iter()
-            .map(|(id, buffer)| {
-                let guard = if writes(*id) {
-                    Guard::Write(memory::write(buffer))
-                } else {
-                    Guard::Read(memory::read(buffer))
-                };
-                (*id, guard)
-            })
-            .collect();
-        // Where each parameter's buffer sits among the (sorted, distinct) guards.
-        let slots: Vec<usize> = buffers
-            .iter()
-            .map(|b| guards.binary_search_by_key(b, |(id, _)| *id).unwrap_or(0))
-            .collect();
-        let sizes: Vec<usize> = slots.iter().map(|&s| guards[s].1.buffer().len()).collect();
-        let args = LaunchArgs::evaluate(kernel, buffers, &sizes, dims)?;
-        self.counters.launches.fetch_add(1, Ordering::Relaxed);
-        for &(j, bytes) in &args.zeroed {
-            if let Guard::Write(g) = &mut guards[slots[j]].1 {
-                g.bytes_mut()[..bytes].fill(0);
-            }
-        }
+        self.launch_until(program, buffers, dims, None).map(drop)
+    }
 
-        let Some(native) = &program.native else {
-            return run_interpreter(kernel, buffers, &mut guards, dims);
-        };
-        let addrs: Vec<usize> = slots
-            .iter()
-            .map(|&s| match &mut guards[s].1 {
-                Guard::Write(g) => g.addr_mut(),
-                Guard::Read(g) => g.addr(),
-            })
-            .collect();
-        let Some(pool) = &self.pool else {
-            return Err(BackendError::Launch {
-                kernel: kernel.name.clone(),
-                reason: "the cpu backend could not start its worker threads".into(),
-            });
-        };
-        launch::run(pool, self.config.threads, native.entry, &addrs, &args);
-        Ok(())
+    fn time_within(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        limit: Duration,
+    ) -> Result<Option<Duration>, BackendError> {
+        let started = Instant::now();
+        let finished = self.launch_until(program, buffers, dims, Some(started + limit))?;
+        Ok(finished.then(|| started.elapsed()))
     }
 
     fn time(

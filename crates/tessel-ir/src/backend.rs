@@ -206,6 +206,21 @@ pub trait Backend: Send + Sync {
         dims: &Bindings,
     ) -> Result<Duration, BackendError>;
 
+    /// Like [`Backend::time`], but may stop once the run has taken `limit`: `Ok(None)` says
+    /// the program is slower than `limit`, and what it wrote is unspecified. Planning uses
+    /// it to stop a candidate that has already lost (a generated product next to a library
+    /// routine). Backends whose launches cannot stop early run to the end.
+    fn time_within(
+        &self,
+        program: ProgramId,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        limit: Duration,
+    ) -> Result<Option<Duration>, BackendError> {
+        let _ = limit;
+        self.time(program, buffers, dims).map(Some)
+    }
+
     /// Waits for all work submitted to device `device`.
     fn synchronize(&self, device: usize) -> Result<(), BackendError>;
 

@@ -124,10 +124,18 @@ struct Measurer<'c> {
     precision: f64,
     /// [`Measurer::magnitude`]'s answers.
     magnitudes: FxHashMap<PlanSlot, f64>,
+    /// Each program's time, once measured (or found in the cache) and checked.
+    times: Vec<Option<f64>>,
 }
 
 /// Timed runs after the first (validating) one; fewer for slow candidates.
 const RUNS: usize = 5;
+
+/// How many times slower than the fastest program writing the same values a program may
+/// become before its checking run is stopped (where the backend can stop one): it would
+/// never be chosen. A naive generated 2048³ product on a CPU took 35 s to lose to `gemm`'s
+/// 0.1 s.
+const HOPELESS: f64 = 8.0;
 
 /// How far a candidate's output may be from the reference computed from the same inputs,
 /// relative to the largest reference magnitude, when every value is f32 or wider. Where
@@ -156,6 +164,7 @@ impl<'c> Measurer<'c> {
             dims: dims.clone(),
             precision: Self::precision(compiled),
             magnitudes: FxHashMap::default(),
+            times: Vec::new(),
         }
     }
 
@@ -269,7 +278,7 @@ impl<'c> Measurer<'c> {
     fn run(&mut self, inputs: &[BufferId]) -> Result<Vec<Option<f64>>> {
         let compiled = self.compiled;
         let n = compiled.programs.len();
-        let mut times: Vec<Option<f64>> = vec![None; n];
+        self.times = vec![None; n];
         let keys: Vec<u128> = compiled
             .programs
             .iter()
@@ -301,11 +310,22 @@ impl<'c> Measurer<'c> {
                 b,
             );
         }
-        // Default candidates on the home device first, so references come from them.
+        // Default candidates on the home device first, so references come from them;
+        // before each, a library routine writing the same values, so that a generated
+        // product can be stopped once it has lost to the routine (`HOPELESS`).
+        let defaults: FxHashSet<&[usize]> = compiled
+            .candidates
+            .iter()
+            .filter(|c| c.default)
+            .map(|c| c.writes.as_slice())
+            .collect();
         let mut pending: Vec<usize> = (0..n).collect();
         pending.sort_by_key(|&k| {
             let b = &compiled.programs[k];
-            (!compiled.candidates[b.candidate].default, b.device)
+            let c = &compiled.candidates[b.candidate];
+            let routine = matches!(c.work, Work::Vendor(_));
+            let twin = routine && defaults.contains(c.writes.as_slice());
+            (!(c.default || twin), b.device, !routine)
         });
         // A value's reference is kept while a program that has not run yet reads it or
         // writes it (and is checked against it), and to the end for targets: a training
@@ -343,7 +363,7 @@ impl<'c> Measurer<'c> {
             let known = cached[k].or(measured.get(&keys[k]).copied());
             match self.measure(k, known) {
                 Ok(Some(t)) => {
-                    times[k] = Some(t);
+                    self.times[k] = Some(t);
                     if cached[k].is_none() && measured.insert(keys[k], t).is_none() {
                         store_timing(keys[k], t);
                     }
@@ -377,7 +397,7 @@ impl<'c> Measurer<'c> {
                 }
             }
         }
-        Ok(times)
+        Ok(self.times.clone())
     }
 
     /// Runs program `k`: the first run produces (or checks) its values, then times it
@@ -409,7 +429,26 @@ impl<'c> Measurer<'c> {
         }
         let backend = self.backend(d).clone();
         let program = b.program.id;
-        let first = backend.time(program, &args, &self.dims)?;
+        // A program checked against references for everything it writes may be stopped
+        // once it is `HOPELESS` times slower than the fastest program writing the same
+        // values on this device.
+        let limit = (checks.len() == c.writes.len())
+            .then(|| self.fastest_twin(k))
+            .flatten()
+            .map(|t| Duration::from_secs_f64(t * HOPELESS));
+        let first = match limit {
+            Some(limit) => match backend.time_within(program, &args, &self.dims, limit)? {
+                Some(t) => t,
+                None => {
+                    tracing::debug!(target: "tessel::measure", "{}: {} {}: stopped after {:.3} ms, {HOPELESS} times the fastest program writing the same values", self.device(d), c.work.name(), b.variant, limit.as_secs_f64() * 1e3);
+                    for (_, _, _, fresh) in checks {
+                        self.release(d, fresh);
+                    }
+                    return Ok(None);
+                }
+            },
+            None => backend.time(program, &args, &self.dims)?,
+        };
         // In half precision a value computed by cancellation (a mean, a difference) is
         // small against the rounding of the values it came from: tolerances scale with
         // those too.
@@ -439,6 +478,23 @@ impl<'c> Measurer<'c> {
             self.release(d, fresh);
         }
         Ok(timed)
+    }
+
+    /// The best time measured so far of a program on `k`'s device that writes exactly the
+    /// values `k` writes.
+    fn fastest_twin(&self, k: usize) -> Option<f64> {
+        let compiled = self.compiled;
+        let b = &compiled.programs[k];
+        let writes = &compiled.candidates[b.candidate].writes;
+        compiled
+            .programs
+            .iter()
+            .zip(&self.times)
+            .filter(|(o, _)| {
+                o.device == b.device && compiled.candidates[o.candidate].writes == *writes
+            })
+            .filter_map(|(_, t)| *t)
+            .min_by(f64::total_cmp)
     }
 
     /// The median time of program `k` on `args`, after a first run of `first`.
