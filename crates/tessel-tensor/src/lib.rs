@@ -19,6 +19,7 @@ mod host;
 pub mod inspect;
 mod measure;
 mod ops;
+mod plan_cache;
 mod planner;
 mod precision;
 mod runtime;

@@ -24,12 +24,18 @@ use tessel_shape::{Bindings, DType, Dim};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::plan_cache::StoredPlan;
 use crate::planner::{Compiled, Place, Plan, PlanSlot, Work};
 
 /// Measures every program on the realize's leaves (`leaves`, on the home device, in
 /// signature order) with the dynamic dims `dims`, and returns the plan of the cheapest
 /// closed set of programs and copies.
-pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId], dims: &Bindings) -> Result<Plan> {
+/// Returns it also as [`crate::plan_cache`] stores it.
+pub(crate) fn choose(
+    compiled: &Compiled,
+    leaves: &[BufferId],
+    dims: &Bindings,
+) -> Result<(Plan, StoredPlan)> {
     let inputs: Vec<BufferId> = compiled.inputs.iter().map(|&i| leaves[i]).collect();
     let mut m = Measurer::new(compiled, dims);
     let outcome = m
@@ -43,7 +49,11 @@ pub(crate) fn choose(compiled: &Compiled, leaves: &[BufferId], dims: &Bindings) 
 /// Extracts the plan from the measured `times` and `transfers`, and checks it whole: run
 /// as planned, it must give the default partition's targets, else the default partition
 /// is the plan.
-fn pick(m: &mut Measurer<'_>, times: &[Option<f64>], transfers: Vec<Transfer>) -> Result<Plan> {
+fn pick(
+    m: &mut Measurer<'_>,
+    times: &[Option<f64>],
+    transfers: Vec<Transfer>,
+) -> Result<(Plan, StoredPlan)> {
     let compiled = m.compiled;
     let problem = Placement {
         devices: compiled.devices.len(),
@@ -101,14 +111,16 @@ fn pick(m: &mut Measurer<'_>, times: &[Option<f64>], transfers: Vec<Transfer>) -
             .collect();
         let mut plan = compiled.plan(&default);
         plan.view = Some(Arc::new(compiled.view(times, &default)));
-        return Ok(plan);
+        return Ok((plan, StoredPlan::new(compiled, times, &default, None)));
     }
     let mut plan = compiled.plan(&placed.steps);
     plan.view = Some(view);
-    if let Some((runner_up, _)) = &placed.runner_up {
+    let runner_up = placed.runner_up.as_ref().map(|(steps, _)| steps.as_slice());
+    if let Some(runner_up) = runner_up {
         plan.fallback = Some(Arc::new(compiled.plan(runner_up)));
     }
-    Ok(plan)
+    let stored = StoredPlan::new(compiled, times, &placed.steps, runner_up);
+    Ok((plan, stored))
 }
 
 /// Runs programs to validate and time them.
@@ -943,7 +955,7 @@ fn timing_dir() -> PathBuf {
 }
 
 /// Hashes a backend's device identity: backend, device name and driver.
-fn device_identity(h: &mut Fnv128, backend: &dyn Backend, device: Device) {
+pub(crate) fn device_identity(h: &mut Fnv128, backend: &dyn Backend, device: Device) {
     h.field(backend.name().as_bytes());
     if let Some(info) = backend.devices().get(device.ordinal) {
         h.field(info.name.as_bytes());

@@ -47,11 +47,13 @@ use tessel_graph::{
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, materialized_for,
     signature, views_to_split,
 };
+use tessel_ir::cache::Fnv128;
 use tessel_ir::{Backend, BackendError, Kernel, ProgramId, ProgramOrigin, VendorOp};
 use tessel_shape::{DType, Dim};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::plan_cache::StoredPlan;
 use crate::precision::Float32MatmulPrecision;
 
 /// A device a plan uses, with its backend. Index 0 of a plan's devices is its home.
@@ -306,6 +308,32 @@ pub(crate) struct Partitions {
     targets: Vec<usize>,
     inputs: Vec<usize>,
     outputs: Vec<(usize, usize)>,
+}
+
+impl Partitions {
+    /// Hashes everything a plan chosen from these candidates depends on (see
+    /// [`crate::plan_cache`]).
+    pub(crate) fn fingerprint(&self, h: &mut Fnv128) {
+        for c in &self.candidates {
+            h.field(c.work.text().as_bytes());
+            h.field(
+                format!(
+                    "{:?} {:?} {} {} {}",
+                    c.args, c.writes, c.default, c.for_routine, c.cooperative
+                )
+                .as_bytes(),
+            );
+        }
+        let mut buffers: Vec<_> = self.buffers.iter().collect();
+        buffers.sort_unstable_by_key(|(p, _)| **p);
+        h.field(
+            format!(
+                "{buffers:?} {:?} {:?} {:?} {:?} {:?}",
+                self.input_sizes, self.empty, self.targets, self.inputs, self.outputs
+            )
+            .as_bytes(),
+        );
+    }
 }
 
 /// Whether the e-graph rewrites run (`TESSEL_REWRITES=0` turns them off, for debugging).
@@ -639,7 +667,14 @@ fn cooperative_workgroups(device: Device) -> bool {
 /// Kernels compile on several threads (NVRTC, the C compiler and the GPU drivers are
 /// thread-safe, and a model's first realize compiles hundreds of kernels); each distinct
 /// kernel is compiled once, and its repeats then hit the backend's program cache.
-pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Compiled> {
+///
+/// With `only`, just those `(candidate, device)` pairs are built (a stored plan's programs,
+/// see [`crate::plan_cache`]).
+pub(crate) fn compile(
+    parts: Partitions,
+    devices: Vec<PlanDevice>,
+    only: Option<&[(usize, usize)]>,
+) -> Result<Compiled> {
     let mut out = Compiled {
         devices,
         candidates: parts.candidates,
@@ -657,10 +692,14 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
         // Routines are asked for first: without one, the alternative partition is pointless.
         let mut any_vendor = false;
         let mut built = Vec::new();
+        let wanted = |i: usize| only.is_none_or(|o| o.binary_search(&(i, d)).is_ok());
         for (i, c) in out.candidates.iter().enumerate() {
             let Work::Vendor(op) = &c.work else {
                 continue;
             };
+            if !wanted(i) {
+                continue;
+            }
             match backend.vendor(device.ordinal, op) {
                 Ok(programs) => {
                     any_vendor |= !programs.is_empty();
@@ -677,7 +716,8 @@ pub(crate) fn compile(parts: Partitions, devices: Vec<PlanDevice>) -> Result<Com
             .enumerate()
             .filter_map(|(i, c)| match &c.work {
                 Work::Kernel(kernel)
-                    if (c.default || !c.for_routine || any_vendor)
+                    if wanted(i)
+                        && (only.is_some() || c.default || !c.for_routine || any_vendor)
                         && (!c.cooperative || cooperative_workgroups(device)) =>
                 {
                     Some((i, kernel))
@@ -879,6 +919,21 @@ impl Compiled {
             fallback: None,
             view: None,
         }
+    }
+
+    /// The plan `stored` describes, with its runner-up and its times, or `None` where one
+    /// of its programs was not built.
+    pub(crate) fn stored_plan(&self, stored: &StoredPlan) -> Option<Plan> {
+        let mut times = vec![None; self.programs.len()];
+        let steps = StoredPlan::resolve(&stored.steps, self, &mut times)?;
+        let runner_up = match &stored.runner_up {
+            Some(r) => Some(StoredPlan::resolve(r, self, &mut times)?),
+            None => None,
+        };
+        let mut plan = self.plan(&steps);
+        plan.view = Some(Arc::new(self.view(&times, &steps)));
+        plan.fallback = runner_up.map(|r| Arc::new(self.plan(&r)));
+        Some(plan)
     }
 
     /// The default partition's plan on the home device: every program, in order (without

@@ -25,6 +25,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::host::HostBytes;
 use crate::measure;
+use crate::plan_cache::{self, StoredPlan};
 use crate::planner::{self, Place, Plan, PlanSlot, PlanStep, PlanView};
 use crate::precision::{Float32MatmulPrecision, float32_matmul_precision};
 
@@ -361,14 +362,19 @@ impl Runtime {
     /// realize's inputs) put in the cache; programs compiled are counted into `report`.
     /// Returns it with the lock held (the graph is as the plan was made for), the leaves
     /// it reads in signature order, and its cache key.
+    ///
+    /// A new plan is first looked up on disk ([`plan_cache`]) where `stored_ok` allows.
     fn plan_for(
         &self,
         targets: &[NodeId],
         device: Device,
         dims: &Bindings,
         report: &mut RealizeReport,
+        stored_ok: bool,
     ) -> Result<Planned<'_>> {
         let backend = self.backend(device)?;
+        // `plan_view` wants the candidates, which a stored plan does not compile.
+        let mut from_disk = stored_ok && plan_cache::enabled();
         loop {
             let st = self.lock();
             let (sig, leaves) = signature(&st.graph, targets);
@@ -388,9 +394,12 @@ impl Runtime {
             for d in devices {
                 plan_devices.push((d, self.backend(d)?));
             }
+            let disk_key = plan_cache::key(&parts, &plan_devices, dims, precision);
+            let stored = from_disk.then(|| plan_cache::load(disk_key)).flatten();
+            let only = stored.as_ref().map(StoredPlan::programs);
             // Compile without the lock: other threads keep recording.
             let started = Instant::now();
-            let compiled = planner::compile(parts, plan_devices)?;
+            let compiled = planner::compile(parts, plan_devices, only.as_deref())?;
             let compiling = started.elapsed();
             tracing::debug!(target: "tessel::first_call", "{device}: {} programs compiled in {:.2} s", compiled.programs.len(), compiling.as_secs_f64());
             let started = Instant::now();
@@ -405,7 +414,14 @@ impl Runtime {
             ] {
                 counter.fetch_add(n as u64, Ordering::Relaxed);
             }
-            let plan = if compiled.needs_choice() {
+            let plan = if let Some(stored) = &stored {
+                let Some(plan) = compiled.stored_plan(stored) else {
+                    tracing::debug!(target: "tessel::plan", "{device}: the stored plan {disk_key:032x} does not build here; planning again");
+                    from_disk = false;
+                    continue;
+                };
+                plan
+            } else if compiled.needs_choice() {
                 // Candidates are measured on this realize's own inputs.
                 let mut st = self.lock();
                 let mut inputs = Vec::with_capacity(leaves.len());
@@ -413,15 +429,20 @@ impl Runtime {
                     inputs.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
                 }
                 drop(st);
-                measure::choose(&compiled, &inputs, dims)?
+                let (plan, stored) = measure::choose(&compiled, &inputs, dims)?;
+                if plan_cache::enabled() {
+                    plan_cache::store(disk_key, &stored);
+                }
+                plan
             } else {
                 compiled.default_plan()
             };
             tracing::info!(
                 target: "tessel::first_call",
-                "{device}: new plan of {} steps: partitioned in {:.2} s; {} kernels compiled, \
+                "{device}: new plan of {} steps{}: partitioned in {:.2} s; {} kernels compiled, \
                  {} from caches, {} interpreted in {:.2} s; measured and chosen in {:.2} s",
                 plan.steps.len(),
+                if stored.is_some() { " (stored)" } else { "" },
                 partitioned.as_secs_f64(),
                 origins.compiled,
                 origins.cached,
@@ -476,7 +497,7 @@ impl Runtime {
             return Ok(None);
         }
         let (_st, plan, _, _) =
-            self.plan_for(&targets, device, dims, &mut RealizeReport::default())?;
+            self.plan_for(&targets, device, dims, &mut RealizeReport::default(), false)?;
         Ok(plan.view.clone())
     }
 
@@ -495,7 +516,8 @@ impl Runtime {
         }
         let mut report = RealizeReport::default();
         let started = std::time::Instant::now();
-        let (mut st, plan, leaves, key) = self.plan_for(&targets, device, dims, &mut report)?;
+        let (mut st, plan, leaves, key) =
+            self.plan_for(&targets, device, dims, &mut report, true)?;
         let planned = started.elapsed();
 
         // Bind inputs, uploading host leaves on first use.
@@ -885,7 +907,7 @@ mod placement_tests {
             .iter()
             .map(|&d| (d, rt.backend(d).unwrap()))
             .collect();
-        let compiled = planner::compile(parts, devices).unwrap();
+        let compiled = planner::compile(parts, devices, None).unwrap();
         let mut steps: Vec<Step> = (0..compiled.inputs.len())
             .map(|i| Step::Copy {
                 class: compiled.class(PlanSlot::Input(i)),
