@@ -15,7 +15,11 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use tessel_tensor::{DType, Result, Tensor};
+use tessel_models::Gpt2;
+use tessel_nn::Module;
+use tessel_nn::loss::{CrossEntropyOptions, cross_entropy};
+use tessel_nn::optim::{AdamW, AdamWConfig, Optimizer};
+use tessel_tensor::{DType, Device, Result, Tensor};
 
 /// 16M f32: the chain's and the copy's size.
 const CHAIN: usize = 1 << 24;
@@ -51,6 +55,30 @@ fn chain(x: &Tensor) -> Result<Tensor> {
     let a = ((x * 1.5)? + 0.25)?.sigmoid();
     let b = ((&a * x)? - 0.5)?.tanh();
     (&b + x)?.abs()
+}
+
+/// A training step of the 2-block GPT-2 test fixture (`tessel-models/tests/fixtures/gpt2`):
+/// forward, cross-entropy, backward and an `AdamW` update.
+fn tiny_gpt2_step(runs: usize) -> Result<(f64, f64)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/tessel-models/tests/fixtures/gpt2");
+    let model = Gpt2::from_dir(&dir, DType::F32, &Device::cpu())?;
+    let vocab = model.config().vocab_size as i64;
+    let ids: Vec<i64> = (0..4 * 33).map(|i| (i * 7919) % vocab).collect();
+    let ids = Tensor::from_vec(ids, [4, 33])?;
+    let inputs = ids.narrow(1, 0, 32)?;
+    let targets = ids.narrow(1, 1, 32)?.reshape(&[-1])?;
+    let mut opt = AdamW::new(model.parameters(), AdamWConfig::default())?;
+    time(runs, || {
+        let logits = model.forward(&inputs)?;
+        let loss = cross_entropy(
+            &logits.reshape(&[-1, vocab])?,
+            &targets,
+            &CrossEntropyOptions::default(),
+        )?;
+        opt.step(&loss)?;
+        loss.realize().map(drop)
+    })
 }
 
 fn main() -> Result<()> {
@@ -154,6 +182,15 @@ fn main() -> Result<()> {
             first_s,
             steady_ms,
             reference: Some(("gemm crate", gemm_ms)),
+        });
+    }
+    if wanted("tiny gpt2") {
+        let (first_s, steady_ms) = tiny_gpt2_step(runs)?;
+        rows.push(Row {
+            name: "tiny GPT-2 (2 blocks, width 32) AdamW step [4, 32]",
+            first_s,
+            steady_ms,
+            reference: None,
         });
     }
 

@@ -149,6 +149,10 @@ const RUNS: usize = 5;
 /// 0.1 s.
 const HOPELESS: f64 = 8.0;
 
+/// A checking run is never stopped before this: stopping saves nothing worth losing the
+/// program as a runner-up for.
+const HOPELESS_AFTER: Duration = Duration::from_millis(100);
+
 /// How far a candidate's output may be from the reference computed from the same inputs,
 /// relative to the largest reference magnitude, when every value is f32 or wider. Where
 /// the realize holds narrower floats, the tolerance is that of their rounding
@@ -447,7 +451,7 @@ impl<'c> Measurer<'c> {
         let limit = (checks.len() == c.writes.len())
             .then(|| self.fastest_twin(k))
             .flatten()
-            .map(|t| Duration::from_secs_f64(t * HOPELESS));
+            .map(|t| Duration::from_secs_f64(t * HOPELESS).max(HOPELESS_AFTER));
         let first = match limit {
             Some(limit) => match backend.time_within(program, &args, &self.dims, limit)? {
                 Some(t) => t,
