@@ -412,6 +412,14 @@ fn coordinate(flat: Expr, stride: Expr, d: Dim) -> Expr {
 /// unrolled at lowering time (see [`Lowerer::lane_coordinates`]).
 const UNROLLED_STEPS_MAX: i64 = 16;
 
+/// The accumulators of a sequential reduction whose length is a constant multiple of it
+/// (at least its square): see [`Lowerer::reduce_split`].
+const ACCUMULATORS: i64 = 8;
+
+/// The largest body (in graph nodes) a sequential reduction is split for: the body is
+/// written once per accumulator.
+const SPLIT_BODY_MAX: usize = 12;
+
 fn loop_var(name: &str, extent: Dim) -> Var {
     let hi = extent.bounds().hi.saturating_sub(1).max(0);
     Var::new(name, 0, hi).expect("0 <= hi by construction")
@@ -813,6 +821,14 @@ impl Lowerer<'_> {
                 self.kb.cast(total, dtype)
             });
         }
+        if lanes.is_none()
+            && let Some(n) = rsize.as_const()
+            && n % ACCUMULATORS == 0
+            && n >= ACCUMULATORS * ACCUMULATORS
+            && self.body_size(child) <= SPLIT_BODY_MAX
+        {
+            return self.reduce_split(op, child, &mapped, loop_var, n, acc_dtype, dtype);
+        }
         let Mem::Reg(acc) = self.kb.reg(acc_dtype, 1) else {
             unreachable!("reg() returns registers")
         };
@@ -867,6 +883,92 @@ impl Lowerer<'_> {
         } else {
             self.kb.cast(total, dtype)
         })
+    }
+
+    /// A sequential reduction of `n` elements (`n` a multiple of [`ACCUMULATORS`]) into
+    /// that many accumulators: step `r` adds elements `r·A .. r·A + A` to accumulators
+    /// `0 .. A`, which are combined pairwise after the loop. Consecutive elements then go to
+    /// independent registers, so a C compiler turns a step into one vector operation (and
+    /// a GPU has `A` loads in flight); the order is fixed by the IR, so every backend and
+    /// the interpreter round alike.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_split(
+        &mut self,
+        op: ReduceOp,
+        child: NodeId,
+        mapped: &[Expr],
+        element_var: Var,
+        n: i64,
+        acc_dtype: DType,
+        dtype: DType,
+    ) -> Result<Value, KernelizeError> {
+        let a = ACCUMULATORS;
+        let Mem::Reg(acc) = self.kb.reg(acc_dtype, a as usize) else {
+            unreachable!("reg() returns registers")
+        };
+        let init = self.kb.constant(op.identity(acc_dtype));
+        let slots: Vec<Value> = (0..a).map(|j| self.kb.constant_as(j, self.idx)).collect();
+        for &slot in &slots {
+            self.kb.store(Mem::Reg(acc), slot, init);
+        }
+        let start = self.kb.constant_as(0, self.idx);
+        let end = self.kb.constant_as(n / a, self.idx);
+        let r = self.kb.begin_range(start, end);
+        self.memo.push(FxHashMap::default());
+        self.depth += 1;
+        let step = loop_var(&format!("{element_var}s"), Dim::constant(n / a));
+        self.kb.bind(step, r, self.idx);
+        for (j, &slot) in slots.iter().enumerate() {
+            let element = Expr::from(step) * a + j as i64;
+            let coords: Vec<Expr> = mapped
+                .iter()
+                .map(|e| e.substitute(&[(element_var, element)]))
+                .collect();
+            let v = self.eval_node(child, &coords, false)?;
+            let v = if acc_dtype == dtype {
+                v
+            } else {
+                self.kb.cast(v, acc_dtype)
+            };
+            let prev = self.kb.load(Mem::Reg(acc), slot);
+            let next = self.kb.binary(op.binary(), prev, v);
+            self.kb.store(Mem::Reg(acc), slot, next);
+        }
+        self.memo.pop();
+        self.depth -= 1;
+        self.kb.end_range(r);
+        let mut partial: Vec<Value> = slots
+            .iter()
+            .map(|&slot| self.kb.load(Mem::Reg(acc), slot))
+            .collect();
+        while partial.len() > 1 {
+            partial = partial
+                .chunks(2)
+                .map(|pair| self.kb.binary(op.binary(), pair[0], pair[1]))
+                .collect();
+        }
+        let total = partial[0];
+        Ok(if acc_dtype == dtype {
+            total
+        } else {
+            self.kb.cast(total, dtype)
+        })
+    }
+
+    /// The number of unmaterialized nodes under `n` (at most [`SPLIT_BODY_MAX`] + 1): how
+    /// much code one step of a reduction over `n` is.
+    fn body_size(&self, n: NodeId) -> usize {
+        let mut seen = FxHashSet::default();
+        let mut stack = vec![n];
+        while let Some(m) = stack.pop() {
+            if seen.len() > SPLIT_BODY_MAX || !seen.insert(m) {
+                continue;
+            }
+            if !self.materialized.contains(&m) {
+                stack.extend(self.graph.node(m).op.children());
+            }
+        }
+        seen.len()
     }
 
     /// The coordinates `lane, lane + l, ..., lane + (steps - 1)·l` of an invocation's

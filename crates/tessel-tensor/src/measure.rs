@@ -453,17 +453,15 @@ impl<'c> Measurer<'c> {
             .flatten()
             .map(|t| Duration::from_secs_f64(t * HOPELESS).max(HOPELESS_AFTER));
         let first = match limit {
-            Some(limit) => match backend.time_within(program, &args, &self.dims, limit)? {
-                Some(t) => t,
-                None => {
-                    tracing::debug!(target: "tessel::measure", "{}: {} {}: stopped after {:.3} ms, {HOPELESS} times the fastest program writing the same values", self.device(d), c.work.name(), b.variant, limit.as_secs_f64() * 1e3);
-                    for (_, _, _, fresh) in checks {
-                        self.release(d, fresh);
-                    }
-                    return Ok(None);
-                }
-            },
-            None => backend.time(program, &args, &self.dims)?,
+            Some(limit) => backend.time_within(program, &args, &self.dims, limit)?,
+            None => Some(backend.time(program, &args, &self.dims)?),
+        };
+        let Some(first) = first else {
+            tracing::debug!(target: "tessel::measure", "{}: {} {}: stopped after {:.3} ms, {HOPELESS} times the fastest program writing the same values", self.device(d), c.work.name(), b.variant, limit.unwrap_or_default().as_secs_f64() * 1e3);
+            for (_, _, _, fresh) in checks {
+                self.release(d, fresh);
+            }
+            return Ok(None);
         };
         // In half precision a value computed by cancellation (a mean, a difference) is
         // small against the rounding of the values it came from: tolerances scale with
