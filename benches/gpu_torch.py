@@ -46,8 +46,12 @@ except Exception as e:  # no compiler toolchain on the host
 del x, out
 a = torch.rand(16384, 16384, device=dev)
 rows.append(("sum last axis f32", time_ms(lambda: a.sum(-1)), 4 * (16384 * 16384 + 16384), "GB/s"))
+rows.append(("sum axis 0 f32 (column sums)", time_ms(lambda: a.sum(0)), 4 * (16384 * 16384 + 16384), "GB/s"))
 del a
 s = torch.rand(8192, 8192, device=dev)
+bias = torch.rand(8192, device=dev)
+rows.append(("bias add rows f32", time_ms(lambda: s + bias), 4 * (2 * 8192 * 8192 + 8192), "GB/s"))
+rows.append(("transpose copy f32", time_ms(lambda: s.t().contiguous()), 2 * 4 * 8192 * 8192, "GB/s"))
 rows.append(("softmax rows f32", time_ms(lambda: s.softmax(-1)), 2 * 4 * 8192 * 8192, "GB/s"))
 ln = lambda: torch.nn.functional.layer_norm(s, (8192,))
 rows.append(("layer_norm rows f32", time_ms(ln), 2 * 4 * 8192 * 8192, "GB/s"))
