@@ -20,8 +20,14 @@ use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use crate::error::{Error, Result};
 use crate::ops::movement::{pad_axis, shrink};
+use crate::ops::reduce::leading_in_blocks;
 use crate::runtime::{Runtime, runtime};
 use crate::tensor::Tensor;
+
+/// The fewest rows whose gradient sum (a bias or layer-norm weight broadcast over every
+/// token) runs in blocks ([`leading_in_blocks`]): one pass gives each column one
+/// invocation, and GPT-2's 768 columns of 4088 rows took 1–2.7 ms each on the H200.
+const GRADIENT_ROWS_MIN: i64 = 256;
 
 /// The gradients of a one-element `loss` with respect to each tensor of `wrt`
 /// (`torch.autograd.grad(loss, wrt)`), as lazy tensors of the same shapes and dtypes.
@@ -271,7 +277,12 @@ impl Tape {
                 let axes: Vec<usize> = (0..x.ndim())
                     .filter(|&k| x.shape()[k] != node.shape[k])
                     .collect();
-                let sum = match rows_summed(g, &axes) {
+                let leading = !axes.is_empty() && axes.iter().enumerate().all(|(i, &a)| a == i);
+                let split = leading && g.dtype().is_float();
+                let summed = split
+                    .then(|| leading_in_blocks(g, ReduceOp::Sum, axes.len(), GRADIENT_ROWS_MIN))
+                    .flatten();
+                let sum = match summed {
                     Some(sum) => sum.reshape_to(x.shape().clone()),
                     None => reduce(g, ReduceOp::Sum, &axes, x.shape().clone()),
                 };
@@ -431,54 +442,6 @@ impl Tape {
         Ok(Some(out))
     }
 }
-
-/// `g` summed over its leading `axes` in two reductions where there are many rows (the
-/// gradient of a broadcast bias or layer-norm weight over every token): blocks of
-/// [`ROW_BLOCK`] rows first, then the blocks' sums. One reduction would have one invocation
-/// per column, each adding every row in turn (GPT-2's 768 columns of 4088 rows: 1–2.7 ms on
-/// the H200); the first of the two has an invocation per block and column. Half-precision
-/// gradients are summed in `f32` and rounded once. `None` for other reductions.
-fn rows_summed(g: &Tensor, axes: &[usize]) -> Option<Tensor> {
-    let dims = g.shape().dims();
-    let leading = !axes.is_empty() && axes.iter().enumerate().all(|(i, &a)| a == i);
-    let constant = |ds: &[Dim]| ds.iter().try_fold(1i64, |n, d| Some(n * d.as_const()?));
-    let rows = constant(&dims[..axes.len()])?;
-    let columns = constant(&dims[axes.len()..])?;
-    if !leading || !g.dtype().is_float() || rows < 4 * ROW_BLOCK || columns < 1 {
-        return None;
-    }
-    let dtype = g.dtype();
-    let wide = match dtype {
-        DType::F16 | DType::BF16 => g.cast_to(DType::F32),
-        _ => g.clone(),
-    };
-    let c = Dim::constant;
-    let blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
-    let matrix = wide.reshape_to(Shape::new(vec![c(rows), c(columns)]));
-    let matrix = match blocks * ROW_BLOCK - rows {
-        0 => matrix,
-        extra => {
-            crate::ops::movement::pad_axis(&matrix, 0, c(0), c(extra), Scalar::zero(matrix.dtype()))
-        }
-    };
-    let split = matrix.reshape_to(Shape::new(vec![c(blocks), c(ROW_BLOCK), c(columns)]));
-    let partial = reduce(
-        &split,
-        ReduceOp::Sum,
-        &[1],
-        Shape::new(vec![c(blocks), c(1), c(columns)]),
-    );
-    let total = reduce(
-        &partial,
-        ReduceOp::Sum,
-        &[0],
-        Shape::new(vec![c(1), c(1), c(columns)]),
-    );
-    Some(total.cast_to(dtype))
-}
-
-/// Rows per block of [`rows_summed`]'s first reduction.
-const ROW_BLOCK: i64 = 64;
 
 /// Gradients that are casts of narrower ones, by node: a cast of such a gradient back to the
 /// narrower dtype is the narrower gradient itself (the round trip is exact), with no cast

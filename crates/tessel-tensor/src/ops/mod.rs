@@ -12,7 +12,7 @@ pub(crate) mod movement;
 mod operators;
 mod padding;
 mod pool;
-mod reduce;
+pub(crate) mod reduce;
 mod scan;
 mod scatter;
 mod sort;

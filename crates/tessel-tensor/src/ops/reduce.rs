@@ -358,11 +358,83 @@ fn reduce_kept(x: &Tensor, op: ReduceOp, plan: &Plan) -> Tensor {
             plan.kept.clone(),
         );
     }
+    let leading = plan.axes.iter().enumerate().all(|(i, &a)| a == i);
+    if leading && let Some(total) = leading_in_blocks(x, op, plan.axes.len(), SPLIT_ROWS_MIN) {
+        return total.reshape_to(plan.kept.clone());
+    }
     x.record(
         Op::Reduce(op, x.node(), plan.axes.clone().into()),
         x.dtype(),
         plan.kept.clone(),
     )
+}
+
+/// Rows per block of [`leading_in_blocks`]' first reduction.
+const ROW_BLOCK: i64 = 64;
+
+/// The fewest rows a reduction over leading axes is split for (see [`leading_in_blocks`]).
+const SPLIT_ROWS_MIN: i64 = 1024;
+
+/// The reduction by `op` of `x`'s first `k` axes (`rows`, their product, over `columns`,
+/// the product of the rest) as a `[1, columns]` tensor computed in blocks: sums of
+/// [`ROW_BLOCK`] rows first, then of the blocks (again in blocks while there are at least
+/// `min_rows`). One pass over all rows gives each invocation a whole column, so a column
+/// sum of `[16384, 16384]` ran on 16384 invocations and a full sum on one workgroup; in
+/// blocks every output has a short loop and there are `rows / 64` times more of them.
+/// Half-precision sums and products run in `f32` and round once at the end. `None` where
+/// the shape is not constant or there are fewer than `min_rows` rows.
+pub(crate) fn leading_in_blocks(
+    x: &Tensor,
+    op: ReduceOp,
+    k: usize,
+    min_rows: i64,
+) -> Option<Tensor> {
+    let dims = x.shape().dims();
+    let constant = |ds: &[Dim]| ds.iter().try_fold(1i64, |n, d| Some(n * d.as_const()?));
+    let rows = constant(&dims[..k])?;
+    let columns = constant(&dims[k..])?;
+    if k == 0 || rows < min_rows.max(2 * ROW_BLOCK) || columns < 1 {
+        return None;
+    }
+    let dtype = x.dtype();
+    let widen =
+        matches!(dtype, DType::F16 | DType::BF16) && matches!(op, ReduceOp::Sum | ReduceOp::Prod);
+    let wide = if widen {
+        x.cast_to(DType::F32)
+    } else {
+        x.clone()
+    };
+    let c = Dim::constant;
+    let mut partial = wide.reshape_to(Shape::new(vec![c(rows), c(columns)]));
+    let mut rows = rows;
+    while rows >= min_rows.max(2 * ROW_BLOCK) {
+        let blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
+        if blocks * ROW_BLOCK > rows {
+            let identity = op.identity(partial.dtype());
+            partial = crate::ops::movement::pad_axis(
+                &partial,
+                0,
+                c(0),
+                c(blocks * ROW_BLOCK - rows),
+                identity,
+            );
+        }
+        let split = partial.reshape_to(Shape::new(vec![c(blocks), c(ROW_BLOCK), c(columns)]));
+        partial = split
+            .record(
+                Op::Reduce(op, split.node(), Box::new([1])),
+                split.dtype(),
+                Shape::new(vec![c(blocks), c(1), c(columns)]),
+            )
+            .reshape_to(Shape::new(vec![c(blocks), c(columns)]));
+        rows = blocks;
+    }
+    let total = partial.record(
+        Op::Reduce(op, partial.node(), Box::new([0])),
+        partial.dtype(),
+        Shape::new(vec![c(1), c(columns)]),
+    );
+    Some(if widen { total.cast_to(dtype) } else { total })
 }
 
 /// How many elements each output of the plan reduces, less `correction` (at least 0), as a

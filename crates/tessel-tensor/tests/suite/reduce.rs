@@ -830,3 +830,55 @@ fn long_rows_reduce_alike_on_every_device() -> Result<()> {
     }
     Ok(())
 }
+
+/// Reductions over many leading rows run in blocks of 64 rows, then over the blocks (twice
+/// where there are enough blocks): rows that are not a multiple of 64 are padded with the
+/// op's identity, half sums accumulate in f32, and every op and `keepdim` agrees with one
+/// pass over the rows.
+#[test]
+fn long_leading_reductions_run_in_blocks() -> Result<()> {
+    let dtypes = common::on_device([DType::F32, DType::BF16, DType::I32]);
+    for (seed, &dtype) in dtypes.iter().enumerate() {
+        // 3001 rows: padded to 3008, 47 blocks; 70001 rows of one column: 1094 blocks of
+        // blocks, then 18.
+        for dims in [&[3001usize, 2, 3][..], &[70001, 1]] {
+            let (t, r) = input(seed as u64 + 40, dims, dtype);
+            let n = dims[0];
+            let what = |op: &str| format!("{op} {dtype} {dims:?} over axis 0");
+            let got = t.sum(&[0], false)?;
+            assert_nd(
+                &what("sum"),
+                &Nd::of(&got),
+                &r.reduce(&[0], false, sum),
+                reduce_tol(dtype, n),
+            );
+            let got = t.max(&[0], true)?;
+            assert_nd(&what("max"), &Nd::of(&got), &r.reduce(&[0], true, max), 0.0);
+            let got = t.min(&[0], false)?;
+            assert_nd(
+                &what("min"),
+                &Nd::of(&got),
+                &r.reduce(&[0], false, min),
+                0.0,
+            );
+            if dtype.is_float() {
+                let got = t.mean(&[0], false)?;
+                assert_nd(
+                    &what("mean"),
+                    &Nd::of(&got),
+                    &r.reduce(&[0], false, mean),
+                    reduce_tol(dtype, n),
+                );
+            }
+            let all = t.sum_all()?;
+            let axes: Vec<usize> = (0..dims.len()).collect();
+            assert_nd(
+                &what("sum_all"),
+                &Nd::of(&all),
+                &r.reduce(&axes, false, sum),
+                reduce_tol(dtype, r.numel()),
+            );
+        }
+    }
+    Ok(())
+}
