@@ -29,6 +29,8 @@ struct Row {
     first_s: f64,
     steady_ms: f64,
     reference: Option<(&'static str, f64)>,
+    /// `cpu_numpy.py` times the same workload.
+    numpy: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -123,6 +125,7 @@ fn main() -> Result<()> {
             first_s,
             steady_ms,
             reference: Some(("memcpy", copy_ms)),
+            numpy: true,
         });
         eprintln!(
             "chain: {:.2} GB/s, memcpy {:.2} GB/s",
@@ -139,6 +142,7 @@ fn main() -> Result<()> {
             first_s,
             steady_ms,
             reference: None,
+            numpy: true,
         });
     }
     if wanted("matmul") {
@@ -182,6 +186,7 @@ fn main() -> Result<()> {
             first_s,
             steady_ms,
             reference: Some(("gemm crate", gemm_ms)),
+            numpy: true,
         });
     }
     if wanted("tiny gpt2") {
@@ -191,19 +196,23 @@ fn main() -> Result<()> {
             first_s,
             steady_ms,
             reference: None,
+            numpy: false,
         });
     }
 
     println!("| workload | Tessel CPU steady (first call) | reference | ratio |");
     println!("|---|---|---|---|");
     for r in rows {
-        let (reference, ratio) = match r.reference {
+        let (mut reference, ratio) = match r.reference {
             Some((name, ms)) => (
                 format!("{name} {ms:.2} ms"),
                 format!("{:.2}", ms / r.steady_ms),
             ),
-            None => ("numpy: cpu_numpy.py".into(), String::new()),
+            None => (String::new(), String::new()),
         };
+        if r.numpy {
+            reference.push_str(" (numpy: cpu_numpy.py)");
+        }
         println!(
             "| {} | {:.2} ms ({:.2} s) | {reference} | {ratio} |",
             r.name, r.steady_ms, r.first_s
