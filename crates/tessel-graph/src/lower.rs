@@ -807,19 +807,11 @@ impl Lowerer<'_> {
                     .map(|e| e.substitute(&[(loop_var, element)]))
                     .collect();
                 let v = self.eval_node(child, &coords, false)?;
-                let v = if acc_dtype == dtype {
-                    v
-                } else {
-                    self.kb.cast(v, acc_dtype)
-                };
+                let v = self.cast_between(v, dtype, acc_dtype);
                 total = self.kb.binary(op.binary(), total, v);
             }
             let total = self.combine_lanes(op, acc_dtype, total, l, lane);
-            return Ok(if acc_dtype == dtype {
-                total
-            } else {
-                self.kb.cast(total, dtype)
-            });
+            return Ok(self.cast_between(total, acc_dtype, dtype));
         }
         if lanes.is_none()
             && let Some(n) = rsize.as_const()
@@ -860,14 +852,8 @@ impl Lowerer<'_> {
             self.kb.bind(loop_var, r, self.idx);
         }
         let v = self.eval_node(child, &mapped, false)?;
-        let v = if acc_dtype == dtype {
-            v
-        } else {
-            self.kb.cast(v, acc_dtype)
-        };
-        let prev = self.kb.load(Mem::Reg(acc), zero);
-        let next = self.kb.binary(op.binary(), prev, v);
-        self.kb.store(Mem::Reg(acc), zero, next);
+        let v = self.cast_between(v, dtype, acc_dtype);
+        self.accumulate(op, acc, zero, v);
         if let Some(open) = guard {
             self.kb.end_if(open);
         }
@@ -878,11 +864,7 @@ impl Lowerer<'_> {
         if let Some((l, lane)) = lanes {
             total = self.combine_lanes(op, acc_dtype, total, l, lane);
         }
-        Ok(if acc_dtype == dtype {
-            total
-        } else {
-            self.kb.cast(total, dtype)
-        })
+        Ok(self.cast_between(total, acc_dtype, dtype))
     }
 
     /// A sequential reduction of `n` elements (`n` a multiple of [`ACCUMULATORS`]) into
@@ -925,14 +907,8 @@ impl Lowerer<'_> {
                 .map(|e| e.substitute(&[(element_var, element)]))
                 .collect();
             let v = self.eval_node(child, &coords, false)?;
-            let v = if acc_dtype == dtype {
-                v
-            } else {
-                self.kb.cast(v, acc_dtype)
-            };
-            let prev = self.kb.load(Mem::Reg(acc), slot);
-            let next = self.kb.binary(op.binary(), prev, v);
-            self.kb.store(Mem::Reg(acc), slot, next);
+            let v = self.cast_between(v, dtype, acc_dtype);
+            self.accumulate(op, acc, slot, v);
         }
         self.memo.pop();
         self.depth -= 1;
@@ -948,11 +924,19 @@ impl Lowerer<'_> {
                 .collect();
         }
         let total = partial[0];
-        Ok(if acc_dtype == dtype {
-            total
-        } else {
-            self.kb.cast(total, dtype)
-        })
+        Ok(self.cast_between(total, acc_dtype, dtype))
+    }
+
+    /// `v` of dtype `from` as `to` (itself where they are the same).
+    fn cast_between(&mut self, v: Value, from: DType, to: DType) -> Value {
+        if from == to { v } else { self.kb.cast(v, to) }
+    }
+
+    /// Combines `v` by `op` into register `acc`'s element `slot`.
+    fn accumulate(&mut self, op: ReduceOp, acc: Value, slot: Value, v: Value) {
+        let prev = self.kb.load(Mem::Reg(acc), slot);
+        let next = self.kb.binary(op.binary(), prev, v);
+        self.kb.store(Mem::Reg(acc), slot, next);
     }
 
     /// The number of unmaterialized nodes under `n` (at most [`SPLIT_BODY_MAX`] + 1): how

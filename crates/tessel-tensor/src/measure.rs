@@ -976,6 +976,16 @@ fn timing_dir() -> PathBuf {
     tessel_ir::cache::default_root().join("timings")
 }
 
+/// Hashes the dynamic dims' values (a program takes as long as the sizes it runs at), in
+/// name order.
+pub(crate) fn dims_identity(h: &mut Fnv128, dims: &Bindings) {
+    let mut values: Vec<(String, i64)> = dims.iter().map(|(v, n)| (v.to_string(), n)).collect();
+    values.sort_unstable();
+    for (name, value) in values {
+        h.field(format!("{name}={value}").as_bytes());
+    }
+}
+
 /// Hashes a backend's device identity: backend, device name and driver.
 pub(crate) fn device_identity(h: &mut Fnv128, backend: &dyn Backend, device: Device) {
     h.field(backend.name().as_bytes());
@@ -995,11 +1005,7 @@ fn timing_key(
     let mut h = Fnv128::new();
     h.field(b"tessel-timing-v2");
     // A program with dynamic dims takes as long as the sizes it runs at.
-    let mut values: Vec<(String, i64)> = dims.iter().map(|(v, n)| (v.to_string(), n)).collect();
-    values.sort_unstable();
-    for (name, value) in values {
-        h.field(format!("{name}={value}").as_bytes());
-    }
+    dims_identity(&mut h, dims);
     device_identity(&mut h, backend, device);
     if let Work::Vendor(_) = work {
         h.field(backend.vendor_library(device.ordinal).as_bytes());

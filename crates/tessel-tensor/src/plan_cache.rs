@@ -22,7 +22,7 @@ use tessel_graph::placement::Step;
 use tessel_ir::cache::{Fnv128, temp_suffix};
 use tessel_shape::Bindings;
 
-use crate::measure::device_identity;
+use crate::measure::{device_identity, dims_identity};
 use crate::planner::{Compiled, Partitions, PlanDevice, PlanSlot};
 use crate::precision::Float32MatmulPrecision;
 
@@ -241,11 +241,7 @@ pub(crate) fn key(
     h.field(b"tessel-plan-v1");
     h.field(env!("CARGO_PKG_VERSION").as_bytes());
     h.field(precision.name().as_bytes());
-    let mut values: Vec<(String, i64)> = dims.iter().map(|(v, n)| (v.to_string(), n)).collect();
-    values.sort_unstable();
-    for (name, value) in values {
-        h.field(format!("{name}={value}").as_bytes());
-    }
+    dims_identity(&mut h, dims);
     for (device, backend) in devices {
         device_identity(&mut h, &**backend, *device);
         h.field(backend.vendor_library(device.ordinal).as_bytes());
