@@ -262,3 +262,30 @@ fn compiler_failures_show_kernel_source_and_log() {
     }
     assert_eq!(cpu.stats().compiles, 0);
 }
+
+/// `time_within` stops a compiled kernel whose deadline has passed before its workgroups
+/// start (`None`, as measurement reads it), and times one that finishes within it; the
+/// interpreter always finishes.
+#[test]
+fn launches_stop_at_their_deadline() {
+    let n = 1 << 20;
+    let kernel = samples::vector_add(DType::F32, n, 64).unwrap();
+    for (path, cpu) in backends("deadline") {
+        let program = cpu.compile(0, &kernel).unwrap();
+        let buffers: Vec<_> = (0..3).map(|_| cpu.alloc(0, 4 * n).unwrap()).collect();
+        let data: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        for &b in &buffers {
+            cpu.write(b, 0, &data).unwrap();
+        }
+        let dims = tessel_shape::Bindings::new();
+        let stopped = cpu
+            .time_within(program, &buffers, &dims, std::time::Duration::ZERO)
+            .unwrap();
+        let compiled = path == "compiled" && cpu.compiler_path().is_some();
+        assert_eq!(stopped.is_none(), compiled, "{path}: {stopped:?}");
+        let timed = cpu
+            .time_within(program, &buffers, &dims, std::time::Duration::from_secs(60))
+            .unwrap();
+        assert!(timed.is_some(), "{path}");
+    }
+}
