@@ -3,7 +3,7 @@
 use std::fs;
 use std::num::NonZeroUsize;
 
-use tessel_ir::{DeviceInfo, Features};
+use tessel_ir::{DeviceInfo, DeviceKind, Features};
 
 /// Workgroup-local memory a kernel may declare. Local arrays (and the per-invocation
 /// arrays that carry values across barriers) live on the stack of the thread running the
@@ -17,6 +17,7 @@ pub(crate) fn host(threads: usize) -> DeviceInfo {
     let cores = std::thread::available_parallelism().map_or(threads, NonZeroUsize::get);
     DeviceInfo {
         name: cpu_name(&cpuinfo).unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH)),
+        kind: DeviceKind::Cpu,
         driver: format!(
             "tessel-cpu {}, {threads} threads",
             env!("CARGO_PKG_VERSION")

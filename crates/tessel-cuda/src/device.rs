@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 use tessel_ir::handles::lock;
-use tessel_ir::{BackendError, DeviceInfo, Features};
+use tessel_ir::{BackendError, DeviceInfo, DeviceKind, Features};
 
 use crate::ffi::cublas::{self, Blas};
 use crate::ffi::cublaslt::{self, Lt};
@@ -208,6 +208,7 @@ fn set_up(index: usize, ordinal: usize, driver_version: i32) -> Result<CudaDevic
     );
     let info = DeviceInfo {
         name: ctx.name()?,
+        kind: DeviceKind::Gpu,
         driver: format!("CUDA driver {driver_version}"),
         memory_bytes: ctx.total_memory()? as u64,
         compute_units: get(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,

@@ -30,12 +30,15 @@
 //! per output element, coordinates derived from the invocation index, a loop with a register
 //! accumulator per reduction.
 
+use std::sync::Arc;
+
 use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_ir::Kernel;
 use tessel_shape::{DType, Dim};
 
 use crate::graph::{Graph, LeafId, Node, NodeId, Op};
 use crate::lower::{Lowering, MIN_COOPERATIVE_EXTENT, Mode, lower_kernel};
+use crate::tune::{Knobs, Recipe};
 
 /// Where a kernel argument comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -58,6 +61,9 @@ pub struct ScheduledKernel {
     /// A workgroup computes each output (a cooperative reduction) or each row (a row
     /// kernel) together, rather than one invocation each output.
     pub cooperative: bool,
+    /// How to lower it again with other [`Knobs`] (see [`ScheduledKernel::variants`]);
+    /// `None` for kernels without knobs (scatters, sorts).
+    pub(crate) recipe: Option<Arc<Recipe>>,
 }
 
 /// Kernels in an order that respects their dependencies, and the buffers they need.
@@ -375,6 +381,8 @@ fn build(
     let mut below = Descendants::default();
     let mut kernels: Vec<ScheduledKernel> = Vec::new();
     let mut empty: Vec<NodeId> = Vec::new();
+    // Shared by every kernel's recipe, made on the first.
+    let mut context = None;
     for &root in order.iter().rev() {
         if !materialized.contains(&root) || written_by.contains_key(&root) {
             continue;
@@ -400,7 +408,15 @@ fn build(
             .collect();
         let lowered = loop {
             let lowered =
-                match lower_kernel(graph, root, materialized, &absorbable, leaf_slot, mode)? {
+                match lower_kernel(
+                    graph,
+                    root,
+                    materialized,
+                    &absorbable,
+                    leaf_slot,
+                    mode,
+                    Knobs::default(),
+                )? {
                     Lowering::Done(k) => k,
                     Lowering::Unsuitable(root, why) => return Err(Unsuitable::Mode(root, why)),
                     Lowering::Retry(conflicts) => {
@@ -430,6 +446,19 @@ fn build(
         };
         for &w in &lowered.writes {
             written_by.insert(w, kernels.len());
+        }
+        let mut lowered = lowered;
+        if !matches!(graph.node(root).op, Op::Scatter(..) | Op::Argsort(_)) {
+            let context = context.get_or_insert_with(|| {
+                (Arc::new(materialized.clone()), Arc::new(leaf_slot.clone()))
+            });
+            lowered.recipe = Some(Arc::new(Recipe {
+                root,
+                materialized: context.0.clone(),
+                absorbable,
+                leaf_slot: context.1.clone(),
+                mode,
+            }));
         }
         kernels.push(lowered);
     }

@@ -24,6 +24,7 @@ pub mod graph;
 pub mod kernelize;
 mod lower;
 pub mod placement;
+pub mod tune;
 pub mod vendor;
 
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
@@ -34,4 +35,5 @@ pub use kernelize::{
     views_to_split,
 };
 pub use tessel_ir::AtomicOp;
+pub use tune::{Knobs, Search};
 pub use vendor::{VendorMatch, find_matmuls, materialized_for};

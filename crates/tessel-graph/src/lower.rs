@@ -18,11 +18,14 @@ use tessel_shape::{BinaryOp, DType, Dim, Expr, ExprView, Scalar, Shape, Var};
 
 use crate::graph::{Graph, LeafId, NodeId, Op, ReduceOp};
 use crate::kernelize::{KernelizeError, ScheduledKernel, Slot};
+use crate::tune::Knobs;
 
 mod rows;
 mod scatter;
 mod sort;
 
+/// Invocations per workgroup of a kernel computing one output (or `upcast` outputs) each,
+/// unless [`Knobs::local`] says otherwise.
 const LOCAL_SIZE: i64 = 128;
 
 /// Most invocations a cooperative reduction gives one output element.
@@ -104,7 +107,8 @@ pub(crate) enum Lowering {
 /// workgroup instead of one invocation: the invocations stride through each top-level
 /// reduction together (adjacent invocations read adjacent elements) and combine their
 /// partial results through local memory. Such a kernel writes only its root. See [`Mode`]
-/// for `Mode::Rows`.
+/// for `Mode::Rows`. `knobs` overrides the launch shape the heuristics below pick (scatters
+/// and sorts have no knobs).
 pub(crate) fn lower_kernel(
     graph: &Graph,
     root: NodeId,
@@ -112,6 +116,7 @@ pub(crate) fn lower_kernel(
     absorbable: &FxHashSet<NodeId>,
     leaf_slot: &FxHashMap<LeafId, usize>,
     mode: Mode,
+    knobs: Knobs,
 ) -> Result<Lowering, KernelizeError> {
     if let Op::Scatter(op, index, src, axis) = graph.node(root).op {
         return scatter::lower_scatter_kernel(
@@ -128,7 +133,7 @@ pub(crate) fn lower_kernel(
     let lanes = if mode == Mode::Serial {
         None
     } else {
-        cooperative_lanes(graph, root, materialized)
+        cooperative_lanes(graph, root, materialized).map(|l| knobs.lanes.unwrap_or(l))
     };
     let is_reduce = matches!(graph.node(root).op, Op::Reduce(..));
     let row_len = graph.node(root).shape.dims().last().copied();
@@ -161,7 +166,7 @@ pub(crate) fn lower_kernel(
     });
     // Outputs per invocation: one, or `upcast` consecutive ones along the last axis.
     let upcast = if lanes.is_none() && absorbable.is_empty() {
-        upcast(graph, root, materialized)
+        upcast(graph, root, materialized, knobs.upcast)
     } else {
         None
     };
@@ -176,10 +181,11 @@ pub(crate) fn lower_kernel(
     }
     let grid_shape = Shape::new(grid_shape);
     let invocations = grid_shape.numel();
+    let local_size = knobs.local.unwrap_or(LOCAL_SIZE);
     let local = match (lanes, invocations.as_const()) {
         (Some(l), _) => l,
-        (None, Some(n)) if n < LOCAL_SIZE => n.max(1),
-        _ => LOCAL_SIZE,
+        (None, Some(n)) if n < local_size => n.max(1),
+        _ => local_size,
     };
     let (gid_value, lane) = if lanes.is_some() {
         kb.grid([numel, Dim::constant(1), Dim::constant(1)], [local, 1, 1]);
@@ -284,6 +290,7 @@ pub(crate) fn lower_kernel(
         args,
         writes,
         cooperative,
+        recipe: None,
     }))
 }
 
@@ -292,14 +299,27 @@ pub(crate) fn lower_kernel(
 /// that and there is enough work; `None` for kernels with a reduction (each output's loop)
 /// or a scatter. One output per invocation leaves a single load in flight per invocation,
 /// which holds a short memory-bound kernel far below bandwidth (a 12 MB head copy ran at
-/// 0.57 TB/s on the H200).
-fn upcast(graph: &Graph, root: NodeId, materialized: &FxHashSet<NodeId>) -> Option<i64> {
+/// 0.57 TB/s on the H200). `chosen` (a tuning knob) replaces that width, and the minimum
+/// amount of work, where the last axis is a multiple of it.
+fn upcast(
+    graph: &Graph,
+    root: NodeId,
+    materialized: &FxHashSet<NodeId>,
+    chosen: Option<i64>,
+) -> Option<i64> {
     let node = graph.node(root);
-    let per = if node.dtype.size_bytes() <= 2 { 8 } else { 4 };
     let last = node.shape.dims().last()?.as_const()?;
-    if last % per != 0 || node.shape.numel().bounds().hi < per * LOCAL_SIZE * 64 {
-        return None;
-    }
+    let per = match chosen {
+        Some(per) if per > 1 && last % per == 0 => per,
+        Some(_) => return None,
+        None => {
+            let per = if node.dtype.size_bytes() <= 2 { 8 } else { 4 };
+            if last % per != 0 || node.shape.numel().bounds().hi < per * LOCAL_SIZE * 64 {
+                return None;
+            }
+            per
+        }
+    };
     let mut seen = FxHashSet::default();
     let mut stack = vec![root];
     while let Some(n) = stack.pop() {

@@ -3,8 +3,8 @@
 
 use rustc_hash::FxHashMap;
 use tessel_graph::{
-    Graph, LeafId, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Slot, kernelize,
-    kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
+    Graph, LeafId, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Search, Slot,
+    kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 
@@ -442,6 +442,50 @@ fn row_kernels_match_the_serial_ones() {
             assert_close(&rows_out[0], &want, 1e-5);
         }
     }
+}
+
+/// Every launch shape the tuner may try (`ScheduledKernel::variants`, exhaustive) of
+/// cooperative reductions, row kernels and a wide elementwise kernel computes what the
+/// default kernels compute: the same parameters, the same values.
+#[test]
+fn every_tuning_variant_matches_the_default_kernel() {
+    let mut env = Env::new();
+    let mut rng = Rng(11);
+    let (rows, cols) = (6, 1024);
+    let x = env.leaf(&[rows, cols], rng.vec(rows * cols));
+    let y = env.leaf(&[rows, cols], rng.vec(rows * cols));
+    let softmax = env.softmax_rows(x);
+    let sum = env.reduce(ReduceOp::Sum, x, &[1]);
+    let prod = env.binary(BinaryOp::Mul, x, y);
+    let wide = env.unary(UnaryOp::Tanh, prod);
+    let targets = [softmax, sum, wide];
+    let (want, _) = env.realize(&targets);
+    let schedules = [
+        kernelize(&env.g, &targets).unwrap(),
+        kernelize_cooperative(&env.g, &targets).unwrap(),
+        kernelize_rows(&env.g, &targets, &[]).unwrap().unwrap(),
+    ];
+    let mut tried = FxHashMap::default();
+    for schedule in schedules {
+        for (k, kernel) in schedule.kernels.iter().enumerate() {
+            for (knobs, variant) in kernel.variants(&env.g, Search::Exhaustive) {
+                assert_eq!(variant.args, kernel.args, "{knobs}");
+                assert!(variant.kernel.name.ends_with(&knobs.to_string()));
+                let mut one = schedule.clone();
+                one.kernels[k] = variant;
+                let (got, _) = env.run(&targets, &one);
+                for (got, want) in got.iter().zip(&want) {
+                    let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+                    assert_close(got, &want, 1e-5);
+                }
+                *tried.entry(kernel.kernel.name.clone()).or_insert(0) += 1;
+            }
+        }
+    }
+    // Lanes of the cooperative and row kernels, local sizes and upcasts of the others.
+    assert!(tried.keys().any(|n| n.ends_with("_g")), "{tried:?}");
+    assert!(tried.keys().any(|n| n.ends_with("_row")), "{tried:?}");
+    assert!(tried.values().any(|&n| n >= 20), "{tried:?}");
 }
 
 /// A shared value of 16 ops is inlined into each consumer's kernel by default and

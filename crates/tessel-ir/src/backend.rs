@@ -67,11 +67,24 @@ impl Features {
     }
 }
 
+/// What kind of processor a device is, as its driver reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A CPU: the CPU backend's host, PoCL, a software Vulkan driver such as lavapipe.
+    /// Compiling is costly there and launch shapes matter little, so kernels are tuned
+    /// only when tuning is exhaustive.
+    Cpu,
+    /// A GPU (discrete, integrated or virtual) or another accelerator.
+    Gpu,
+}
+
 /// One device of a backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// The device's name, as its driver reports it.
     pub name: String,
+    /// The kind of processor it is.
+    pub kind: DeviceKind,
     /// What else decides how fast a program runs there: the driver's version (for the
     /// CPU, the backend's version and thread count). Measured kernel times are cached
     /// under it, so an upgrade measures again.

@@ -29,7 +29,7 @@ pub mod vendor;
 pub mod verify;
 
 pub use backend::{
-    Backend, BackendError, BufferId, DeviceInfo, Features, ProgramId, ProgramOrigin,
+    Backend, BackendError, BufferId, DeviceInfo, DeviceKind, Features, ProgramId, ProgramOrigin,
 };
 pub use builder::{Buf, KernelBuilder};
 pub use display::inst_text;

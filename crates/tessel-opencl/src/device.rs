@@ -12,7 +12,7 @@ use opencl3::error_codes::{
 };
 use opencl3::platform::{Platform, get_platforms};
 use tessel_ir::codegen::{CStyle, OPENCL, OPENCL_NO_FP64};
-use tessel_ir::{DeviceInfo, Features};
+use tessel_ir::{DeviceInfo, DeviceKind, Features};
 
 /// The most workgroups per axis reported for every device. OpenCL has no query for it (the
 /// only hard limit is that `groups * local` fit a `size_t`), but GPU drivers reject larger
@@ -270,11 +270,12 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
     let f64 = has("cl_khr_fp64") && !disable_f64;
     let single = device.single_fp_config()?;
     let version = device.version().unwrap_or_default();
+    let is_cpu = device.dev_type().unwrap_or(0) & CL_DEVICE_TYPE_CPU != 0;
     let details = OpenClDeviceDetails {
         platform: c.platform_name.clone(),
         optimizations_off: miscompiling_driver(
             &version,
-            device.dev_type().unwrap_or(0) & CL_DEVICE_TYPE_CPU != 0,
+            is_cpu,
             &c.name,
         ),
         version,
@@ -311,6 +312,11 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
     };
     let info = DeviceInfo {
         name: c.name.clone(),
+        kind: if is_cpu {
+            DeviceKind::Cpu
+        } else {
+            DeviceKind::Gpu
+        },
         // Unoptimized builds run at other speeds: their measured times are kept apart.
         driver: format!(
             "{} / {}{}",

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
 use tessel_ir::codegen::WgslTarget;
-use tessel_ir::{BackendError, DeviceInfo, Features};
+use tessel_ir::{BackendError, DeviceInfo, DeviceKind, Features};
 
 /// What wgpu says about an adapter beyond [`DeviceInfo`], for diagnostics.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -383,6 +383,11 @@ fn open(c: &Candidate) -> Result<GpuDevice, String> {
         .filter(|&s| s > 0 && s == c.info.subgroup_max_size);
     let info = DeviceInfo {
         name: name.clone(),
+        kind: if c.info.device_type == wgpu::DeviceType::Cpu {
+            DeviceKind::Cpu
+        } else {
+            DeviceKind::Gpu
+        },
         driver: format!("{} {}", c.info.driver, c.info.driver_info),
         // wgpu has no query for the device's memory: the largest buffer stands in (see the
         // crate docs).

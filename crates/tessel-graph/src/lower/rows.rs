@@ -138,6 +138,7 @@ impl Lowerer<'_> {
             args,
             writes: vec![root],
             cooperative: true,
+            recipe: None,
         })))
     }
 }

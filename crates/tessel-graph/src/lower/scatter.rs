@@ -103,5 +103,6 @@ pub(super) fn lower_scatter_kernel(
         args,
         writes: vec![root],
         cooperative: false,
+        recipe: None,
     }))
 }

@@ -155,5 +155,6 @@ pub(super) fn lower_argsort_kernel(
         writes: vec![root],
         // The only form of the sort, on every device (a CPU runs the invocations in turn).
         cooperative: false,
+        recipe: None,
     }))
 }

@@ -5,7 +5,7 @@ use rustc_hash::FxHashMap;
 use tessel_graph::egraph::StopReason;
 use tessel_graph::egraph::forms;
 use tessel_graph::{
-    NodeId, Op, ReduceOp, find_matmuls, kernelize_cooperative, kernelize_rows, kernelize_shared,
+    NodeId, Op, ReduceOp, Search, find_matmuls, kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared,
     kernelize_with, materialized_for, signature, simplify, views_to_split,
 };
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, UnaryOp};
@@ -494,6 +494,19 @@ fn random_graphs_compute_the_same_values_after_simplify() {
                 (!split.is_empty()).then(|| kernelize_with(graph, &ids, &split).unwrap())
             }),
         ];
+        // A random launch shape per kernel (see `tessel_graph::tune`) computes the same.
+        let mut tuned = kernelize(graph, &ids).unwrap();
+        let mut retuned = 0;
+        for k in &mut tuned.kernels {
+            let mut variants = k.variants(graph, Search::Exhaustive);
+            if !variants.is_empty() {
+                *k = variants.swap_remove(g.rng.below(variants.len())).1;
+                retuned += 1;
+            }
+        }
+        let alternatives = alternatives
+            .into_iter()
+            .chain([("tuned", (retuned > 0).then_some(tuned))]);
         for (name, schedule) in alternatives {
             let Some(schedule) = schedule else {
                 continue;
@@ -507,7 +520,12 @@ fn random_graphs_compute_the_same_values_after_simplify() {
             }
         }
     }
-    for (name, at_least) in [("shared", 10), ("split views", 10), ("transposed", 10)] {
+    for (name, at_least) in [
+        ("shared", 10),
+        ("split views", 10),
+        ("transposed", 10),
+        ("tuned", 200),
+    ] {
         assert!(
             partitions.get(name).copied().unwrap_or(0) >= at_least,
             "partitions and forms: {partitions:?}"

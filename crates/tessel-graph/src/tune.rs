@@ -1,0 +1,149 @@
+//! Launch-shape knobs of a kernel, and the variants a tuner measures.
+//!
+//! Lowering picks each kernel's launch shape by fixed heuristics: 128 invocations per
+//! workgroup, 4 or 8 consecutive outputs per invocation for elementwise kernels on wide
+//! enough rows, a cooperative workgroup covering a quarter of its longest reduction. What is
+//! fastest depends on the device, so each heuristic is a knob ([`Knobs`]), and
+//! [`ScheduledKernel::variants`] lowers a kernel again with other values: the same
+//! parameters, the same values written, another launch shape. The runtime compiles them,
+//! checks each against the default kernel's output and keeps the fastest (its tuner and
+//! tuning cache live in `tessel-tensor`).
+
+use std::fmt;
+use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::graph::{Graph, LeafId, NodeId};
+use crate::kernelize::ScheduledKernel;
+use crate::lower::{Lowering, Mode, lower_kernel};
+
+/// Overrides of the launch-shape heuristics; `None` keeps the heuristic's choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Knobs {
+    /// Invocations per workgroup of a kernel whose invocations work alone.
+    pub local: Option<i64>,
+    /// Consecutive outputs along the last axis per invocation (1 turns upcasting off) of
+    /// an elementwise kernel; kept only where the last axis is a multiple of it.
+    pub upcast: Option<i64>,
+    /// Invocations per workgroup of a cooperative or row kernel (a power of two).
+    pub lanes: Option<i64>,
+}
+
+impl fmt::Display for Knobs {
+    /// `l256_u8`, `w512`, or `default`: short, for kernel names and the tuning cache.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = [('l', self.local), ('u', self.upcast), ('w', self.lanes)]
+            .into_iter()
+            .filter_map(|(tag, v)| v.map(|v| format!("{tag}{v}")))
+            .collect();
+        if parts.is_empty() {
+            f.write_str("default")
+        } else {
+            f.write_str(&parts.join("_"))
+        }
+    }
+}
+
+/// How many launch shapes a tuner tries per kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Search {
+    /// A few shapes around the heuristics' (about 4 per kernel).
+    Default,
+    /// Every combination of the knobs' values (up to 30 per kernel).
+    Exhaustive,
+}
+
+/// What [`ScheduledKernel::variants`] needs to lower a kernel again: the kernelizer's
+/// decisions for it.
+#[derive(Debug)]
+pub(crate) struct Recipe {
+    pub(crate) root: NodeId,
+    pub(crate) materialized: Arc<FxHashSet<NodeId>>,
+    pub(crate) absorbable: FxHashSet<NodeId>,
+    pub(crate) leaf_slot: Arc<FxHashMap<LeafId, usize>>,
+    pub(crate) mode: Mode,
+}
+
+const LOCAL_SIZES: [i64; 6] = [32, 64, 128, 256, 512, 1024];
+const UPCASTS: [i64; 4] = [1, 2, 4, 8];
+
+impl Knobs {
+    /// The knob settings `search` tries on a kernel that is cooperative or not.
+    fn space(search: Search, cooperative: bool) -> Vec<Knobs> {
+        let lanes = |l: i64| Knobs {
+            lanes: Some(l),
+            ..Knobs::default()
+        };
+        let local = |l: i64, u: Option<i64>| Knobs {
+            local: Some(l),
+            upcast: u,
+            lanes: None,
+        };
+        let upcast = |u: i64| Knobs {
+            upcast: Some(u),
+            ..Knobs::default()
+        };
+        match (search, cooperative) {
+            (Search::Default, true) => [128, 512, 1024].map(lanes).to_vec(),
+            (Search::Exhaustive, true) => LOCAL_SIZES.map(lanes).to_vec(),
+            (Search::Default, false) => vec![
+                local(256, None),
+                local(512, None),
+                upcast(2),
+                upcast(8),
+                local(256, Some(8)),
+            ],
+            (Search::Exhaustive, false) => LOCAL_SIZES
+                .into_iter()
+                .flat_map(|l| {
+                    [None]
+                        .into_iter()
+                        .chain(UPCASTS.map(Some))
+                        .map(move |u| local(l, u))
+                })
+                .collect(),
+        }
+    }
+}
+
+impl ScheduledKernel {
+    /// This kernel lowered with the knob settings `search` tries, each named by its
+    /// [`Knobs`] (also appended to the kernel's name): only those that differ from this
+    /// kernel and from each other, read and write exactly what it does, and can serve
+    /// in its place. `graph` must be the graph it was kernelized from. Scatters and sorts
+    /// have no variants; nor does a kernel whose settings change nothing.
+    pub fn variants(&self, graph: &Graph, search: Search) -> Vec<(Knobs, ScheduledKernel)> {
+        let Some(recipe) = &self.recipe else {
+            return Vec::new();
+        };
+        let mut seen = vec![self.kernel.clone()];
+        let mut out = Vec::new();
+        for knobs in Knobs::space(search, self.cooperative) {
+            let lowered = lower_kernel(
+                graph,
+                recipe.root,
+                &recipe.materialized,
+                &recipe.absorbable,
+                &recipe.leaf_slot,
+                recipe.mode,
+                knobs,
+            );
+            let Ok(Lowering::Done(mut k)) = lowered else {
+                continue;
+            };
+            if k.args != self.args
+                || k.writes != self.writes
+                || k.cooperative != self.cooperative
+                || seen.contains(&k.kernel)
+            {
+                continue;
+            }
+            seen.push(k.kernel.clone());
+            k.kernel.name = format!("{}_{knobs}", k.kernel.name);
+            k.recipe = self.recipe.clone();
+            out.push((knobs, k));
+        }
+        out
+    }
+}
