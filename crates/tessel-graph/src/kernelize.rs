@@ -407,25 +407,24 @@ fn build(
             })
             .collect();
         let lowered = loop {
-            let lowered =
-                match lower_kernel(
-                    graph,
-                    root,
-                    materialized,
-                    &absorbable,
-                    leaf_slot,
-                    mode,
-                    Knobs::default(),
-                )? {
-                    Lowering::Done(k) => k,
-                    Lowering::Unsuitable(root, why) => return Err(Unsuitable::Mode(root, why)),
-                    Lowering::Retry(conflicts) => {
-                        for m in conflicts {
-                            absorbable.remove(&m);
-                        }
-                        continue;
+            let lowered = match lower_kernel(
+                graph,
+                root,
+                materialized,
+                &absorbable,
+                leaf_slot,
+                mode,
+                Knobs::default(),
+            )? {
+                Lowering::Done(k) => *k,
+                Lowering::Unsuitable(root, why) => return Err(Unsuitable::Mode(root, why)),
+                Lowering::Retry(conflicts) => {
+                    for m in conflicts {
+                        absorbable.remove(&m);
                     }
-                };
+                    continue;
+                }
+            };
             // Absorbing `m` is only sound if no other input of this kernel depends on `m`
             // (that input's kernel would need `m` before this kernel runs).
             let bad: Vec<NodeId> = lowered

@@ -92,7 +92,7 @@ struct Lowerer<'g> {
 /// The result of lowering one kernel.
 pub(crate) enum Lowering {
     /// The kernel.
-    Done(ScheduledKernel),
+    Done(Box<ScheduledKernel>),
     /// Lower again without absorbing these nodes.
     Retry(Vec<NodeId>),
     /// The kernel cannot be lowered in the mode asked for (a row kernel whose reductions
@@ -285,13 +285,13 @@ pub(crate) fn lower_kernel(
     })?;
     let kernel = tessel_ir::passes::optimize(&kernel);
     tracing::debug!(target: "tessel::kernels", "kernel for {root:?}:\n{kernel}");
-    Ok(Lowering::Done(ScheduledKernel {
+    Ok(Lowering::Done(Box::new(ScheduledKernel {
         kernel,
         args,
         writes,
         cooperative,
         recipe: None,
-    }))
+    })))
 }
 
 /// Outputs per invocation for an elementwise kernel computing `root`: 8 for elements of

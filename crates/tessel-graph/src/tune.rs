@@ -141,8 +141,8 @@ impl ScheduledKernel {
             }
             seen.push(k.kernel.clone());
             k.kernel.name = format!("{}_{knobs}", k.kernel.name);
-            k.recipe = self.recipe.clone();
-            out.push((knobs, k));
+            k.recipe.clone_from(&self.recipe);
+            out.push((knobs, *k));
         }
         out
     }

@@ -3,8 +3,8 @@
 
 use rustc_hash::FxHashMap;
 use tessel_graph::{
-    Graph, LeafId, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Search, Slot,
-    kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
+    Graph, LeafId, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Search, Slot, kernelize,
+    kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 

@@ -273,11 +273,7 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
     let is_cpu = device.dev_type().unwrap_or(0) & CL_DEVICE_TYPE_CPU != 0;
     let details = OpenClDeviceDetails {
         platform: c.platform_name.clone(),
-        optimizations_off: miscompiling_driver(
-            &version,
-            is_cpu,
-            &c.name,
-        ),
+        optimizations_off: miscompiling_driver(&version, is_cpu, &c.name),
         version,
         opencl_c: device.opencl_c_version().unwrap_or_default(),
         driver: device.driver_version().unwrap_or_default(),

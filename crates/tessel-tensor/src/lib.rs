@@ -25,6 +25,7 @@ mod precision;
 mod runtime;
 mod safetensors;
 mod tensor;
+mod tuning;
 
 pub use autocast::{autocast, autocast_dtype, full_precision_operand};
 pub use autograd::grad;
@@ -46,3 +47,4 @@ pub use safetensors::{SafetensorsFile, load_safetensors, save_safetensors};
 pub use tensor::Tensor;
 pub use tessel_ir::{BackendError, DeviceInfo, Features};
 pub use tessel_shape::{DType, Dim, F8E4M3, F8E5M2, Shape, Var, bf16, f16};
+pub use tuning::{Tuning, set_tuning, tuning};

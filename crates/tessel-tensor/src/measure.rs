@@ -40,6 +40,7 @@ pub(crate) fn choose(
     let mut m = Measurer::new(compiled, dims);
     let outcome = m
         .run(&inputs)
+        .inspect(|times| crate::tuning::record(compiled, times))
         .and_then(|times| Ok((times, m.transfers()?)))
         .and_then(|(times, transfers)| pick(&mut m, &times, transfers));
     m.free();

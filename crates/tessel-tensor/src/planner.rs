@@ -55,6 +55,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::plan_cache::StoredPlan;
 use crate::precision::Float32MatmulPrecision;
+use crate::tuning::{self, TuneTag, Tuner, Tuning};
 
 /// A device a plan uses, with its backend. Index 0 of a plan's devices is its home.
 pub(crate) type PlanDevice = (Device, Arc<dyn Backend>);
@@ -262,6 +263,8 @@ pub(crate) struct Candidate {
     /// From a partition whose workgroups cooperate through local memory: compiled only
     /// for devices with `Features::cooperative_workgroups`.
     cooperative: bool,
+    /// A kernel whose launch shapes are searched: which kernel, and which shape this is.
+    pub(crate) tuning: Option<TuneTag>,
 }
 
 impl Candidate {
@@ -308,6 +311,8 @@ pub(crate) struct Partitions {
     targets: Vec<usize>,
     inputs: Vec<usize>,
     outputs: Vec<(usize, usize)>,
+    /// The level the variants were made for, which decides where they compile.
+    tuning: Tuning,
 }
 
 impl Partitions {
@@ -353,7 +358,9 @@ pub(crate) fn partition(
     leaves: &[LeafId],
     devices: &[Device],
     precision: Float32MatmulPrecision,
+    tuning: Tuning,
 ) -> Result<Partitions> {
+    let tuner = Tuner::new(tuning, devices);
     let size = graph.toposort(targets).len();
     let saturated = RewriteBudget {
         iterations: 16,
@@ -403,13 +410,17 @@ pub(crate) fn partition(
                     .enumerate()
                     .map(|(k, t)| (pos(t), k))
                     .collect(),
+                tuning,
             }
         });
+        let add = |parts: &mut Partitions, schedule: &Schedule, origin: Origin| {
+            add_schedule(parts, schedule, &slots, origin, (graph, &tuner));
+        };
         let matches = find_matmuls(graph, &order);
         let separate = materialized_for(&matches);
         if f == 0 {
             let default = kernelize(graph, targets).map_err(internal)?;
-            add_schedule(parts, &default, &slots, Origin::Default);
+            add(parts, &default, Origin::Default);
             let written: FxHashSet<usize> = parts
                 .candidates
                 .iter()
@@ -425,13 +436,13 @@ pub(crate) fn partition(
             if let Some(shared) =
                 kernelize_shared(graph, targets, SHARED_MIN_OPS).map_err(internal)?
             {
-                add_schedule(parts, &shared, &slots, Origin::Shared);
+                add(parts, &shared, Origin::Shared);
             }
             // Pads and costly reshapes copied out once instead of fused into each reader.
             let split = views_to_split(graph, &order);
             if !split.is_empty() {
                 let schedule = kernelize_with(graph, targets, &split).map_err(internal)?;
-                add_schedule(parts, &schedule, &slots, Origin::Shared);
+                add(parts, &schedule, Origin::Shared);
             }
         }
         // Where a workgroup's invocations run concurrently (GPUs), long reductions may run
@@ -440,20 +451,20 @@ pub(crate) fn partition(
             if f == 0 {
                 let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
                 if cooperative.kernels.iter().any(|k| k.cooperative) {
-                    add_schedule(parts, &cooperative, &slots, Origin::Cooperative);
+                    add(parts, &cooperative, Origin::Cooperative);
                 }
             }
             // And row statistics fused into the kernels reading them (one-kernel softmax),
             // between matrix products materialized for the library routines.
             if let Some(rows) = kernelize_rows(graph, targets, &separate).map_err(internal)? {
-                add_schedule(parts, &rows, &slots, Origin::Cooperative);
+                add(parts, &rows, Origin::Cooperative);
             }
         }
         if matches.is_empty() {
             continue;
         }
         let alternative = kernelize_with(graph, targets, &separate).map_err(internal)?;
-        add_schedule(parts, &alternative, &slots, Origin::Routine);
+        add(parts, &alternative, Origin::Routine);
         for m in &matches {
             for &w in &m.writes {
                 let node = graph.node(w);
@@ -474,6 +485,7 @@ pub(crate) fn partition(
                     default: false,
                     for_routine: true,
                     cooperative: false,
+                    tuning: None,
                 };
                 if !parts.candidates.iter().any(|c| c.same_as(&candidate)) {
                     parts.candidates.push(candidate);
@@ -581,13 +593,20 @@ enum Origin {
     Shared,
 }
 
-/// Adds a schedule's kernels (skipping ones already present) and buffers.
-fn add_schedule(parts: &mut Partitions, schedule: &Schedule, slots: &FormSlots, origin: Origin) {
+/// Adds a schedule's kernels (skipping ones already present), each new one's launch-shape
+/// variants where the tuner searches it, and the schedule's buffers.
+fn add_schedule(
+    parts: &mut Partitions,
+    schedule: &Schedule,
+    slots: &FormSlots,
+    origin: Origin,
+    (graph, tuner): (&Graph, &Tuner<'_>),
+) {
     for (n, dtype, numel) in &schedule.buffers {
         parts.buffers.insert(slots.pos[n], (*dtype, *numel));
     }
     for k in &schedule.kernels {
-        let candidate = Candidate {
+        let mut candidate = Candidate {
             args: k
                 .args
                 .iter()
@@ -601,10 +620,33 @@ fn add_schedule(parts: &mut Partitions, schedule: &Schedule, slots: &FormSlots, 
             default: origin == Origin::Default,
             for_routine: origin == Origin::Routine,
             cooperative: origin == Origin::Cooperative,
+            tuning: None,
         };
-        if !parts.candidates.iter().any(|c| c.same_as(&candidate)) {
-            parts.candidates.push(candidate);
+        if parts.candidates.iter().any(|c| c.same_as(&candidate)) {
+            continue;
         }
+        let variants = tuner.variants(graph, k);
+        let kernel = tuning::kernel_key(&k.kernel);
+        if !variants.is_empty() {
+            candidate.tuning = Some(TuneTag::default_of(kernel));
+        }
+        let variants: Vec<Candidate> = variants
+            .into_iter()
+            .map(|(knobs, variant)| Candidate {
+                work: Work::Kernel(variant.kernel),
+                args: candidate.args.clone(),
+                writes: candidate.writes.clone(),
+                default: false,
+                for_routine: candidate.for_routine,
+                cooperative: candidate.cooperative,
+                tuning: Some(TuneTag {
+                    kernel,
+                    knobs: knobs.to_string(),
+                }),
+            })
+            .collect();
+        parts.candidates.push(candidate);
+        parts.candidates.extend(variants);
     }
 }
 
@@ -634,6 +676,8 @@ pub(crate) struct Compiled {
     outputs: Vec<(usize, usize)>,
     /// Kernels by where their programs came from (routines are not counted).
     pub(crate) origins: Origins,
+    /// Kernels whose launch shapes are searched, with the device (see [`tuning::Winners`]).
+    pub(crate) searches: Vec<(u128, usize)>,
 }
 
 /// Kernels counted by [`ProgramOrigin`].
@@ -686,7 +730,9 @@ pub(crate) fn compile(
         inputs: parts.inputs,
         outputs: parts.outputs,
         origins: Origins::default(),
+        searches: Vec::new(),
     };
+    let mut winners = tuning::Winners::new(parts.tuning);
     for d in 0..out.devices.len() {
         let (device, backend) = out.devices[d].clone();
         // Routines are asked for first: without one, the alternative partition is pointless.
@@ -718,7 +764,11 @@ pub(crate) fn compile(
                 Work::Kernel(kernel)
                     if wanted(i)
                         && (only.is_some() || c.default || !c.for_routine || any_vendor)
-                        && (!c.cooperative || cooperative_workgroups(device)) =>
+                        && (!c.cooperative || cooperative_workgroups(device))
+                        && (only.is_some()
+                            || c.tuning.as_ref().is_none_or(|tag| {
+                                winners.wants(tag, kernel, (d, device, &*backend))
+                            })) =>
                 {
                     Some((i, kernel))
                 }
@@ -749,6 +799,7 @@ pub(crate) fn compile(
             });
         }
     }
+    out.searches = winners.searches;
     Ok(out)
 }
 
@@ -1035,6 +1086,7 @@ mod tests {
             &leaves,
             &[Device::cpu()],
             crate::Float32MatmulPrecision::Highest,
+            crate::Tuning::Default,
         )?;
         let routines: Vec<(bool, &[usize])> = parts
             .candidates
@@ -1124,6 +1176,7 @@ mod tests {
             &leaves,
             &[Device::cpu()],
             crate::Float32MatmulPrecision::Highest,
+            crate::Tuning::Default,
         )?;
         let target = parts.targets[0];
         let direct: Vec<_> = parts

@@ -28,6 +28,7 @@ use crate::measure;
 use crate::plan_cache::{self, StoredPlan};
 use crate::planner::{self, Place, Plan, PlanSlot, PlanStep, PlanView};
 use crate::precision::{Float32MatmulPrecision, float32_matmul_precision};
+use crate::tuning::{Tuning, tuning};
 
 /// Plans kept per runtime before the oldest is evicted.
 pub const PLAN_CACHE_LIMIT: usize = 512;
@@ -57,7 +58,7 @@ pub(crate) struct State {
 
 /// A plan's cache key: the graph's structure and the device it runs on.
 /// A plan per graph signature, device and `f32` matmul precision (its routines differ).
-type PlanKey = (Signature, Device, Float32MatmulPrecision);
+type PlanKey = (Signature, Device, Float32MatmulPrecision, Tuning);
 
 /// [`Runtime::plan_for`]'s plan, with the lock it was checked under, the leaves it reads
 /// and its key.
@@ -80,6 +81,10 @@ pub struct RealizeReport {
     /// Values copied between devices by a plan that places work on several devices (see
     /// [`set_placement`](crate::set_placement)).
     pub copies: usize,
+    /// Kernels whose launch shapes a new plan searched (see [`set_tuning`](crate::set_tuning)):
+    /// their variants compiled and measured, the winner stored in the tuning cache. 0 when
+    /// the tuning cache knew every winner.
+    pub tuned: usize,
 }
 
 impl RealizeReport {
@@ -102,6 +107,8 @@ pub struct RuntimeStats {
     pub kernels_cached: u64,
     /// Kernels left to the reference interpreter (the CPU backend without a C compiler).
     pub kernels_interpreted: u64,
+    /// Kernels whose launch shapes were searched (see [`RealizeReport::tuned`]).
+    pub kernels_tuned: u64,
     /// Live graph nodes.
     pub graph_nodes: usize,
     /// Cached plans.
@@ -117,6 +124,7 @@ pub(crate) struct Runtime {
     compiled: AtomicU64,
     cached: AtomicU64,
     interpreted: AtomicU64,
+    tuned: AtomicU64,
 }
 
 static RUNTIME: LazyLock<Runtime> = LazyLock::new(Runtime::new);
@@ -142,6 +150,7 @@ pub fn stats() -> RuntimeStats {
         kernels_compiled: rt.compiled.load(Ordering::Relaxed),
         kernels_cached: rt.cached.load(Ordering::Relaxed),
         kernels_interpreted: rt.interpreted.load(Ordering::Relaxed),
+        kernels_tuned: rt.tuned.load(Ordering::Relaxed),
         graph_nodes: st.graph.len(),
         plans: st.plans.len(),
         buffers: st.leaves.len(),
@@ -175,6 +184,7 @@ impl Runtime {
             compiled: AtomicU64::new(0),
             cached: AtomicU64::new(0),
             interpreted: AtomicU64::new(0),
+            tuned: AtomicU64::new(0),
         }
     }
 
@@ -379,14 +389,16 @@ impl Runtime {
             let st = self.lock();
             let (sig, leaves) = signature(&st.graph, targets);
             let precision = float32_matmul_precision();
-            let key = (sig, device, precision);
+            let tuning = tuning();
+            let key = (sig, device, precision, tuning);
             if let Some(plan) = st.plans.get(&key) {
                 let plan = plan.clone();
                 return Ok((st, plan, leaves, key));
             }
             let devices = planner::placement_devices(device);
             let started = Instant::now();
-            let parts = planner::partition(&st.graph, targets, &leaves, &devices, precision)?;
+            let parts =
+                planner::partition(&st.graph, targets, &leaves, &devices, precision, tuning)?;
             drop(st);
             let partitioned = started.elapsed();
             tracing::debug!(target: "tessel::first_call", "{device}: partitioned in {:.2} s", partitioned.as_secs_f64());
@@ -407,6 +419,9 @@ impl Runtime {
             report.compiled += origins.compiled;
             report.cached += origins.cached;
             report.interpreted += origins.interpreted;
+            report.tuned += compiled.searches.len();
+            self.tuned
+                .fetch_add(compiled.searches.len() as u64, Ordering::Relaxed);
             for (counter, n) in [
                 (&self.compiled, origins.compiled),
                 (&self.cached, origins.cached),
@@ -782,6 +797,7 @@ mod tests {
                 signature(&st.graph, &[c.node()]).0,
                 device,
                 Float32MatmulPrecision::Highest,
+                tuning(),
             )
         };
         let (plan, runner_up) = {
@@ -900,6 +916,7 @@ mod placement_tests {
             &leaves,
             &[home, other],
             Float32MatmulPrecision::Highest,
+            Tuning::Default,
         )
         .unwrap();
         drop(st);
@@ -934,9 +951,10 @@ mod placement_tests {
                 .iter()
                 .any(|s| matches!(s, PlanStep::Launch { device: 1, .. }))
         );
-        rt.lock()
-            .plans
-            .insert((sig, home, Float32MatmulPrecision::Highest), Arc::new(plan));
+        rt.lock().plans.insert(
+            (sig, home, Float32MatmulPrecision::Highest, tuning()),
+            Arc::new(plan),
+        );
 
         let report = c.realize().unwrap();
         assert_eq!(report.copies, leaves.len() + 1, "{report:?}");

@@ -296,6 +296,7 @@ impl Tensor {
             total.cached += r.cached;
             total.interpreted += r.interpreted;
             total.copies += r.copies;
+            total.tuned += r.tuned;
         }
         Ok(total)
     }

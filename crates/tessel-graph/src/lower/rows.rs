@@ -133,12 +133,12 @@ impl Lowerer<'_> {
         })?;
         let kernel = tessel_ir::passes::optimize(&kernel);
         tracing::debug!(target: "tessel::kernels", "row kernel for {root:?}:\n{kernel}");
-        Ok(Some(Lowering::Done(ScheduledKernel {
+        Ok(Some(Lowering::Done(Box::new(ScheduledKernel {
             kernel,
             args,
             writes: vec![root],
             cooperative: true,
             recipe: None,
-        })))
+        }))))
     }
 }

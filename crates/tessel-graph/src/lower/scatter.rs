@@ -98,11 +98,11 @@ pub(super) fn lower_scatter_kernel(
     })?;
     let kernel = tessel_ir::passes::optimize(&kernel);
     tracing::debug!(target: "tessel::kernels", "scatter kernel for {root:?}:\n{kernel}");
-    Ok(Lowering::Done(ScheduledKernel {
+    Ok(Lowering::Done(Box::new(ScheduledKernel {
         kernel,
         args,
         writes: vec![root],
         cooperative: false,
         recipe: None,
-    }))
+    })))
 }

@@ -149,12 +149,12 @@ pub(super) fn lower_argsort_kernel(
     })?;
     let kernel = tessel_ir::passes::optimize(&kernel);
     tracing::debug!(target: "tessel::kernels", "sort kernel for {root:?}:\n{kernel}");
-    Ok(Lowering::Done(ScheduledKernel {
+    Ok(Lowering::Done(Box::new(ScheduledKernel {
         kernel,
         args,
         writes: vec![root],
         // The only form of the sort, on every device (a CPU runs the invocations in turn).
         cooperative: false,
         recipe: None,
-    }))
+    })))
 }

@@ -5,8 +5,8 @@ use rustc_hash::FxHashMap;
 use tessel_graph::egraph::StopReason;
 use tessel_graph::egraph::forms;
 use tessel_graph::{
-    NodeId, Op, ReduceOp, Search, find_matmuls, kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared,
-    kernelize_with, materialized_for, signature, simplify, views_to_split,
+    NodeId, Op, ReduceOp, Search, find_matmuls, kernelize, kernelize_cooperative, kernelize_rows,
+    kernelize_shared, kernelize_with, materialized_for, signature, simplify, views_to_split,
 };
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, UnaryOp};
 
