@@ -48,7 +48,7 @@ impl fmt::Display for Knobs {
 /// How many launch shapes a tuner tries per kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Search {
-    /// A few shapes around the heuristics' (about 4 per kernel).
+    /// A few shapes around the heuristics' (at most 3 per kernel).
     Default,
     /// Every combination of the knobs' values (up to 30 per kernel).
     Exhaustive,
@@ -87,13 +87,7 @@ impl Knobs {
         match (search, cooperative) {
             (Search::Default, true) => [128, 512, 1024].map(lanes).to_vec(),
             (Search::Exhaustive, true) => LOCAL_SIZES.map(lanes).to_vec(),
-            (Search::Default, false) => vec![
-                local(256, None),
-                local(512, None),
-                upcast(2),
-                upcast(8),
-                local(256, Some(8)),
-            ],
+            (Search::Default, false) => vec![local(256, None), local(512, None), upcast(8)],
             (Search::Exhaustive, false) => LOCAL_SIZES
                 .into_iter()
                 .flat_map(|l| {

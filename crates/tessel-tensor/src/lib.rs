@@ -45,6 +45,6 @@ pub use precision::{
 pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
 pub use safetensors::{SafetensorsFile, load_safetensors, save_safetensors};
 pub use tensor::Tensor;
-pub use tessel_ir::{BackendError, DeviceInfo, Features};
+pub use tessel_ir::{BackendError, DeviceInfo, DeviceKind, Features};
 pub use tessel_shape::{DType, Dim, F8E4M3, F8E5M2, Shape, Var, bf16, f16};
 pub use tuning::{Tuning, set_tuning, tuning};

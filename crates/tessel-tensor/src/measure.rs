@@ -56,12 +56,14 @@ fn pick(
     transfers: Vec<Transfer>,
 ) -> Result<(Plan, StoredPlan)> {
     let compiled = m.compiled;
+    let fastest = crate::tuning::fastest(compiled, times);
     let problem = Placement {
         devices: compiled.devices.len(),
         candidates: compiled
             .programs
             .iter()
             .enumerate()
+            .filter(|&(k, _)| !crate::tuning::lost(compiled, &fastest, k))
             .filter_map(|(k, b)| {
                 let c = &compiled.candidates[b.candidate];
                 Some(PlacedCandidate {

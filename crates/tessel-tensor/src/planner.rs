@@ -627,8 +627,10 @@ fn add_schedule(
         }
         let variants = tuner.variants(graph, k);
         let kernel = tuning::kernel_key(&k.kernel);
+        // The base's index names the group of shapes that may replace each other.
+        let group = parts.candidates.len();
         if !variants.is_empty() {
-            candidate.tuning = Some(TuneTag::default_of(kernel));
+            candidate.tuning = Some(TuneTag::default_of(kernel, group));
         }
         let variants: Vec<Candidate> = variants
             .into_iter()
@@ -641,6 +643,7 @@ fn add_schedule(
                 cooperative: candidate.cooperative,
                 tuning: Some(TuneTag {
                     kernel,
+                    group,
                     knobs: knobs.to_string(),
                 }),
             })

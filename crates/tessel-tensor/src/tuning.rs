@@ -29,7 +29,7 @@ use crate::planner::Compiled;
 pub enum Tuning {
     /// Every kernel keeps the heuristics' launch shape (`TESSEL_TUNE=0`).
     Off = 0,
-    /// Kernels reading and writing at least 8 MiB get a few shapes measured on GPUs
+    /// Kernels binding at least 64 MiB get a few shapes measured on GPUs
     /// (`TESSEL_TUNE=1`, the default); CPUs keep the heuristics (compiling is costly there
     /// and the shape matters little).
     #[default]
@@ -95,9 +95,11 @@ pub fn tuning() -> Tuning {
     }
 }
 
-/// Below this many bytes read and written, a kernel is launch-bound on a GPU: its shape
-/// hardly matters, and [`Tuning::Default`] leaves it alone.
-const DEFAULT_MIN_BYTES: i64 = 8 << 20;
+/// Below this many bytes bound, a kernel takes a few microseconds on a GPU (16 µs at an
+/// H200's 4 TB/s): what another shape could save is not worth its compile and
+/// measurement (a GPT-2 forward's 500 kernels of 8 MiB or more took 35 s more to plan
+/// with every one of them tuned), and [`Tuning::Default`] leaves it alone.
+const DEFAULT_MIN_BYTES: i64 = 64 << 20;
 
 impl Tuning {
     /// How kernels are searched on a device of `kind`, if at all.
@@ -150,14 +152,18 @@ impl<'d> Tuner<'d> {
 pub(crate) struct TuneTag {
     /// [`kernel_key`] of the default kernel.
     pub(crate) kernel: u128,
+    /// The default kernel's candidate index: the shapes of one group read and write the
+    /// same slots (one kernel text may compute several values of a realize).
+    pub(crate) group: usize,
     /// The knobs, as [`Knobs`] displays them (`default` for the kernel itself).
     pub(crate) knobs: String,
 }
 
 impl TuneTag {
-    pub(crate) fn default_of(kernel: u128) -> Self {
+    pub(crate) fn default_of(kernel: u128, group: usize) -> Self {
         TuneTag {
             kernel,
+            group,
             knobs: Knobs::default().to_string(),
         }
     }
@@ -230,26 +236,54 @@ fn fits(kernel: &Kernel, info: &DeviceInfo) -> bool {
             .all(|(&l, max)| l <= i64::from(max))
 }
 
+/// The fastest measured program of each group of shapes on each device, by program
+/// index: the others are never better substitutes for it, so extraction does not see
+/// them (several shapes per kernel would multiply its search for nothing).
+pub(crate) fn fastest(
+    compiled: &Compiled,
+    times: &[Option<f64>],
+) -> FxHashMap<(usize, usize), usize> {
+    let mut best: FxHashMap<(usize, usize), usize> = FxHashMap::default();
+    for (k, b) in compiled.programs.iter().enumerate() {
+        let (Some(tag), Some(t)) = (&compiled.candidates[b.candidate].tuning, times[k]) else {
+            continue;
+        };
+        let slot = best.entry((tag.group, b.device)).or_insert(k);
+        if times[*slot].is_none_or(|s| t < s) {
+            *slot = k;
+        }
+    }
+    best
+}
+
+/// Whether program `k` is a shape that lost to another of its group (see [`fastest`]).
+pub(crate) fn lost(
+    compiled: &Compiled,
+    fastest: &FxHashMap<(usize, usize), usize>,
+    k: usize,
+) -> bool {
+    let b = &compiled.programs[k];
+    compiled.candidates[b.candidate]
+        .tuning
+        .as_ref()
+        .is_some_and(|tag| fastest.get(&(tag.group, b.device)) != Some(&k))
+}
+
 /// Stores the fastest shape of each kernel searched while compiling, by the measured
 /// `times` of the programs (a variant dropped unmeasured, too slow or wrong, cannot win).
 pub(crate) fn record(compiled: &Compiled, times: &[Option<f64>]) {
-    for &(kernel, d) in &compiled.searches {
-        let best = compiled
-            .programs
-            .iter()
-            .zip(times)
-            .filter(|(b, _)| b.device == d)
-            .filter_map(|(b, t)| {
-                let tag = compiled.candidates[b.candidate].tuning.as_ref()?;
-                (tag.kernel == kernel).then_some((tag, (*t)?))
-            })
-            .min_by(|a, b| a.1.total_cmp(&b.1));
-        let Some((tag, seconds)) = best else {
+    for (&(_, d), &k) in &fastest(compiled, times) {
+        let b = &compiled.programs[k];
+        let Some(tag) = &compiled.candidates[b.candidate].tuning else {
             continue;
         };
+        if !compiled.searches.contains(&(tag.kernel, d)) {
+            continue;
+        }
         let (device, backend) = &compiled.devices[d];
-        tracing::debug!(target: "tessel::plan", "{device}: tuned kernel {kernel:032x}: {} in {:.1} µs", tag.knobs, seconds * 1e6);
-        store(device_key(kernel, &**backend, *device), &tag.knobs);
+        let seconds = times[k].unwrap_or(f64::NAN);
+        tracing::debug!(target: "tessel::plan", "{device}: tuned {}: {} in {:.1} µs", compiled.candidates[b.candidate].work.name(), tag.knobs, seconds * 1e6);
+        store(device_key(tag.kernel, &**backend, *device), &tag.knobs);
     }
 }
 
