@@ -442,6 +442,10 @@ impl<'c> Measurer<'c> {
             tracing::debug!(target: "tessel::measure", "{}: {} {}: skipped, its known {:.3} ms is over {HOPELESS} times the fastest program writing the same values", self.device(d), c.work.name(), b.variant, t * 1e3);
             return Ok(None);
         }
+        if let Some(why) = self.not_worth_tuning(k) {
+            tracing::debug!(target: "tessel::measure", "{}: {}: not measured, {why}", self.device(d), c.work.name());
+            return Ok(None);
+        }
         let mut checks = Vec::new();
         let mut args = Vec::with_capacity(c.args.len());
         for &a in &c.args {
@@ -511,6 +515,33 @@ impl<'c> Measurer<'c> {
             self.release(d, fresh);
         }
         Ok(timed)
+    }
+
+    /// Why measuring program `k`, another launch shape of a kernel, cannot pay, if it
+    /// cannot: the kernel's own shape is too fast to gain much, or so much slower than
+    /// another program writing its values that no shape will win (a generated product
+    /// against the library routine).
+    fn not_worth_tuning(&self, k: usize) -> Option<String> {
+        let compiled = self.compiled;
+        let b = &compiled.programs[k];
+        let tag = compiled.candidates[b.candidate].tuning.as_ref()?;
+        if tag.is_default() {
+            return None;
+        }
+        let base = compiled
+            .programs
+            .iter()
+            .zip(&self.times)
+            .find(|(o, _)| {
+                o.device == b.device
+                    && compiled.candidates[o.candidate]
+                        .tuning
+                        .as_ref()
+                        .is_some_and(|t| t.group == tag.group && t.is_default())
+            })
+            .and_then(|(_, t)| *t)?;
+        let best = self.fastest_twin(k).unwrap_or(base);
+        crate::tuning::hopeless(compiled.tuning, base, best)
     }
 
     /// The best time measured so far of a program on `k`'s device that writes exactly the

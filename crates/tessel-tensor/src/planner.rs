@@ -681,6 +681,8 @@ pub(crate) struct Compiled {
     pub(crate) origins: Origins,
     /// Kernels whose launch shapes are searched, with the device (see [`tuning::Winners`]).
     pub(crate) searches: Vec<(u128, usize)>,
+    /// The level the candidates were made at.
+    pub(crate) tuning: Tuning,
 }
 
 /// Kernels counted by [`ProgramOrigin`].
@@ -734,6 +736,7 @@ pub(crate) fn compile(
         outputs: parts.outputs,
         origins: Origins::default(),
         searches: Vec::new(),
+        tuning: parts.tuning,
     };
     let mut winners = tuning::Winners::new(parts.tuning);
     for d in 0..out.devices.len() {

@@ -168,7 +168,7 @@ impl TuneTag {
         }
     }
 
-    fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         self.knobs == Knobs::default().to_string()
     }
 }
@@ -218,6 +218,34 @@ impl Winners {
             self.searches.push((tag.kernel, d));
         }
         true
+    }
+}
+
+/// Below this, a kernel's default shape is left alone: another shape could save a few
+/// microseconds at most, less than measuring it costs.
+const TUNE_MIN_SECONDS: f64 = 20e-6;
+
+/// A kernel whose default shape is this many times slower than the fastest program
+/// writing the same values is not tuned: launch shapes move a kernel by tens of percent,
+/// not by this much.
+const TUNE_LOSING: f64 = 2.0;
+
+/// Why another shape of a kernel whose default shape took `base` seconds, where the
+/// fastest program writing the same values took `best`, is not worth measuring at
+/// `level` (exhaustive tuning measures every shape).
+pub(crate) fn hopeless(level: Tuning, base: f64, best: f64) -> Option<String> {
+    if level == Tuning::Exhaustive {
+        None
+    } else if base < TUNE_MIN_SECONDS {
+        Some(format!("its default shape takes {:.1} µs", base * 1e6))
+    } else if base > best * TUNE_LOSING {
+        Some(format!(
+            "its default shape ({:.1} µs) is over {TUNE_LOSING} times the fastest program writing its values ({:.1} µs)",
+            base * 1e6,
+            best * 1e6
+        ))
+    } else {
+        None
     }
 }
 
@@ -370,6 +398,14 @@ mod tests {
             base,
             cache_key(1, "cuda", "NVIDIA H200", "CUDA driver 13000")
         );
+    }
+
+    #[test]
+    fn fast_or_losing_kernels_are_not_tuned() {
+        assert!(hopeless(Tuning::Default, 10e-6, 10e-6).is_some());
+        assert!(hopeless(Tuning::Default, 1e-3, 0.2e-3).is_some());
+        assert!(hopeless(Tuning::Default, 1e-3, 0.8e-3).is_none());
+        assert!(hopeless(Tuning::Exhaustive, 10e-6, 1e-6).is_none());
     }
 
     #[test]
