@@ -57,44 +57,9 @@ fn pick(
 ) -> Result<(Plan, StoredPlan)> {
     let compiled = m.compiled;
     let fastest = crate::tuning::fastest(compiled, times);
-    let problem = Placement {
-        devices: compiled.devices.len(),
-        candidates: compiled
-            .programs
-            .iter()
-            .enumerate()
-            .filter(|&(k, _)| !crate::tuning::lost(compiled, &fastest, k))
-            .filter_map(|(k, b)| {
-                let c = &compiled.candidates[b.candidate];
-                Some(PlacedCandidate {
-                    id: k,
-                    device: b.device,
-                    writes: c
-                        .writes
-                        .iter()
-                        .map(|&w| compiled.class(PlanSlot::Node(w)))
-                        .collect(),
-                    reads: c.reads().map(|r| compiled.class(r)).collect(),
-                    cost: times[k]?,
-                })
-            })
-            .collect(),
-        transfers,
-        available: (0..compiled.inputs.len())
-            .map(|i| compiled.class(PlanSlot::Input(i)))
-            .chain(
-                compiled
-                    .empty
-                    .iter()
-                    .map(|&p| compiled.class(PlanSlot::Node(p))),
-            )
-            .collect(),
-        targets: compiled
-            .targets
-            .iter()
-            .map(|&p| compiled.class(PlanSlot::Node(p)))
-            .collect(),
-    };
+    let problem = placement_problem(compiled, times, transfers, |k| {
+        !crate::tuning::lost(compiled, &fastest, k)
+    });
     let placed = placement::place(&problem, Budget::default())
         .map_err(|e| Error::Internal(format!("choosing a plan: {e}")))?;
     let view = Arc::new(compiled.view(times, &placed.steps));
@@ -126,6 +91,53 @@ fn pick(
     Ok((plan, stored))
 }
 
+/// The extraction problem over the programs with a time that `keep` keeps.
+fn placement_problem(
+    compiled: &Compiled,
+    times: &[Option<f64>],
+    transfers: Vec<Transfer>,
+    keep: impl Fn(usize) -> bool,
+) -> Placement {
+    Placement {
+        devices: compiled.devices.len(),
+        candidates: compiled
+            .programs
+            .iter()
+            .enumerate()
+            .filter(|&(k, _)| keep(k))
+            .filter_map(|(k, b)| {
+                let c = &compiled.candidates[b.candidate];
+                Some(PlacedCandidate {
+                    id: k,
+                    device: b.device,
+                    writes: c
+                        .writes
+                        .iter()
+                        .map(|&w| compiled.class(PlanSlot::Node(w)))
+                        .collect(),
+                    reads: c.reads().map(|r| compiled.class(r)).collect(),
+                    cost: times[k]?,
+                })
+            })
+            .collect(),
+        transfers,
+        available: (0..compiled.inputs.len())
+            .map(|i| compiled.class(PlanSlot::Input(i)))
+            .chain(
+                compiled
+                    .empty
+                    .iter()
+                    .map(|&p| compiled.class(PlanSlot::Node(p))),
+            )
+            .collect(),
+        targets: compiled
+            .targets
+            .iter()
+            .map(|&p| compiled.class(PlanSlot::Node(p)))
+            .collect(),
+    }
+}
+
 /// Runs programs to validate and time them.
 struct Measurer<'c> {
     compiled: &'c Compiled,
@@ -141,6 +153,10 @@ struct Measurer<'c> {
     magnitudes: FxHashMap<PlanSlot, f64>,
     /// Each program's time, once measured (or found in the cache) and checked.
     times: Vec<Option<f64>>,
+    /// The programs of the plan extracted from every program but the other launch shapes
+    /// of kernels, made before the first of those runs (every program where no plan was
+    /// found).
+    planned: Option<FxHashSet<usize>>,
 }
 
 /// Timed runs after the first (validating) one; fewer for slow candidates.
@@ -184,6 +200,7 @@ impl<'c> Measurer<'c> {
             precision: Self::precision(compiled),
             magnitudes: FxHashMap::default(),
             times: Vec::new(),
+            planned: None,
         }
     }
 
@@ -338,13 +355,15 @@ impl<'c> Measurer<'c> {
             .filter(|c| c.default)
             .map(|c| c.writes.as_slice())
             .collect();
+        // Other launch shapes of kernels last: by then the plan without them is known, and
+        // only the shapes of kernels in it are worth measuring (`not_worth_tuning`).
         let mut pending: Vec<usize> = (0..n).collect();
         pending.sort_by_key(|&k| {
             let b = &compiled.programs[k];
             let c = &compiled.candidates[b.candidate];
             let routine = matches!(c.work, Work::Vendor(_));
             let twin = routine && defaults.contains(c.writes.as_slice());
-            (!(c.default || twin), b.device, !routine)
+            (self.is_shape(k), !(c.default || twin), b.device, !routine)
         });
         // A value's reference is kept while a program that has not run yet reads it or
         // writes it (and is checked against it), and to the end for targets: a training
@@ -442,6 +461,9 @@ impl<'c> Measurer<'c> {
             tracing::debug!(target: "tessel::measure", "{}: {} {}: skipped, its known {:.3} ms is over {HOPELESS} times the fastest program writing the same values", self.device(d), c.work.name(), b.variant, t * 1e3);
             return Ok(None);
         }
+        if self.is_shape(k) && self.planned.is_none() {
+            self.planned = Some(self.plan_without_shapes());
+        }
         if let Some(why) = self.not_worth_tuning(k) {
             tracing::debug!(target: "tessel::measure", "{}: {}: not measured, {why}", self.device(d), c.work.name());
             return Ok(None);
@@ -517,31 +539,58 @@ impl<'c> Measurer<'c> {
         Ok(timed)
     }
 
+    /// Whether program `k` is another launch shape of a kernel (not the kernel itself).
+    fn is_shape(&self, k: usize) -> bool {
+        let c = &self.compiled.candidates[self.compiled.programs[k].candidate];
+        c.tuning.as_ref().is_some_and(|t| !t.is_default())
+    }
+
+    /// The programs of the cheapest plan of those measured so far that are not other
+    /// launch shapes; every program where there is none (copies between devices are not
+    /// timed yet).
+    fn plan_without_shapes(&self) -> FxHashSet<usize> {
+        let compiled = self.compiled;
+        let problem = placement_problem(compiled, &self.times, Vec::new(), |k| !self.is_shape(k));
+        match placement::place(&problem, Budget::default()) {
+            Ok(placed) => placed
+                .steps
+                .iter()
+                .filter_map(|s| match *s {
+                    placement::Step::Run(k) => Some(k),
+                    placement::Step::Copy { .. } => None,
+                })
+                .collect(),
+            Err(_) => (0..compiled.programs.len()).collect(),
+        }
+    }
+
     /// Why measuring program `k`, another launch shape of a kernel, cannot pay, if it
-    /// cannot: the kernel's own shape is too fast to gain much, or so much slower than
-    /// another program writing its values that no shape will win (a generated product
-    /// against the library routine).
+    /// cannot: the kernel is not in the plan chosen from the other programs, its own shape
+    /// is too fast to gain much, or it is much slower than another program writing its
+    /// values (a generated product against the library routine). Exhaustive tuning
+    /// measures every shape.
     fn not_worth_tuning(&self, k: usize) -> Option<String> {
         let compiled = self.compiled;
         let b = &compiled.programs[k];
         let tag = compiled.candidates[b.candidate].tuning.as_ref()?;
-        if tag.is_default() {
+        if tag.is_default() || compiled.tuning == crate::Tuning::Exhaustive {
             return None;
         }
-        let base = compiled
-            .programs
-            .iter()
-            .zip(&self.times)
-            .find(|(o, _)| {
-                o.device == b.device
-                    && compiled.candidates[o.candidate]
-                        .tuning
-                        .as_ref()
-                        .is_some_and(|t| t.group == tag.group && t.is_default())
-            })
-            .and_then(|(_, t)| *t)?;
-        let best = self.fastest_twin(k).unwrap_or(base);
-        crate::tuning::hopeless(compiled.tuning, base, best)
+        let (base, _) = compiled.programs.iter().enumerate().find(|(_, o)| {
+            o.device == b.device
+                && compiled.candidates[o.candidate]
+                    .tuning
+                    .as_ref()
+                    .is_some_and(|t| t.group == tag.group && t.is_default())
+        })?;
+        if let Some(plan) = &self.planned
+            && !plan.contains(&base)
+        {
+            return Some("its kernel is not in the plan chosen from the other programs".into());
+        }
+        let time = self.times[base]?;
+        let best = self.fastest_twin(k).unwrap_or(time);
+        crate::tuning::hopeless(compiled.tuning, time, best)
     }
 
     /// The best time measured so far of a program on `k`'s device that writes exactly the
