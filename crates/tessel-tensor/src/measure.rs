@@ -463,6 +463,7 @@ impl<'c> Measurer<'c> {
         }
         if self.is_shape(k) && self.planned.is_none() {
             self.planned = Some(self.plan_without_shapes());
+            self.build_shapes_worth_measuring();
         }
         if let Some(why) = self.not_worth_tuning(k) {
             tracing::debug!(target: "tessel::measure", "{}: {}: not measured, {why}", self.device(d), c.work.name());
@@ -489,7 +490,7 @@ impl<'c> Measurer<'c> {
             args.push(buffer);
         }
         let backend = self.backend(d).clone();
-        let program = b.program.id;
+        let program = b.program.id()?;
         // A program checked against references for everything it writes may be stopped
         // once it is `HOPELESS` times slower than the fastest program writing the same
         // values on this device.
@@ -564,6 +565,44 @@ impl<'c> Measurer<'c> {
         }
     }
 
+    /// Builds, on several threads, the deferred programs (other launch shapes) that
+    /// [`Measurer::not_worth_tuning`] lets through, counting them into
+    /// `Compiled::built_later`.
+    fn build_shapes_worth_measuring(&self) {
+        let compiled = self.compiled;
+        let wanted: Vec<usize> = (0..compiled.programs.len())
+            .filter(|&k| {
+                self.is_shape(k)
+                    && !compiled.programs[k].program.is_built()
+                    && self.not_worth_tuning(k).is_none()
+            })
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let threads = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(wanted.len());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    while let Some(&k) =
+                        wanted.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        let b = &compiled.programs[k];
+                        if let Ok(id) = b.program.id() {
+                            let backend = &compiled.devices[b.device].1;
+                            let origin = backend
+                                .origin(id)
+                                .unwrap_or(tessel_ir::ProgramOrigin::Compiled);
+                            if let Ok(mut later) = compiled.built_later.lock() {
+                                later.count(origin);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+
     /// Why measuring program `k`, another launch shape of a kernel, cannot pay, if it
     /// cannot: the kernel is not in the plan chosen from the other programs, its own shape
     /// is too fast to gain much, or it is much slower than another program writing its
@@ -613,7 +652,7 @@ impl<'c> Measurer<'c> {
     /// The median time of program `k` on `args`, after a first run of `first`.
     fn time(&self, k: usize, args: &[BufferId], first: Duration) -> Result<f64> {
         let backend = self.backend(self.compiled.programs[k].device);
-        let program = self.compiled.programs[k].program.id;
+        let program = self.compiled.programs[k].program.id()?;
         // A candidate slower than a second, or `HOPELESS` times slower than the fastest
         // program writing the same values, is timed by its checking run alone: it loses
         // anyway.
@@ -675,7 +714,7 @@ impl<'c> Measurer<'c> {
                         args.push(buffer);
                     }
                     self.backend(b.device)
-                        .time(b.program.id, &args, &self.dims)?;
+                        .time(b.program.id()?, &args, &self.dims)?;
                 }
                 placement::Step::Copy { class, from, to } => {
                     let slot = compiled.slot(class);

@@ -35,7 +35,7 @@
 //! partition is the plan, and nothing is measured.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -108,27 +108,68 @@ pub(crate) struct ProgramView {
 
 /// A compiled program, released when the last plan holding it is dropped.
 pub(crate) struct Program {
-    pub(crate) id: ProgramId,
+    /// The backend's program, once built.
+    built: OnceLock<std::result::Result<ProgramId, BackendError>>,
+    /// What to build on first use, for a program whose compile waits until measurement
+    /// wants it (another launch shape of a kernel, see [`crate::tuning`]).
+    deferred: Option<Kernel>,
     backend: Arc<dyn Backend>,
     device: Device,
 }
 
 impl Program {
+    fn built(backend: Arc<dyn Backend>, device: Device, id: ProgramId) -> Program {
+        Program {
+            built: OnceLock::from(Ok(id)),
+            deferred: None,
+            backend,
+            device,
+        }
+    }
+
+    /// A program compiled from `kernel` the first time [`Program::id`] is asked for.
+    fn deferred(backend: Arc<dyn Backend>, device: Device, kernel: Kernel) -> Program {
+        Program {
+            built: OnceLock::new(),
+            deferred: Some(kernel),
+            backend,
+            device,
+        }
+    }
+
+    /// The backend's id of the program, compiling it first if it was deferred.
+    pub(crate) fn id(&self) -> std::result::Result<ProgramId, BackendError> {
+        self.built
+            .get_or_init(|| match &self.deferred {
+                Some(kernel) => {
+                    tracing::debug!(target: "tessel::kernels", "compiling {} on {}:\n{kernel}", kernel.name, self.device);
+                    self.backend.compile(self.device.ordinal, kernel)
+                }
+                None => Err(BackendError::InvalidArgument(
+                    "a program without a kernel was never built".into(),
+                )),
+            })
+            .clone()
+    }
+
+    /// Whether the program is built (or failed to build): a deferred one asked for.
+    pub(crate) fn is_built(&self) -> bool {
+        self.built.get().is_some()
+    }
+
     /// A program id the backend never handed out: launching it fails. For tests of what
     /// happens when a plan fails at execution.
     #[cfg(test)]
     pub(crate) fn unbuilt(backend: Arc<dyn Backend>, device: Device) -> Program {
-        Program {
-            id: ProgramId(u64::MAX),
-            backend,
-            device,
-        }
+        Program::built(backend, device, ProgramId(u64::MAX))
     }
 }
 
 impl Drop for Program {
     fn drop(&mut self) {
-        if let Err(e) = self.backend.release(self.id) {
+        if let Some(Ok(id)) = self.built.get()
+            && let Err(e) = self.backend.release(*id)
+        {
             tracing::warn!("releasing a program on {}: {e}", self.device);
         }
     }
@@ -683,6 +724,8 @@ pub(crate) struct Compiled {
     pub(crate) searches: Vec<(u128, usize)>,
     /// The level the candidates were made at.
     pub(crate) tuning: Tuning,
+    /// Deferred programs measurement built, by origin.
+    pub(crate) built_later: Mutex<Origins>,
 }
 
 /// Kernels counted by [`ProgramOrigin`].
@@ -694,7 +737,7 @@ pub(crate) struct Origins {
 }
 
 impl Origins {
-    fn count(&mut self, origin: ProgramOrigin) {
+    pub(crate) fn count(&mut self, origin: ProgramOrigin) {
         match origin {
             ProgramOrigin::Compiled => self.compiled += 1,
             ProgramOrigin::Cached => self.cached += 1,
@@ -737,6 +780,7 @@ pub(crate) fn compile(
         origins: Origins::default(),
         searches: Vec::new(),
         tuning: parts.tuning,
+        built_later: Mutex::new(Origins::default()),
     };
     let mut winners = tuning::Winners::new(parts.tuning);
     for d in 0..out.devices.len() {
@@ -762,6 +806,7 @@ pub(crate) fn compile(
                 }
             }
         }
+        let mut deferred: Vec<(usize, &Kernel)> = Vec::new();
         let wanted: Vec<(usize, &Kernel)> = out
             .candidates
             .iter()
@@ -770,13 +815,20 @@ pub(crate) fn compile(
                 Work::Kernel(kernel)
                     if wanted(i)
                         && (only.is_some() || c.default || !c.for_routine || any_vendor)
-                        && (!c.cooperative || cooperative_workgroups(device))
-                        && (only.is_some()
-                            || c.tuning.as_ref().is_none_or(|tag| {
-                                winners.wants(tag, kernel, (d, device, &*backend))
-                            })) =>
+                        && (!c.cooperative || cooperative_workgroups(device)) =>
                 {
-                    Some((i, kernel))
+                    let build = match (&c.tuning, only) {
+                        (Some(tag), None) => winners.wants(tag, kernel, (d, device, &*backend)),
+                        _ => tuning::Build::Now,
+                    };
+                    match build {
+                        tuning::Build::Now => Some((i, kernel)),
+                        tuning::Build::Later => {
+                            deferred.push((i, kernel));
+                            None
+                        }
+                        tuning::Build::No => None,
+                    }
                 }
                 _ => None,
             })
@@ -802,6 +854,14 @@ pub(crate) fn compile(
                 device: d,
                 program: program(&backend, device, id),
                 variant,
+            });
+        }
+        for (candidate, kernel) in deferred {
+            out.programs.push(Built {
+                candidate,
+                device: d,
+                program: Arc::new(Program::deferred(backend.clone(), device, kernel.clone())),
+                variant: String::new(),
             });
         }
     }
@@ -870,11 +930,7 @@ fn compile_all(
 }
 
 fn program(backend: &Arc<dyn Backend>, device: Device, id: ProgramId) -> Arc<Program> {
-    Arc::new(Program {
-        id,
-        backend: backend.clone(),
-        device,
-    })
+    Arc::new(Program::built(backend.clone(), device, id))
 }
 
 impl Compiled {

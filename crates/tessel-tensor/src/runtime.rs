@@ -367,6 +367,20 @@ impl Runtime {
         Ok(())
     }
 
+    /// Counts programs a new plan got into `report` and the process's counters.
+    fn count(&self, report: &mut RealizeReport, origins: planner::Origins) {
+        report.compiled += origins.compiled;
+        report.cached += origins.cached;
+        report.interpreted += origins.interpreted;
+        for (counter, n) in [
+            (&self.compiled, origins.compiled),
+            (&self.cached, origins.cached),
+            (&self.interpreted, origins.interpreted),
+        ] {
+            counter.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
     /// The plan computing `targets` (nodes that are not leaves) on `device`: the cached
     /// one, or a new one (partitioned, compiled without the lock, measured on the
     /// realize's inputs) put in the cache; programs compiled are counted into `report`.
@@ -416,19 +430,10 @@ impl Runtime {
             tracing::debug!(target: "tessel::first_call", "{device}: {} programs compiled in {:.2} s", compiled.programs.len(), compiling.as_secs_f64());
             let started = Instant::now();
             let origins = compiled.origins;
-            report.compiled += origins.compiled;
-            report.cached += origins.cached;
-            report.interpreted += origins.interpreted;
+            self.count(report, origins);
             report.tuned += compiled.searches.len();
             self.tuned
                 .fetch_add(compiled.searches.len() as u64, Ordering::Relaxed);
-            for (counter, n) in [
-                (&self.compiled, origins.compiled),
-                (&self.cached, origins.cached),
-                (&self.interpreted, origins.interpreted),
-            ] {
-                counter.fetch_add(n as u64, Ordering::Relaxed);
-            }
             let plan = if let Some(stored) = &stored {
                 let Some(plan) = compiled.stored_plan(stored) else {
                     tracing::debug!(target: "tessel::plan", "{device}: the stored plan {disk_key:032x} does not build here; planning again");
@@ -444,7 +449,11 @@ impl Runtime {
                     inputs.push(self.device_buffer(&mut st, *leaf, device, &backend)?);
                 }
                 drop(st);
-                let (plan, stored) = measure::choose(&compiled, &inputs, dims)?;
+                let chosen = measure::choose(&compiled, &inputs, dims);
+                // Other launch shapes measurement built (see `crate::tuning`).
+                let later = compiled.built_later.lock().map(|o| *o).unwrap_or_default();
+                self.count(report, later);
+                let (plan, stored) = chosen?;
                 if plan_cache::enabled() {
                     plan_cache::store(disk_key, &stored);
                 }
@@ -659,7 +668,7 @@ impl Runtime {
                     args,
                 } => {
                     let args: Vec<BufferId> = args.iter().map(buffer).collect();
-                    plan.devices[*device].1.launch(program.id, &args, dims)?;
+                    plan.devices[*device].1.launch(program.id()?, &args, dims)?;
                     self.launched.fetch_add(1, Ordering::Relaxed);
                 }
                 PlanStep::Copy { from, to } => {

@@ -173,8 +173,20 @@ impl TuneTag {
     }
 }
 
+/// Whether and when a program is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Build {
+    /// Not on this device.
+    No,
+    /// With the other programs, before measuring.
+    Now,
+    /// When measurement decides to measure it, if it does.
+    Later,
+}
+
 /// Decides, while compiling, which variants each device builds: all of them where the
-/// tuning cache has no winner for the kernel there (a search), else only the winner.
+/// tuning cache has no winner for the kernel there (a search: built when measurement
+/// wants them, below the exhaustive level), else only the winner.
 pub(crate) struct Winners {
     level: Tuning,
     known: FxHashMap<(u128, usize), Option<String>>,
@@ -191,33 +203,42 @@ impl Winners {
         }
     }
 
-    /// Whether `kernel`, tagged `tag`, is built on device `d` (`device` of `backend`).
+    /// Whether and when `kernel`, tagged `tag`, is built on device `d` (`device` of
+    /// `backend`).
     pub(crate) fn wants(
         &mut self,
         tag: &TuneTag,
         kernel: &Kernel,
         (d, device, backend): (usize, Device, &dyn Backend),
-    ) -> bool {
+    ) -> Build {
         if tag.is_default() {
-            return true;
+            return Build::Now;
         }
         let Some(info) = backend.devices().get(device.ordinal).cloned() else {
-            return false;
+            return Build::No;
         };
         if self.level.search_on(info.kind).is_none() || !fits(kernel, &info) {
-            return false;
+            return Build::No;
         }
         let winner = self
             .known
             .entry((tag.kernel, d))
             .or_insert_with(|| load(device_key(tag.kernel, backend, device)));
         if let Some(w) = winner {
-            return *w == tag.knobs;
+            return if *w == tag.knobs {
+                Build::Now
+            } else {
+                Build::No
+            };
         }
         if !self.searches.contains(&(tag.kernel, d)) {
             self.searches.push((tag.kernel, d));
         }
-        true
+        if self.level == Tuning::Exhaustive {
+            Build::Now
+        } else {
+            Build::Later
+        }
     }
 }
 
