@@ -11,6 +11,8 @@
 //! - [`graph`]: hash-consed, reference-counted nodes ([`Graph`], [`Node`], [`Op`]).
 //! - [`kernelize`](mod@kernelize): which values get buffers, which ops fuse, and the
 //!   lowering of each kernel to `tessel_ir` ([`kernelize()`], [`Schedule`]).
+//! - [`tune`]: launch-shape knobs of a kernel ([`Knobs`]) and its variants for a tuner to
+//!   measure ([`ScheduledKernel::variants`]).
 //! - [`vendor`]: values a library routine can compute (matrix products), as alternatives
 //!   to the generated kernels ([`find_matmuls`]).
 //!

@@ -22,6 +22,7 @@ mod ops;
 mod plan_cache;
 mod planner;
 mod precision;
+mod program;
 mod runtime;
 mod safetensors;
 mod tensor;

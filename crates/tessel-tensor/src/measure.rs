@@ -40,8 +40,10 @@ pub(crate) fn choose(
     let mut m = Measurer::new(compiled, dims);
     let outcome = m
         .run(&inputs)
-        .inspect(|times| crate::tuning::record(compiled, times))
-        .and_then(|times| Ok((times, m.transfers()?)))
+        .and_then(|times| {
+            crate::tuning::record(compiled, &times, m.planned.as_ref());
+            Ok((times, m.transfers()?))
+        })
         .and_then(|(times, transfers)| pick(&mut m, &times, transfers));
     m.free();
     outcome

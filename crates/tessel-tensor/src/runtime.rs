@@ -775,7 +775,7 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::Program;
+    use crate::program::Program;
     use crate::{DType, Tensor};
 
     /// A measured plan keeps its runner-up. When running the chosen plan fails (here: its

@@ -320,13 +320,31 @@ pub(crate) fn lost(
 
 /// Stores the fastest shape of each kernel searched while compiling, by the measured
 /// `times` of the programs (a variant dropped unmeasured, too slow or wrong, cannot win).
-pub(crate) fn record(compiled: &Compiled, times: &[Option<f64>]) {
-    for (&(_, d), &k) in &fastest(compiled, times) {
+/// A kernel whose other shapes went unmeasured because it was not in `planned` (the plan
+/// chosen without them) is not stored: in another graph it may be, and a search costs
+/// little when nothing is measured.
+pub(crate) fn record(
+    compiled: &Compiled,
+    times: &[Option<f64>],
+    planned: Option<&rustc_hash::FxHashSet<usize>>,
+) {
+    for (&(group, d), &k) in &fastest(compiled, times) {
         let b = &compiled.programs[k];
         let Some(tag) = &compiled.candidates[b.candidate].tuning else {
             continue;
         };
         if !compiled.searches.contains(&(tag.kernel, d)) {
+            continue;
+        }
+        let shapes_measured = compiled.programs.iter().zip(times).any(|(o, t)| {
+            t.is_some()
+                && o.device == d
+                && compiled.candidates[o.candidate]
+                    .tuning
+                    .as_ref()
+                    .is_some_and(|other| other.group == group && !other.is_default())
+        });
+        if !shapes_measured && planned.is_some_and(|p| !p.contains(&k)) {
             continue;
         }
         let (device, backend) = &compiled.devices[d];
