@@ -185,8 +185,8 @@ pub(crate) enum Build {
 }
 
 /// Decides, while compiling, which variants each device builds: all of them where the
-/// tuning cache has no winner for the kernel there (a search: built when measurement
-/// wants them, below the exhaustive level), else only the winner.
+/// tuning cache has no winner for the kernel there (a search: each built when
+/// measurement decides to measure it), else only the winner.
 pub(crate) struct Winners {
     level: Tuning,
     known: FxHashMap<(u128, usize), Option<String>>,
@@ -234,11 +234,7 @@ impl Winners {
         if !self.searches.contains(&(tag.kernel, d)) {
             self.searches.push((tag.kernel, d));
         }
-        if self.level == Tuning::Exhaustive {
-            Build::Now
-        } else {
-            Build::Later
-        }
+        Build::Later
     }
 }
 
