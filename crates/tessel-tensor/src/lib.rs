@@ -23,6 +23,7 @@ mod plan_cache;
 mod planner;
 mod precision;
 mod program;
+mod progress;
 mod runtime;
 mod safetensors;
 mod tensor;

@@ -389,7 +389,11 @@ impl<'c> Measurer<'c> {
             }
         }
         let mut measured: FxHashMap<u128, f64> = FxHashMap::default();
+        let bar = crate::progress::bar(n, "tessel: measuring programs");
         while !pending.is_empty() {
+            if let Some(bar) = &bar {
+                bar.set_position((n - pending.len()) as u64);
+            }
             let Some(at) = pending.iter().position(|&k| {
                 let c = &compiled.candidates[compiled.programs[k].candidate];
                 c.reads().all(|r| self.real.keys().any(|p| p.slot == r))
@@ -436,6 +440,9 @@ impl<'c> Measurer<'c> {
                     }
                 }
             }
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
         }
         Ok(self.times.clone())
     }

@@ -807,14 +807,19 @@ fn compile_all(
     device: Device,
     kernels: &[(usize, &Kernel)],
 ) -> Vec<std::result::Result<ProgramId, BackendError>> {
-    let compile = |kernel: &Kernel| {
-        tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
-        backend.compile(device.ordinal, kernel)
-    };
     let mut seen: FxHashSet<String> = FxHashSet::default();
     let unique: Vec<usize> = (0..kernels.len())
         .filter(|&k| seen.insert(kernels[k].1.to_string()))
         .collect();
+    let bar = crate::progress::bar(kernels.len(), "tessel: compiling kernels");
+    let compile = |kernel: &Kernel| {
+        tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
+        let built = backend.compile(device.ordinal, kernel);
+        if let Some(bar) = &bar {
+            bar.inc(1);
+        }
+        built
+    };
     let mut results: Vec<Option<std::result::Result<ProgramId, BackendError>>> =
         (0..kernels.len()).map(|_| None).collect();
     let threads = std::thread::available_parallelism()
@@ -854,11 +859,15 @@ fn compile_all(
             results[k] = Some(result);
         }
     }
-    results
+    let results = results
         .into_iter()
         .zip(kernels)
         .map(|(result, (_, kernel))| result.unwrap_or_else(|| compile(kernel)))
-        .collect()
+        .collect();
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    results
 }
 
 impl Compiled {
