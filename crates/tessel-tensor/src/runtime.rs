@@ -82,8 +82,9 @@ pub struct RealizeReport {
     /// [`set_placement`](crate::set_placement)).
     pub copies: usize,
     /// Kernels whose launch shapes a new plan searched (see [`set_tuning`](crate::set_tuning)):
-    /// their variants compiled and measured, the winner stored in the tuning cache. 0 when
-    /// the tuning cache knew every winner.
+    /// the tuning cache had no winner for them, so their other shapes were candidates,
+    /// compiled and measured where measurement found it worth it, and the fastest stored.
+    /// 0 when the tuning cache knew every winner. Shapes compiled count in `compiled`.
     pub tuned: usize,
 }
 
