@@ -142,6 +142,26 @@ pub fn temp_suffix() -> String {
     )
 }
 
+/// The text stored under `key` in the cache folder `dir` (one file per key, named by its
+/// 32 hex digits), if there is one.
+pub fn read_keyed(dir: &std::path::Path, key: u128) -> Option<String> {
+    std::fs::read_to_string(dir.join(format!("{key:032x}"))).ok()
+}
+
+/// Stores `text` under `key` in the cache folder `dir` (created if missing): written under
+/// a [`temp_suffix`] name, then renamed into place, so readers never see half a file.
+pub fn write_keyed(dir: &std::path::Path, key: u128, text: &str) -> std::io::Result<()> {
+    let path = dir.join(format!("{key:032x}"));
+    let temp = dir.join(format!("{key:032x}.{}", temp_suffix()));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&temp, text))
+        .and_then(|()| std::fs::rename(&temp, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
+}
+
 /// The root of Tessel's on-disk caches: `$TESSEL_CACHE_DIR`, else `$XDG_CACHE_HOME/tessel`,
 /// else `$HOME/.cache/tessel`, else the temporary directory's `tessel`.
 pub fn default_root() -> std::path::PathBuf {

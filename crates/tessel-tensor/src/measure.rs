@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_graph::extract::Budget;
 use tessel_graph::placement::{self, PlacedCandidate, Placement, Transfer};
-use tessel_ir::cache::{Fnv128, temp_suffix};
+use tessel_ir::cache::{Fnv128, read_keyed, write_keyed};
 use tessel_ir::{Backend, BufferId, ProgramId, compare};
 use tessel_shape::{Bindings, DType, Dim};
 
@@ -1156,7 +1156,7 @@ fn copy_key(from: (&dyn Backend, Device), to: (&dyn Backend, Device), bytes: usi
 }
 
 fn load_timing(key: u128) -> Option<f64> {
-    let text = std::fs::read_to_string(timing_dir().join(format!("{key:032x}"))).ok()?;
+    let text = read_keyed(&timing_dir(), key)?;
     text.trim()
         .parse()
         .ok()
@@ -1165,13 +1165,8 @@ fn load_timing(key: u128) -> Option<f64> {
 
 fn store_timing(key: u128, seconds: f64) {
     let dir = timing_dir();
-    let path = dir.join(format!("{key:032x}"));
-    let temp = dir.join(format!("{key:032x}.{}", temp_suffix()));
     // A cache that cannot be written costs a measurement next time, nothing else.
-    let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&temp, format!("{seconds:e}\n")))
-        .and_then(|()| std::fs::rename(&temp, &path));
-    if let Err(e) = written {
+    if let Err(e) = write_keyed(&dir, key, &format!("{seconds:e}\n")) {
         tracing::debug!(target: "tessel::plan", "cannot cache a timing in {}: {e}", dir.display());
     }
 }

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 
 use tessel_graph::placement::Step;
-use tessel_ir::cache::{Fnv128, temp_suffix};
+use tessel_ir::cache::{Fnv128, read_keyed, write_keyed};
 use tessel_shape::Bindings;
 
 use crate::measure::{device_identity, dims_identity};
@@ -255,7 +255,7 @@ fn dir() -> PathBuf {
 }
 
 pub(crate) fn load(key: u128) -> Option<StoredPlan> {
-    let text = std::fs::read_to_string(dir().join(format!("{key:032x}"))).ok()?;
+    let text = read_keyed(&dir(), key)?;
     let plan = StoredPlan::parse(&text);
     if plan.is_none() {
         tracing::debug!(target: "tessel::plan", "ignoring the unreadable stored plan {key:032x}");
@@ -265,14 +265,8 @@ pub(crate) fn load(key: u128) -> Option<StoredPlan> {
 
 pub(crate) fn store(key: u128, plan: &StoredPlan) {
     let dir = dir();
-    let path = dir.join(format!("{key:032x}"));
-    let temp = dir.join(format!("{key:032x}.{}", temp_suffix()));
     // A cache that cannot be written costs a measurement next time, nothing else.
-    let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&temp, plan.to_text()))
-        .and_then(|()| std::fs::rename(&temp, &path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&temp);
+    if let Err(e) = write_keyed(&dir, key, &plan.to_text()) {
         tracing::debug!(target: "tessel::plan", "cannot store a plan in {}: {e}", dir.display());
     }
 }

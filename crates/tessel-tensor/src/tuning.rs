@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rustc_hash::FxHashMap;
 use tessel_graph::{Graph, Knobs, ScheduledKernel, Search};
-use tessel_ir::cache::{Fnv128, temp_suffix};
+use tessel_ir::cache::{Fnv128, read_keyed, write_keyed};
 use tessel_ir::{Backend, DeviceInfo, DeviceKind, Kernel, Param};
 
 use crate::device::Device;
@@ -397,20 +397,15 @@ fn dir() -> PathBuf {
 
 /// The winning knobs (their `Display` form) stored under `key`.
 pub(crate) fn load(key: u128) -> Option<String> {
-    let text = std::fs::read_to_string(dir().join(format!("{key:032x}"))).ok()?;
+    let text = read_keyed(&dir(), key)?;
     Some(text.trim().to_owned()).filter(|t| !t.is_empty())
 }
 
 /// Stores the winning knobs under `key`.
 pub(crate) fn store(key: u128, knobs: &str) {
     let dir = dir();
-    let path = dir.join(format!("{key:032x}"));
-    let temp = dir.join(format!("{key:032x}.{}", temp_suffix()));
     // A cache that cannot be written costs a search next time, nothing else.
-    let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&temp, format!("{knobs}\n")))
-        .and_then(|()| std::fs::rename(&temp, &path));
-    if let Err(e) = written {
+    if let Err(e) = write_keyed(&dir, key, &format!("{knobs}\n")) {
         tracing::debug!(target: "tessel::plan", "cannot cache a tuned kernel in {}: {e}", dir.display());
     }
 }
