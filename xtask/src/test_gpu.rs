@@ -1,6 +1,6 @@
 //! `cargo xtask test-gpu`: the conformance suite once per backend present, one table.
 //!
-//! The suite is every test binary of `tessel-tensor` and `tessel-models` (run once per
+//! The suite is every test binary of `tessel-tensor`, `tessel-runtime` and `tessel-models` (run once per
 //! backend, with `TESSEL_DEVICE` naming it) plus each backend crate's own tests (run in that
 //! backend's row). Which backends exist is learnt at run time from the suite's device listing
 //! (`tessel-device:` lines), so the same binaries serve every machine. A dtype a device
@@ -23,9 +23,9 @@ const BACKENDS: [&str; 4] = ["cpu", "wgpu", "opencl", "cuda"];
 /// The package whose tests run on every backend, and whose features select the backends.
 const SUITE: &str = "tessel-tensor";
 
-/// The packages built on the suite whose tests also run on every backend: real models
-/// against PyTorch's outputs.
-const ON_EVERY_BACKEND: [&str; 1] = ["tessel-models"];
+/// The other packages whose tests also run on every backend: the runtime's (plans placed
+/// on a second device, runner-up plans) and real models against PyTorch's outputs.
+const ON_EVERY_BACKEND: [&str; 2] = ["tessel-runtime", "tessel-models"];
 
 /// One test executable.
 #[derive(Clone, Debug)]

@@ -34,8 +34,8 @@ use std::cell::Cell;
 use tessel_graph::Op;
 use tessel_shape::DType;
 
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 thread_local! {
     static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
@@ -94,7 +94,7 @@ pub(crate) fn product_operand(x: &Tensor) -> Tensor {
 /// elements, which cuBLAS reads several times slower than rows of 768.
 fn cast_below_permute(x: &Tensor, dtype: DType) -> Tensor {
     let inner = {
-        let mut st = crate::runtime::runtime().lock();
+        let mut st = tessel_runtime::runtime().lock();
         match &st.graph.node(x.node()).op {
             Op::Permute(child, perm) => {
                 let (child, perm) = (*child, perm.clone());

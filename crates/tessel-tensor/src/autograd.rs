@@ -18,11 +18,11 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_graph::{AtomicOp, Node, NodeId, Op, ReduceOp};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
-use crate::error::{Error, Result};
 use crate::ops::movement::{pad_axis, shrink};
 use crate::ops::reduce::leading_in_blocks;
-use crate::runtime::{Runtime, runtime};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
+use tessel_runtime::{Runtime, runtime};
 
 /// The fewest rows whose gradient sum (a bias or layer-norm weight broadcast over every
 /// token) runs in blocks ([`leading_in_blocks`]): one pass gives each column one

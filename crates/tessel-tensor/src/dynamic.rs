@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use tessel_shape::{Bindings, Dim, Shape, Var};
 
-use crate::error::{Error, Result};
-use crate::runtime::runtime;
 use crate::tensor::Tensor;
+use tessel_runtime::runtime;
+use tessel_runtime::{Error, Result};
 
 /// The values of the dynamic dims that a tensor's shape, or any input it was computed
 /// from, names. Empty (and free to clone) for tensors of concrete shape.

@@ -1,4 +1,4 @@
-//! Tessel's Tensor API and runtime.
+//! Tessel's Tensor API.
 //!
 //! [`Tensor`] is a lazy handle: ops record nodes of one process-wide graph and check
 //! shapes and dtypes as they are called; reading data or [`Tensor::realize`] kernelizes the
@@ -11,42 +11,28 @@
 mod autocast;
 mod autograd;
 mod determinism;
-mod device;
 mod dynamic;
 mod element;
-mod error;
 mod host;
 pub mod inspect;
-mod measure;
 mod ops;
-mod plan_cache;
-mod planner;
-mod precision;
-mod program;
-mod progress;
-mod runtime;
 mod safetensors;
 mod tensor;
-mod tuning;
 
 pub use autocast::{autocast, autocast_dtype, full_precision_operand};
 pub use autograd::grad;
 pub use determinism::{are_deterministic_algorithms_enabled, use_deterministic_algorithms};
-pub use device::Device;
 pub use element::Element;
-pub use error::{Error, Result};
-pub use host::HostBytes;
 pub use ops::{
     Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, Operand, Padding, PoolOptions,
     ScalarOperand,
 };
-pub use planner::set_placement;
-pub use precision::{
-    Float32MatmulPrecision, float32_matmul_precision, set_float32_matmul_precision,
-};
-pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, RuntimeStats, stats};
 pub use safetensors::{SafetensorsFile, load_safetensors, save_safetensors};
 pub use tensor::Tensor;
-pub use tessel_ir::{BackendError, DeviceInfo, DeviceKind, Features};
+pub use tessel_runtime::{
+    BackendError, Device, DeviceInfo, DeviceKind, Error, Features, Float32MatmulPrecision,
+    HostBytes, PLAN_CACHE_LIMIT, RealizeReport, Result, RuntimeStats, Tuning,
+    float32_matmul_precision, set_float32_matmul_precision, set_placement, set_tuning, stats,
+    tuning,
+};
 pub use tessel_shape::{DType, Dim, F8E4M3, F8E5M2, Shape, Var, bf16, f16};
-pub use tuning::{Tuning, set_tuning, tuning};

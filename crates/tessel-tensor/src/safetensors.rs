@@ -12,11 +12,11 @@ use ::safetensors::{Dtype, SafeTensorError, SafeTensors};
 use memmap2::Mmap;
 use tessel_shape::{DType, Shape};
 
-use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::host::HostBytes;
-use crate::runtime::runtime;
 use crate::tensor::Tensor;
+use tessel_runtime::Device;
+use tessel_runtime::HostBytes;
+use tessel_runtime::runtime;
+use tessel_runtime::{Error, Result};
 
 /// The safetensors dtype of a Tessel dtype; every Tessel dtype has one.
 fn to_file_dtype(dtype: DType) -> Dtype {

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tessel_graph::{Node, NodeId, Op};
 use tessel_shape::{DType, Scalar, Shape};
 
-use crate::device::Device;
 use crate::dynamic::DimValues;
 use crate::element::Element;
-use crate::error::{Error, Result};
-use crate::runtime::{RealizeReport, runtime};
+use tessel_runtime::Device;
+use tessel_runtime::{Error, Result};
+use tessel_runtime::{RealizeReport, runtime};
 
 /// A lazy n-dimensional array.
 ///
@@ -341,7 +341,7 @@ impl Tensor {
         let bytes = self.bytes()?;
         Ok(bytes
             .chunks_exact(dtype.size_bytes())
-            .map(|b| scalar_from_le(dtype, b))
+            .map(|b| Scalar::from_le_bytes(dtype, b))
             .collect())
     }
 
@@ -376,30 +376,6 @@ pub(crate) fn dtype_mismatch(op: &'static str, actual: DType, requested: DType) 
         actual,
         requested,
         requested_variant: format!("{requested:?}"),
-    }
-}
-
-/// A scalar from its little-endian bytes.
-pub(crate) fn scalar_from_le(dtype: DType, b: &[u8]) -> Scalar {
-    let mut raw = [0u8; 8];
-    raw[..b.len()].copy_from_slice(b);
-    let bits = u64::from_le_bytes(raw);
-    match dtype {
-        DType::Bool => Scalar::Bool(bits != 0),
-        DType::U8 => Scalar::U8(bits as u8),
-        DType::U16 => Scalar::U16(bits as u16),
-        DType::U32 => Scalar::U32(bits as u32),
-        DType::U64 => Scalar::U64(bits),
-        DType::I8 => Scalar::I8(bits as i8),
-        DType::I16 => Scalar::I16(bits as i16),
-        DType::I32 => Scalar::I32(bits as i32),
-        DType::I64 => Scalar::I64(bits as i64),
-        DType::F8E4M3 => Scalar::F8E4M3(tessel_shape::F8E4M3::from_bits(bits as u8)),
-        DType::F8E5M2 => Scalar::F8E5M2(tessel_shape::F8E5M2::from_bits(bits as u8)),
-        DType::F16 => Scalar::F16(half::f16::from_bits(bits as u16)),
-        DType::BF16 => Scalar::BF16(half::bf16::from_bits(bits as u16)),
-        DType::F32 => Scalar::F32(f32::from_bits(bits as u32)),
-        DType::F64 => Scalar::F64(f64::from_bits(bits)),
     }
 }
 

@@ -218,6 +218,44 @@ impl Scalar {
         }
     }
 
+    /// The `dtype` value whose bit pattern is `bits` (the inverse of [`Scalar::to_bits`];
+    /// higher bits than the dtype's width are ignored, and `bool` is `bits != 0`).
+    ///
+    /// ```
+    /// use tessel_shape::{DType, Scalar};
+    ///
+    /// assert_eq!(Scalar::from_bits(DType::I8, 0xff), Scalar::I8(-1));
+    /// assert_eq!(Scalar::from_bits(DType::F32, 1.5f32.to_bits().into()), Scalar::F32(1.5));
+    /// ```
+    pub fn from_bits(dtype: DType, bits: u64) -> Scalar {
+        match dtype {
+            DType::Bool => Scalar::Bool(bits != 0),
+            DType::U8 => Scalar::U8(bits as u8),
+            DType::U16 => Scalar::U16(bits as u16),
+            DType::U32 => Scalar::U32(bits as u32),
+            DType::U64 => Scalar::U64(bits),
+            DType::I8 => Scalar::I8(bits as i8),
+            DType::I16 => Scalar::I16(bits as i16),
+            DType::I32 => Scalar::I32(bits as i32),
+            DType::I64 => Scalar::I64(bits as i64),
+            DType::F8E4M3 => Scalar::F8E4M3(F8E4M3::from_bits(bits as u8)),
+            DType::F8E5M2 => Scalar::F8E5M2(F8E5M2::from_bits(bits as u8)),
+            DType::F16 => Scalar::F16(f16::from_bits(bits as u16)),
+            DType::BF16 => Scalar::BF16(bf16::from_bits(bits as u16)),
+            DType::F32 => Scalar::F32(f32::from_bits(bits as u32)),
+            DType::F64 => Scalar::F64(f64::from_bits(bits)),
+        }
+    }
+
+    /// The `dtype` value stored little-endian in `bytes` (at most 8 bytes; missing high
+    /// bytes are zero).
+    pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Scalar {
+        let mut raw = [0u8; 8];
+        let n = bytes.len().min(8);
+        raw[..n].copy_from_slice(&bytes[..n]);
+        Scalar::from_bits(dtype, u64::from_le_bytes(raw))
+    }
+
     /// Converts the value to `to` with Rust's `as` semantics, for every pair of dtypes:
     ///
     /// - float to integer truncates toward zero and saturates; NaN gives 0;

@@ -8,8 +8,8 @@
 //! view × weights, summed) or a pooling (max or mean over the window axes) is one fused
 //! reduce kernel, with no im2col buffer.
 
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 /// How a convolution pads its input (`padding=` of `torch.nn.functional.conv2d`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -11,10 +11,10 @@ use tessel_graph::Op;
 use tessel_shape::{BinaryOp, DType, Scalar, ScalarKind, Shape, TernaryOp};
 
 use super::ScalarOperand;
-use crate::device::Device;
 use crate::element::Element;
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::Device;
+use tessel_runtime::{Error, Result};
 
 /// PyTorch's default CPU generator seed, so an unseeded process is reproducible too.
 const DEFAULT_SEED: u64 = 67_280_421_310_721;

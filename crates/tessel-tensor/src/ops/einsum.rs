@@ -6,8 +6,8 @@
 //! A label repeated within one operand (`ii`, a diagonal) is taken with a strided slice
 //! of the flattened pair of dims, which is exact and costs no extra memory.
 
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 use tessel_shape::{DType, rules};
 
 const EINSUM: &str = "einsum";

@@ -15,8 +15,8 @@ use tessel_graph::Op;
 use tessel_shape::{BinaryOp, DType, Scalar, ScalarKind, TernaryOp, UnaryOp, rules};
 
 use super::ScalarOperand;
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 /// The other operand of a binary op: a tensor (`&t` or `t`) or a Rust number (`f64`,
 /// `f32`, `i64`, `i32`, `bool`).

@@ -36,10 +36,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tessel_graph::{Op, ReduceOp};
 use tessel_shape::{BinaryOp, DType, Dim, Shape, ShapeError, rules};
 
-use crate::device::Device;
-use crate::error::{Error, Result};
 use crate::ops::ScalarOperand;
 use crate::tensor::Tensor;
+use tessel_runtime::Device;
+use tessel_runtime::{Error, Result};
 
 const INDEX_HINT: &str = "index tensors must be i32 or i64; cast with .cast(DType::I64)";
 
@@ -473,6 +473,7 @@ fn defer_check(op: &'static str, index: &Tensor, size: usize) {
     let Some(count) = numel.as_const().filter(|&c| c > 0) else {
         return;
     };
+    tessel_runtime::on_synchronize(verify_pending_indices);
     let flat = index.reshape_to(Shape::new(vec![numel]));
     let int = |v: i64| flat.full_like_scalar(tessel_shape::Scalar::I64(v), index.dtype());
     let outside = flat.raw_binary(BinaryOp::Lt, &int(0)).raw_binary(

@@ -9,8 +9,8 @@
 use tessel_graph::{Op, ReduceOp};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, ShapeError, rules};
 
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 impl Tensor {
     /// The matrix product, exactly as `torch.matmul`:

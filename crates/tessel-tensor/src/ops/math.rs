@@ -12,8 +12,8 @@ use tessel_graph::Op;
 use tessel_shape::{BinaryOp, DType, UnaryOp};
 
 use super::Operand;
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 const LN_2: f64 = std::f64::consts::LN_2;
 const FRAC_PI_2: f64 = std::f64::consts::FRAC_PI_2;

@@ -26,8 +26,8 @@ pub(crate) use scatter::scatter_add_into_zeros;
 use tessel_graph::Op;
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, ScalarKind, Shape, UnaryOp, rules};
 
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 /// A Rust number usable as the other operand of a tensor op (`&t + 2.0`, `t.maximum(0)`).
 pub trait ScalarOperand: Copy {

@@ -9,9 +9,9 @@
 use tessel_graph::Op;
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, ShapeError, TernaryOp, rules};
 
-use crate::error::{Error, Result};
 use crate::ops::ScalarOperand;
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 impl Tensor {
     // === Shape changes ===

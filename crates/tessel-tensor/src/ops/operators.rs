@@ -17,8 +17,8 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use super::ScalarOperand;
 use super::elementwise::Operand;
-use crate::error::Result;
 use crate::tensor::Tensor;
+use tessel_runtime::Result;
 
 /// `tensor op operand` for owned and borrowed tensors, through the named method.
 macro_rules! tensor_lhs {

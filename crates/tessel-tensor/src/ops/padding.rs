@@ -12,8 +12,8 @@ use tessel_shape::{Shape, ShapeError, rules};
 
 use super::indexing::{concrete, i64_of, invalid, usize_of};
 
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 /// Which non-constant mode a pad uses.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use tessel_shape::{DType, Scalar, Shape};
 use super::conv::{
     batched, check_float, check_positive, invalid, out_size, to_i64, to_i64s, windows,
 };
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 /// Options of a pooling op (`torch.nn.functional.max_pool2d` / `avg_pool2d`). Build one
 /// with [`PoolOptions::new`] from the kernel size, then set fields.

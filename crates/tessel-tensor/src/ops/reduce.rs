@@ -29,8 +29,8 @@
 use tessel_graph::{Op, ReduceOp};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, ShapeError, TernaryOp, UnaryOp, rules};
 
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 const FLOAT_ONLY: &str =
     "it needs a floating-point input, as in PyTorch; cast first, e.g. .cast(DType::F32)";

@@ -28,8 +28,8 @@ use tessel_graph::{Op, ReduceOp};
 use tessel_shape::{DType, Dim, Scalar, Shape, rules};
 
 use super::movement::pad_axis;
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 /// Axes longer than this are scanned in two levels (see the module docs).
 const TWO_LEVEL_ABOVE: usize = 256;

@@ -18,9 +18,9 @@ use tessel_shape::{BinaryOp, DType, Dim, Shape, rules};
 
 use super::indexing::{check_index, check_mask, check_range, concrete, i64_of, invalid, pick};
 use super::movement::pad_axis;
-use crate::error::{Error, Result};
 use crate::ops::ScalarOperand;
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 /// The dtype a scatter-add accumulates `dtype` in: the device adds atomically in 32 or 64
 /// bits, so narrow integers widen (wrapping sums agree modulo their width) and `f16`/`bf16`
@@ -155,7 +155,7 @@ pub(super) fn scatter_max_into_zeros(index: &Tensor, keys: &Tensor, axis: usize,
 /// source row instead of once per element; `None` where the graph recorded no such
 /// broadcast.
 fn compact_index(index: &Tensor, axis: usize) -> Option<Tensor> {
-    let mut st = crate::runtime::runtime().lock();
+    let mut st = tessel_runtime::runtime().lock();
     let Op::Expand(child) = st.graph.node(index.node()).op else {
         return None;
     };

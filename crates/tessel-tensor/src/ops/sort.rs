@@ -33,8 +33,8 @@ use tessel_shape::{DType, Dim, Scalar, Shape, ShapeError};
 use super::indexing::i64_of;
 use super::movement::pad_axis;
 use super::scan::{axis_len, filled, from_last, index, to_last};
-use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use tessel_runtime::{Error, Result};
 
 impl Tensor {
     /// The elements sorted along `dim` and their original `i64` indices (`torch.sort` with

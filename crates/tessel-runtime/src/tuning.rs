@@ -66,9 +66,9 @@ static LEVEL: AtomicU8 = AtomicU8::new(u8::MAX);
 /// keep theirs; plans are cached per level.
 ///
 /// ```
-/// tessel_tensor::set_tuning(tessel_tensor::Tuning::Off);
-/// assert_eq!(tessel_tensor::tuning(), tessel_tensor::Tuning::Off);
-/// tessel_tensor::set_tuning(tessel_tensor::Tuning::Default);
+/// tessel_runtime::set_tuning(tessel_runtime::Tuning::Off);
+/// assert_eq!(tessel_runtime::tuning(), tessel_runtime::Tuning::Off);
+/// tessel_runtime::set_tuning(tessel_runtime::Tuning::Default);
 /// ```
 pub fn set_tuning(level: Tuning) {
     LEVEL.store(level as u8, Ordering::Relaxed);

@@ -76,7 +76,7 @@ pub(crate) struct Plan {
     pub(crate) outputs: Vec<(usize, usize)>,
     /// The runner-up of the measured choice, run if this plan fails at execution.
     pub(crate) fallback: Option<Arc<Plan>>,
-    /// What the plan was chosen from, for [`crate::inspect::plan_to_dot`].
+    /// What the plan was chosen from, for `tessel_tensor::inspect::plan_to_dot`.
     pub(crate) view: Option<Arc<PlanView>>,
 }
 
@@ -154,8 +154,8 @@ static PLACEMENT: RwLock<Vec<Device>> = RwLock::new(Vec::new());
 /// plan slower to build; `TESSEL_PLACEMENT=cpu,wgpu:0` sets it at startup.
 ///
 /// ```
-/// # fn main() -> tessel_tensor::Result<()> {
-/// use tessel_tensor::{Device, set_placement};
+/// # fn main() -> tessel_runtime::Result<()> {
+/// use tessel_runtime::{Device, set_placement};
 /// set_placement(&[Device::cpu()])?;
 /// set_placement(&[])?; // off again
 /// # Ok(())
@@ -1055,11 +1055,12 @@ impl Compiled {
 
 #[cfg(test)]
 mod tests {
-    use tessel_graph::{find_matmuls, kernelize_rows, materialized_for, signature};
+    use tessel_graph::{Op, signature};
     use tessel_ir::VendorOp;
 
     use super::{Work, partition};
-    use crate::{DType, Device, Result, Tensor, inspect};
+    use crate::test_graph::{matmul, node, random_leaf};
+    use crate::{Device, Result, runtime};
 
     /// Attention scores after a head split: `k.transpose(-2, -1)` composes with the split
     /// into one `[0, 2, 3, 1]` permute. The simplified form materializes that layout for
@@ -1069,18 +1070,28 @@ mod tests {
     #[test]
     fn both_layouts_of_a_transposed_operand_are_candidates() -> Result<()> {
         let (b, s, h, d) = (2, 16, 4, 8);
-        let qkv = Tensor::randn([b, s, 3 * h * d], DType::F32)?
-            .reshape(&[b as i64, s as i64, 3, h as i64, d as i64])?;
-        let heads = |i: i64| -> Result<Tensor> {
-            qkv.narrow(2, i, 1)?
-                .reshape(&[b as i64, s as i64, h as i64, d as i64])?
-                .permute(&[0, 2, 1, 3])
+        let qkv = node(
+            Op::Reshape(random_leaf(1, &[b, s, 3 * h * d])),
+            &[b, s, 3, h, d],
+        );
+        let heads = |i: usize| {
+            let ranges: Vec<_> = [(0, 1), (0, 1), (i, 1), (0, 1), (0, 1)]
+                .map(|(start, step)| (start.into(), step.into()))
+                .to_vec();
+            let one = node(Op::Shrink(qkv, ranges.into()), &[b, s, 1, h, d]);
+            let split = node(Op::Reshape(one), &[b, s, h, d]);
+            node(Op::Permute(split, vec![0, 2, 1, 3].into()), &[b, h, s, d])
         };
-        let scores = heads(0)?.matmul(&heads(1)?.transpose(-2, -1)?)?;
-        let (graph, targets) = inspect::graph_of(&[&scores]);
-        let (_, leaves) = signature(&graph, &targets);
+        let k_t = node(
+            Op::Permute(heads(1), vec![0, 1, 3, 2].into()),
+            &[b, h, d, s],
+        );
+        let scores = matmul(heads(0), k_t, &[b, h], s, d, s);
+        let st = runtime().lock();
+        let (graph, targets) = (&st.graph, vec![scores]);
+        let (_, leaves) = signature(graph, &targets);
         let parts = partition(
-            &graph,
+            graph,
             &targets,
             &leaves,
             &[Device::cpu()],
@@ -1119,58 +1130,25 @@ mod tests {
         Ok(())
     }
 
-    fn layer_norm(x: &Tensor) -> Result<Tensor> {
-        let centered = (x - &x.mean(&[-1], true)?)?;
-        let var = (&centered * &centered)?.mean(&[-1], true)?;
-        &centered * &(&var + 1e-5)?.rsqrt()
-    }
-
-    /// In a causal attention block, both layer norms and the attention softmax become row
-    /// kernels in the rows partition: the masked softmax too, whose mask is built from
-    /// coordinates.
-    #[test]
-    fn a_blocks_norms_and_softmax_fuse_as_rows() -> Result<()> {
-        let (s, e) = (256, 256);
-        let x = Tensor::randn([s, e], DType::F32)?;
-        let w = Tensor::randn([e, e], DType::F32)?;
-        let q = layer_norm(&x)?.matmul(&w)?;
-        let scores = q.matmul(&q.t()?)?;
-        let hidden = scores.ones_like().cast(DType::Bool).triu(1)?;
-        let probs = scores
-            .masked_fill(&hidden, f64::NEG_INFINITY)?
-            .softmax(-1)?;
-        let out = layer_norm(&probs.matmul(&q)?)?;
-        let (graph, targets) = inspect::graph_of(&[&out]);
-        let separate = materialized_for(&find_matmuls(&graph, &graph.toposort(&targets)));
-        let rows = kernelize_rows(&graph, &targets, &separate)
-            .unwrap()
-            .expect("row statistics to fuse");
-        let names: Vec<&str> = rows
-            .kernels
-            .iter()
-            .map(|k| k.kernel.name.as_str())
-            .collect();
-        assert_eq!(
-            names.iter().filter(|n| n.ends_with("_row")).count(),
-            3,
-            "{names:?}"
-        );
-        Ok(())
-    }
-
     /// `(a @ b).t()`: the transposed form computes `bᵀ·aᵀ`, so a routine writes the
     /// target itself (reading both leaves transposed), besides the routine writing the
     /// product that a transposing kernel then copies.
     #[test]
     fn a_transposed_product_is_written_by_a_routine_directly() -> Result<()> {
-        let a = Tensor::randn([24, 12], DType::F32)?;
-        let b = Tensor::randn([12, 20], DType::F32)?;
-        Tensor::realize_all(&[&a, &b])?;
-        let y = a.matmul(&b)?.t()?;
-        let (graph, targets) = inspect::graph_of(&[&y]);
-        let (_, leaves) = signature(&graph, &targets);
+        let product = matmul(
+            random_leaf(1, &[24, 12]),
+            random_leaf(2, &[12, 20]),
+            &[],
+            24,
+            12,
+            20,
+        );
+        let y = node(Op::Permute(product, vec![1, 0].into()), &[20, 24]);
+        let st = runtime().lock();
+        let (graph, targets) = (&st.graph, vec![y]);
+        let (_, leaves) = signature(graph, &targets);
         let parts = partition(
-            &graph,
+            graph,
             &targets,
             &leaves,
             &[Device::cpu()],
@@ -1192,56 +1170,6 @@ mod tests {
             "{direct:?}"
         );
         assert_eq!((direct[0].m, direct[0].n), (20.into(), 24.into()));
-        Ok(())
-    }
-
-    /// A pre-norm GPT block between library products: every bias, the scores' scaling and
-    /// causal mask, and the residual adds fuse into the kernels reading them (the head
-    /// copies, the softmax and layer-norm row kernels, GELU), so each kernel writes one
-    /// value and none is a bare elementwise pass over a product.
-    #[test]
-    fn a_blocks_biases_and_masks_fuse_into_their_readers() -> Result<()> {
-        let (n, s, e, heads) = (1i64, 256i64, 256i64, 4i64);
-        let r = |d: &[usize]| Tensor::randn(d, DType::F32);
-        let x = r(&[1, 256, 256])?;
-        let (w_qkv, b_qkv, w_o, b_o) = (r(&[256, 768])?, r(&[768])?, r(&[256, 256])?, r(&[256])?);
-        let (w_up, b_up, w_down, b_down) =
-            (r(&[256, 1024])?, r(&[1024])?, r(&[1024, 256])?, r(&[256])?);
-        Tensor::realize_all(&[
-            &x, &w_qkv, &b_qkv, &w_o, &b_o, &w_up, &b_up, &w_down, &b_down,
-        ])?;
-        let qkv = (&layer_norm(&x)?.matmul(&w_qkv)? + &b_qkv)?;
-        let split = |i: i64| -> Result<Tensor> {
-            qkv.narrow(2, i * e, e)?
-                .reshape(&[n, s, heads, e / heads])?
-                .permute(&[0, 2, 1, 3])
-        };
-        let scores = (split(0)?.matmul(&split(1)?.transpose(-2, -1)?)? * 0.125)?;
-        let hidden = scores.ones_like().cast(DType::Bool).triu(1)?;
-        let probs = scores
-            .masked_fill(&hidden, f64::NEG_INFINITY)?
-            .softmax(-1)?;
-        let merged = probs
-            .matmul(&split(2)?)?
-            .permute(&[0, 2, 1, 3])?
-            .reshape(&[n, s, e])?;
-        let h = (&x + &(&merged.matmul(&w_o)? + &b_o)?)?;
-        let up = (&layer_norm(&h)?.matmul(&w_up)? + &b_up)?.gelu();
-        let out = (&h + &(&up.matmul(&w_down)? + &b_down)?)?;
-        let (graph, targets) = inspect::graph_of(&[&out]);
-        let separate = materialized_for(&find_matmuls(&graph, &graph.toposort(&targets)));
-        let rows = kernelize_rows(&graph, &targets, &separate)
-            .unwrap()
-            .expect("row statistics to fuse");
-        let kernels: Vec<(&str, usize)> = rows
-            .kernels
-            .iter()
-            .map(|k| (k.kernel.name.as_str(), k.writes.len()))
-            .collect();
-        assert!(kernels.iter().all(|k| k.1 == 1), "{kernels:?}");
-        // Six products, three head copies, the head merge, two layer norms, the softmax,
-        // GELU and the output: fifteen kernels.
-        assert_eq!(kernels.len(), 15, "{kernels:?}");
         Ok(())
     }
 }

@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::host::HostBytes;
 use crate::measure;
 use crate::plan_cache::{self, StoredPlan};
-use crate::planner::{self, Place, Plan, PlanSlot, PlanStep, PlanView};
+use crate::planner::{self, Place, Plan, PlanSlot, PlanStep};
 use crate::precision::{Float32MatmulPrecision, float32_matmul_precision};
 use crate::tuning::{Tuning, tuning};
 
@@ -44,15 +44,17 @@ pub(crate) enum LeafData {
     },
 }
 
-pub(crate) struct State {
-    pub(crate) graph: Graph,
+/// The runtime's state behind its one lock: the graph and what its leaves hold.
+pub struct State {
+    /// The process-wide lazy graph every tensor records into.
+    pub graph: Graph,
     leaves: FxHashMap<LeafId, LeafData>,
     next_leaf: u64,
     plans: FxHashMap<PlanKey, Arc<Plan>>,
     plan_order: VecDeque<PlanKey>,
     /// The recorded structure of realized one-element float tensors (losses), keeping their
     /// operands alive, so that a loss read before its gradient is taken is still
-    /// differentiable ([`crate::grad`] starts from it). Dropped with the leaf.
+    /// differentiable (`tessel_tensor::grad` starts from it). Dropped with the leaf.
     history: FxHashMap<LeafId, Node>,
 }
 
@@ -118,7 +120,9 @@ pub struct RuntimeStats {
     pub buffers: usize,
 }
 
-pub(crate) struct Runtime {
+/// The process-wide runtime (see [`runtime()`]): the graph and its leaves behind one lock,
+/// the compiled-in backends, the plan cache and the counters of [`stats`].
+pub struct Runtime {
     state: Mutex<State>,
     backends: Vec<Arc<dyn Backend>>,
     launched: AtomicU64,
@@ -138,7 +142,7 @@ impl RuntimeStats {
 }
 
 /// The process-wide runtime.
-pub(crate) fn runtime() -> &'static Runtime {
+pub fn runtime() -> &'static Runtime {
     &RUNTIME
 }
 
@@ -189,18 +193,22 @@ impl Runtime {
         }
     }
 
+    /// The graph and leaves, locked. Never hold it across a realize or a read: those lock
+    /// it themselves.
     // A panic while the lock is held leaves the graph consistent: every mutation is a
     // single call on `Graph` that completes or does nothing.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The compiled-in backends, in registration order.
-    pub(crate) fn backends(&self) -> &[Arc<dyn Backend>] {
+    pub fn backends(&self) -> &[Arc<dyn Backend>] {
         &self.backends
     }
 
-    pub(crate) fn backend(&self, device: Device) -> Result<Arc<dyn Backend>> {
+    /// The backend serving `device`; an error naming the feature to enable or the
+    /// devices found when it is not available.
+    pub fn backend(&self, device: Device) -> Result<Arc<dyn Backend>> {
         let backend = self
             .backends
             .iter()
@@ -226,19 +234,19 @@ impl Runtime {
     }
 
     /// Drops every cached plan (their programs are released once no realize uses them).
-    pub(crate) fn clear_plans(&self) {
+    pub fn clear_plans(&self) {
         let mut st = self.lock();
         st.plans.clear();
         st.plan_order.clear();
     }
 
     /// Adds a node; the caller owns one count.
-    pub(crate) fn add(&self, node: Node) -> NodeId {
+    pub fn add(&self, node: Node) -> NodeId {
         self.lock().graph.add(node)
     }
 
     /// Adds a leaf holding host bytes; the caller owns one count.
-    pub(crate) fn add_host_leaf(&self, bytes: HostBytes, dtype: DType, shape: Shape) -> NodeId {
+    pub fn add_host_leaf(&self, bytes: HostBytes, dtype: DType, shape: Shape) -> NodeId {
         let mut st = self.lock();
         let leaf = LeafId(st.next_leaf);
         st.next_leaf += 1;
@@ -251,19 +259,20 @@ impl Runtime {
     }
 
     /// Adds a count to a live node for a new holder.
-    pub(crate) fn retain(&self, node: NodeId) {
+    pub fn retain(&self, node: NodeId) {
         self.lock().graph.retain(node);
     }
 
     /// The recorded structure of `node` if it is a realized loss that kept it.
-    pub(crate) fn history(st: &State, node: NodeId) -> Option<Node> {
+    pub fn history(st: &State, node: NodeId) -> Option<Node> {
         match st.graph.node(node).op {
             Op::Leaf(leaf) => st.history.get(&leaf).cloned(),
             _ => None,
         }
     }
 
-    pub(crate) fn release(&self, node: NodeId) {
+    /// Drops one count of `node`, freeing what no one holds any more.
+    pub fn release(&self, node: NodeId) {
         let mut st = self.lock();
         let freed = st.graph.release(node);
         self.free_leaves(&mut st, freed);
@@ -288,7 +297,7 @@ impl Runtime {
     /// A new leaf holding `node`'s data (realized) with `shape`, which names the same
     /// number of elements under the caller's dynamic-dim values: host data is shared,
     /// device data copied. The caller owns one count of the new node.
-    pub(crate) fn relabel_leaf(&self, node: NodeId, shape: Shape) -> Result<NodeId> {
+    pub fn relabel_leaf(&self, node: NodeId, shape: Shape) -> Result<NodeId> {
         let mut st = self.lock();
         let n = st.graph.node(node).clone();
         let Op::Leaf(old) = n.op else {
@@ -509,26 +518,26 @@ impl Runtime {
         Ok(targets)
     }
 
-    /// What the plan for `nodes` on `device` was chosen from (planning it if no plan is
-    /// cached, without running it): see [`crate::inspect::plan_to_dot`].
-    pub(crate) fn plan_view(
+    /// The plan for `nodes` on `device` and what it was chosen from, in Graphviz DOT
+    /// (planning it if no plan is cached, without running it): see `tessel_tensor::inspect::plan_to_dot`.
+    pub fn plan_to_dot(
         &self,
         nodes: &[NodeId],
         device: Device,
         dims: &Bindings,
-    ) -> Result<Option<Arc<PlanView>>> {
+    ) -> Result<Option<String>> {
         let targets = self.to_compute(nodes, dims)?;
         if targets.is_empty() {
             return Ok(None);
         }
         let (_st, plan, _, _) =
             self.plan_for(&targets, device, dims, &mut RealizeReport::default(), false)?;
-        Ok(plan.view.clone())
+        Ok(plan.view.as_ref().map(|v| v.to_dot()))
     }
 
     /// Computes `nodes` on `device`, turning each into a leaf; `dims` holds the values of
     /// the dynamic dims their shapes and inputs name.
-    pub(crate) fn realize(
+    pub fn realize(
         &self,
         nodes: &[NodeId],
         device: Device,
@@ -741,7 +750,7 @@ impl Runtime {
     }
 
     /// The bytes of a realized node whose dynamic dims have the values `dims`.
-    pub(crate) fn read(&self, node: NodeId, dims: &Bindings) -> Result<Vec<u8>> {
+    pub fn read(&self, node: NodeId, dims: &Bindings) -> Result<Vec<u8>> {
         let st = self.lock();
         let n = st.graph.node(node);
         let Op::Leaf(leaf) = n.op else {
@@ -777,7 +786,7 @@ impl Runtime {
 mod tests {
     use super::*;
     use crate::program::Program;
-    use crate::{DType, Tensor};
+    use crate::test_graph::{matmul, random_leaf, values};
 
     /// A measured plan keeps its runner-up. When running the chosen plan fails (here: its
     /// first program is one the backend never built), the runner-up runs on the same
@@ -786,25 +795,17 @@ mod tests {
     fn a_plan_that_fails_at_execution_falls_back_to_its_runner_up() {
         // On the CPU, whose library matmul makes the plan a measured one, whatever device
         // `TESSEL_DEVICE` names.
-        Tensor::manual_seed(9);
         let cpu = crate::Device::cpu();
-        let a = Tensor::randn([48, 40], DType::F32)
-            .unwrap()
-            .to(&cpu)
-            .unwrap();
-        let b = Tensor::randn([40, 56], DType::F32)
-            .unwrap()
-            .to(&cpu)
-            .unwrap();
-        Tensor::realize_all(&[&a, &b]).unwrap();
-        let want = a.matmul(&b).unwrap().to_vec::<f32>().unwrap();
+        let a = random_leaf(9, &[48, 40]);
+        let b = random_leaf(10, &[40, 56]);
+        let want = values(matmul(a, b, &[], 48, 40, 56), cpu);
 
-        let c = a.matmul(&b).unwrap();
-        let device = c.device();
+        let c = matmul(a, b, &[], 48, 40, 56);
+        let device = cpu;
         let key = {
             let st = runtime().lock();
             (
-                signature(&st.graph, &[c.node()]).0,
+                signature(&st.graph, &[c]).0,
                 device,
                 Float32MatmulPrecision::Highest,
                 tuning(),
@@ -858,7 +859,7 @@ mod tests {
         };
         // The runner-up may be the other path (generated kernel or library routine), so
         // equal up to rounding.
-        let got = c.to_vec::<f32>().unwrap();
+        let got = values(c, cpu);
         let worst = got
             .iter()
             .zip(&want)
@@ -888,7 +889,7 @@ fn free_temps(plan: &Plan, temps: impl Iterator<Item = (Place, (BufferId, usize)
 mod placement_tests {
     use super::*;
     use crate::planner::{self, PlanDevice};
-    use crate::{DType, Tensor};
+    use crate::test_graph::{constant, matmul, node, random_leaf, values};
     use tessel_graph::placement::Step;
 
     /// A plan that runs every kernel on a second device (another backend when one is
@@ -897,28 +898,30 @@ mod placement_tests {
     /// device's.
     #[test]
     fn a_placed_plan_copies_inputs_out_and_results_back() {
-        Tensor::manual_seed(21);
         let home = crate::Device::cpu();
         let other = crate::Device::all()
             .into_iter()
             .find(|d| *d != home && d.supports(DType::F32))
             .unwrap_or(home);
-        let a = Tensor::randn([33, 20], DType::F32)
-            .unwrap()
-            .to(&home)
-            .unwrap();
-        let b = Tensor::randn([20, 7], DType::F32)
-            .unwrap()
-            .to(&home)
-            .unwrap();
-        Tensor::realize_all(&[&a, &b]).unwrap();
-        let expr = || (&a.matmul(&b).unwrap().relu() * 2.0).unwrap();
-        let want = expr().to_vec::<f32>().unwrap();
+        let a = random_leaf(21, &[33, 20]);
+        let b = random_leaf(22, &[20, 7]);
+        let expr = || {
+            let product = matmul(a, b, &[], 33, 20, 7);
+            node(
+                Op::Binary(
+                    tessel_shape::BinaryOp::Mul,
+                    product,
+                    constant(2.0, &[33, 7]),
+                ),
+                &[33, 7],
+            )
+        };
+        let want = values(expr(), home);
 
         let c = expr();
         let rt = runtime();
         let st = rt.lock();
-        let targets = [c.node()];
+        let targets = [c];
         let (sig, leaves) = signature(&st.graph, &targets);
         let parts = planner::partition(
             &st.graph,
@@ -966,9 +969,9 @@ mod placement_tests {
             Arc::new(plan),
         );
 
-        let report = c.realize().unwrap();
+        let report = rt.realize(&[c], home, &Bindings::default()).unwrap();
         assert_eq!(report.copies, leaves.len() + 1, "{report:?}");
-        let got = c.to_vec::<f32>().unwrap();
+        let got = values(c, home);
         for (g, w) in got.iter().zip(&want) {
             assert!(
                 (g - w).abs() <= 1e-4 * w.abs().max(1.0),

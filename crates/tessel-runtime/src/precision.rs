@@ -87,8 +87,8 @@ static PRECISION: AtomicU8 = AtomicU8::new(0);
 /// kept, keyed by it, so switching back and forth replans nothing.
 ///
 /// ```
-/// use tessel_tensor::{Float32MatmulPrecision, float32_matmul_precision, set_float32_matmul_precision};
-/// # fn main() -> tessel_tensor::Result<()> {
+/// use tessel_runtime::{Float32MatmulPrecision, float32_matmul_precision, set_float32_matmul_precision};
+/// # fn main() -> tessel_runtime::Result<()> {
 /// set_float32_matmul_precision("high".parse()?);
 /// assert!(float32_matmul_precision().allows_tf32());
 /// set_float32_matmul_precision(Float32MatmulPrecision::Highest);

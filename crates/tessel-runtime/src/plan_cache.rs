@@ -5,7 +5,7 @@
 //! device name, driver, vendor library), the dynamic dims' values, the `f32` product
 //! precision and this crate's version. What is stored is the choice itself: for each step,
 //! the candidate, the device and the routine's variant (or the value copied and between
-//! which devices), with the step's measured time for [`crate::inspect`], and the runner-up
+//! which devices), with the step's measured time for `tessel_tensor::inspect`, and the runner-up
 //! the same way. A process that finds its plan compiles only the programs the plan runs
 //! and skips measurement; a stored step that no longer builds (a routine's variant gone, a
 //! kernel that fails to compile) makes it plan from scratch.

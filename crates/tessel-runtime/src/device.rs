@@ -1,7 +1,7 @@
 //! Devices: where tensors live and kernels run.
 
 use std::fmt;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 
 use tessel_ir::DeviceInfo;
 use tessel_shape::DType;
@@ -67,7 +67,7 @@ impl Device {
     /// Every device of every compiled-in backend, the CPU first. A backend whose driver
     /// is absent contributes none.
     pub fn all() -> Vec<Device> {
-        crate::runtime::runtime()
+        crate::runtime()
             .backends()
             .iter()
             .flat_map(|b| {
@@ -83,7 +83,7 @@ impl Device {
 
     /// What the device is and can do: its name, memory, limits and features.
     pub fn info(&self) -> Result<DeviceInfo> {
-        let backend = crate::runtime::runtime().backend(*self)?;
+        let backend = crate::runtime().backend(*self)?;
         Ok(backend.devices()[self.ordinal].clone())
     }
 
@@ -97,7 +97,7 @@ impl Device {
     /// Whether kernels on the device add `dtype` values atomically
     /// ([`Features::atomics64`](crate::Features::atomics64) for the 64-bit ones): scatters
     /// of other dtypes take a slower path.
-    pub(crate) fn atomic_adds(&self, dtype: DType) -> bool {
+    pub fn atomic_adds(&self, dtype: DType) -> bool {
         dtype.size_bytes() < 8 || self.info().is_ok_and(|info| info.features.atomics64)
     }
 
@@ -105,8 +105,10 @@ impl Device {
     /// `torch.cuda.synchronize()`): realizing returns once the work is queued, reading data
     /// waits by itself, and timing code calls this.
     pub fn synchronize(&self) -> Result<()> {
-        crate::ops::verify_pending_indices()?;
-        let backend = crate::runtime::runtime().backend(*self)?;
+        if let Some(check) = BEFORE_SYNCHRONIZE.get() {
+            check()?;
+        }
+        let backend = crate::runtime().backend(*self)?;
         backend.synchronize(self.ordinal)?;
         Ok(())
     }
@@ -114,7 +116,7 @@ impl Device {
     /// Parses `cpu`, `opencl`, `opencl:1`, ... (a backend name, optionally `:ordinal`).
     ///
     /// ```
-    /// # use tessel_tensor::Device;
+    /// # use tessel_runtime::Device;
     /// assert_eq!(Device::parse("opencl:1").unwrap(), Device::opencl(1));
     /// assert_eq!(Device::parse("cpu").unwrap(), Device::cpu());
     /// assert!(Device::parse("tpu").is_err());
@@ -144,6 +146,18 @@ impl Device {
             })?;
         Ok(Device { backend, ordinal })
     }
+}
+
+/// Work that [`Device::synchronize`] finishes before it returns: set once by the layer
+/// above that records work the device must confirm (`tessel-tensor`'s checked indexing).
+static BEFORE_SYNCHRONIZE: OnceLock<fn() -> Result<()>> = OnceLock::new();
+
+/// Makes every [`Device::synchronize`] call `check` first and return its error: the hook
+/// through which a layer above the runtime reports failures it recorded on the device
+/// (out-of-range indices in checked mode). The first hook set stays; later calls change
+/// nothing.
+pub fn on_synchronize(check: fn() -> Result<()>) {
+    let _ = BEFORE_SYNCHRONIZE.set(check);
 }
 
 /// Every backend name Tessel knows, compiled in or not.
