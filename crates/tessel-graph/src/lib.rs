@@ -11,8 +11,11 @@
 //! - [`graph`]: hash-consed, reference-counted nodes ([`Graph`], [`Node`], [`Op`]).
 //! - [`kernelize`](mod@kernelize): which values get buffers, which ops fuse, and the
 //!   lowering of each kernel to `tessel_ir` ([`kernelize()`], [`Schedule`]).
-//! - [`tune`]: launch-shape knobs of a kernel ([`Knobs`]) and its variants for a tuner to
-//!   measure ([`ScheduledKernel::variants`]).
+//! - [`spec`]: a kernel before scheduling ([`KernelSpec`]: its iteration space and its
+//!   reads as index expressions), which every knob is checked against.
+//! - [`tune`]: the schedule's knobs ([`Knobs`]: launch shape, outputs per invocation,
+//!   lanes, local-memory tiles) and a kernel's variants for a tuner to measure
+//!   ([`ScheduledKernel::variants`]).
 //! - [`vendor`]: values a library routine can compute (matrix products), as alternatives
 //!   to the generated kernels ([`find_matmuls`]).
 //!
@@ -26,6 +29,7 @@ pub mod graph;
 pub mod kernelize;
 mod lower;
 pub mod placement;
+pub mod spec;
 pub mod tune;
 pub mod vendor;
 
@@ -36,6 +40,7 @@ pub use kernelize::{
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature,
     views_to_split,
 };
+pub use spec::{KernelSpec, ScheduleError, SpecAccess};
 pub use tessel_ir::AtomicOp;
 pub use tune::{Knobs, Search};
 pub use vendor::{VendorMatch, find_matmuls, materialized_for};

@@ -23,6 +23,9 @@ use crate::tune::Knobs;
 mod rows;
 mod scatter;
 mod sort;
+mod tile;
+
+pub(crate) use tile::lower_tiled_kernel;
 
 /// Invocations per workgroup of a kernel computing one output (or `upcast` outputs) each,
 /// unless [`Knobs::local`] says otherwise.
@@ -87,6 +90,9 @@ struct Lowerer<'g> {
     in_row_loop: bool,
     /// Reductions computed inside that loop (per element: a row kernel must have none).
     row_loop_reductions: usize,
+    /// A tiled kernel's staged read: the buffer, the element index (in the space's
+    /// variables) and the value read from the tile in its place.
+    staged: Option<(Slot, Expr, Value)>,
 }
 
 /// The result of lowering one kernel.
@@ -440,6 +446,12 @@ const ACCUMULATORS: i64 = 8;
 /// written once per accumulator.
 const SPLIT_BODY_MAX: usize = 12;
 
+/// The variable of output axis `axis` (of size `extent`) in a kernel spec's indices:
+/// `o0`, `o1`, ...
+pub(crate) fn space_var(axis: usize, extent: Dim) -> Var {
+    loop_var(&format!("o{axis}"), extent)
+}
+
 fn loop_var(name: &str, extent: Dim) -> Var {
     let hi = extent.bounds().hi.saturating_sub(1).max(0);
     Var::new(name, 0, hi).expect("0 <= hi by construction")
@@ -480,6 +492,7 @@ impl<'g> Lowerer<'g> {
             lanes: None,
             in_row_loop: false,
             row_loop_reductions: 0,
+            staged: None,
         }
     }
 }
@@ -590,12 +603,18 @@ impl Lowerer<'_> {
     }
 
     fn load(&mut self, slot: Slot, shape: &Shape, dtype: DType, coords: &[Expr]) -> Value {
-        let buf = self.param(slot, dtype, shape.numel(), Access::Read);
         let flat: Expr = coords
             .iter()
             .zip(shape.contiguous_strides())
             .map(|(&c, s)| c * s)
             .sum();
+        if let Some((staged, index, value)) = &self.staged
+            && *staged == slot
+            && *index == flat
+        {
+            return *value;
+        }
+        let buf = self.param(slot, dtype, shape.numel(), Access::Read);
         // Every index a correct kernel computes is in bounds, but interval analysis can't
         // always see it through simplified div/mod chains. The clamp folds away wherever
         // the bounds prove it; elsewhere it costs two ops and makes every load provably
@@ -1100,7 +1119,12 @@ impl Lowerer<'_> {
 }
 
 /// For a movement op other than `Pad`: its operand and the operand's coordinates.
-fn map_coords(graph: &Graph, op: &Op, shape: &Shape, coords: &[Expr]) -> (NodeId, Vec<Expr>) {
+pub(crate) fn map_coords(
+    graph: &Graph,
+    op: &Op,
+    shape: &Shape,
+    coords: &[Expr],
+) -> (NodeId, Vec<Expr>) {
     match op {
         Op::Reshape(a) => {
             let inner = graph.node(*a).shape.clone();

@@ -16,7 +16,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::graph::{Graph, LeafId, NodeId};
 use crate::kernelize::ScheduledKernel;
-use crate::lower::{Lowering, Mode, lower_kernel};
+use crate::lower::{Lowering, Mode, lower_kernel, lower_tiled_kernel};
+use crate::spec::{KernelSpec, TILE_EDGES};
 
 /// Overrides of the launch-shape heuristics; `None` keeps the heuristic's choice.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -28,15 +29,25 @@ pub struct Knobs {
     pub upcast: Option<i64>,
     /// Invocations per workgroup of a cooperative or row kernel (a power of two).
     pub lanes: Option<i64>,
+    /// The edge of the square tiles (8, 16 or 32) through which an elementwise kernel
+    /// reads an input it walks along another axis than the output's last (a transpose):
+    /// see `lower/tile.rs`.
+    pub tile: Option<i64>,
 }
 
 impl fmt::Display for Knobs {
-    /// `l256_u8`, `w512`, or `default`: short, for kernel names and the tuning cache.
+    /// `l256_u8`, `w512`, `t32`, or `default`: short, for kernel names and the tuning
+    /// cache.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = [('l', self.local), ('u', self.upcast), ('w', self.lanes)]
-            .into_iter()
-            .filter_map(|(tag, v)| v.map(|v| format!("{tag}{v}")))
-            .collect();
+        let parts: Vec<String> = [
+            ('l', self.local),
+            ('u', self.upcast),
+            ('w', self.lanes),
+            ('t', self.tile),
+        ]
+        .into_iter()
+        .filter_map(|(tag, v)| v.map(|v| format!("{tag}{v}")))
+        .collect();
         if parts.is_empty() {
             f.write_str("default")
         } else {
@@ -78,7 +89,11 @@ impl Knobs {
         let local = |l: i64, u: Option<i64>| Knobs {
             local: Some(l),
             upcast: u,
-            lanes: None,
+            ..Knobs::default()
+        };
+        let tile = |t: i64| Knobs {
+            tile: Some(t),
+            ..Knobs::default()
         };
         let upcast = |u: i64| Knobs {
             upcast: Some(u),
@@ -87,7 +102,13 @@ impl Knobs {
         match (search, cooperative) {
             (Search::Default, true) => [128, 512, 1024].map(lanes).to_vec(),
             (Search::Exhaustive, true) => LOCAL_SIZES.map(lanes).to_vec(),
-            (Search::Default, false) => vec![local(256, None), local(512, None), upcast(8)],
+            (Search::Default, false) => vec![
+                local(256, None),
+                local(512, None),
+                upcast(8),
+                tile(16),
+                tile(32),
+            ],
             (Search::Exhaustive, false) => LOCAL_SIZES
                 .into_iter()
                 .flat_map(|l| {
@@ -96,6 +117,7 @@ impl Knobs {
                         .chain(UPCASTS.map(Some))
                         .map(move |u| local(l, u))
                 })
+                .chain(TILE_EDGES.map(tile))
                 .collect(),
         }
     }
@@ -103,26 +125,34 @@ impl Knobs {
 
 impl ScheduledKernel {
     /// This kernel lowered with the knob settings `search` tries, each named by its
-    /// [`Knobs`] (also appended to the kernel's name): only those that differ from this
-    /// kernel and from each other, read and write exactly what it does, and can serve
-    /// in its place. `graph` must be the graph it was kernelized from. Scatters and sorts
-    /// have no variants; nor does a kernel whose settings change nothing.
+    /// [`Knobs`] (also appended to the kernel's name): only those its spec admits
+    /// ([`KernelSpec::check`]) that differ from this kernel and from each other, read and
+    /// write exactly what it does, and can serve in its place. `graph` must be the graph
+    /// it was kernelized from. Scatters and sorts have no variants; nor does a kernel
+    /// whose settings change nothing.
     pub fn variants(&self, graph: &Graph, search: Search) -> Vec<(Knobs, ScheduledKernel)> {
         let Some(recipe) = &self.recipe else {
             return Vec::new();
         };
+        let spec = KernelSpec::new(graph, recipe, self.cooperative);
         let mut seen = vec![self.kernel.clone()];
         let mut out = Vec::new();
         for knobs in Knobs::space(search, self.cooperative) {
-            let lowered = lower_kernel(
-                graph,
-                recipe.root,
-                &recipe.materialized,
-                &recipe.absorbable,
-                &recipe.leaf_slot,
-                recipe.mode,
-                knobs,
-            );
+            if spec.check(knobs).is_err() {
+                continue;
+            }
+            let lowered = match knobs.tile {
+                Some(edge) => lower_tiled_kernel(graph, recipe, &spec, edge),
+                None => lower_kernel(
+                    graph,
+                    recipe.root,
+                    &recipe.materialized,
+                    &recipe.absorbable,
+                    &recipe.leaf_slot,
+                    recipe.mode,
+                    knobs,
+                ),
+            };
             let Ok(Lowering::Done(mut k)) = lowered else {
                 continue;
             };

@@ -3,8 +3,8 @@
 
 use rustc_hash::FxHashMap;
 use tessel_graph::{
-    Graph, LeafId, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Search, Slot, kernelize,
-    kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
+    Graph, Knobs, LeafId, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Search, Slot,
+    kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 
@@ -458,7 +458,19 @@ fn every_tuning_variant_matches_the_default_kernel() {
     let sum = env.reduce(ReduceOp::Sum, x, &[1]);
     let prod = env.binary(BinaryOp::Mul, x, y);
     let wide = env.unary(UnaryOp::Tanh, prod);
-    let targets = [softmax, sum, wide];
+    // Transposes: of an odd-sized matrix plus a matrix read in order, and of the last two
+    // axes of a batch; tiles through local memory apply to both.
+    let z = env.leaf(&[37, 45], rng.vec(37 * 45));
+    let w = env.leaf(&[45, 37], rng.vec(45 * 37));
+    let zt = env.add(Op::Permute(z, vec![1, 0].into()), Shape::from([45, 37]));
+    let transposed = env.binary(BinaryOp::Add, zt, w);
+    let b = env.leaf(&[3, 20, 24], rng.vec(3 * 20 * 24));
+    let bt = env.add(
+        Op::Permute(b, vec![0, 2, 1].into()),
+        Shape::from([3, 24, 20]),
+    );
+    let batch = env.unary(UnaryOp::Exp, bt);
+    let targets = [softmax, sum, wide, transposed, batch];
     let (want, _) = env.realize(&targets);
     let schedules = [
         kernelize(&env.g, &targets).unwrap(),
@@ -482,10 +494,74 @@ fn every_tuning_variant_matches_the_default_kernel() {
             }
         }
     }
-    // Lanes of the cooperative and row kernels, local sizes and upcasts of the others.
+    // Lanes of the cooperative and row kernels, local sizes, upcasts and tiles of the
+    // others.
     assert!(tried.keys().any(|n| n.ends_with("_g")), "{tried:?}");
+    for edge in ["_t8", "_t16", "_t32"] {
+        let tiled: Vec<_> = schedules_tiled(&env, &targets, edge);
+        assert_eq!(tiled.len(), 2, "{edge}: {tiled:?}");
+    }
     assert!(tried.keys().any(|n| n.ends_with("_row")), "{tried:?}");
     assert!(tried.values().any(|&n| n >= 20), "{tried:?}");
+}
+
+/// A kernel's spec lists its reads as index expressions of the output coordinates, finds
+/// the one a transpose walks across, and rules out knobs that do not apply.
+#[test]
+fn a_spec_describes_reads_and_rules_out_knobs() {
+    let mut env = Env::new();
+    let mut rng = Rng(12);
+    let z = env.leaf(&[37, 45], rng.vec(37 * 45));
+    let w = env.leaf(&[45, 37], rng.vec(45 * 37));
+    let zt = env.add(Op::Permute(z, vec![1, 0].into()), Shape::from([45, 37]));
+    let transposed = env.binary(BinaryOp::Add, zt, w);
+    let sum = env.reduce(ReduceOp::Sum, w, &[1]);
+    let schedule = kernelize(&env.g, &[transposed, sum]).unwrap();
+    let specs: Vec<_> = schedule
+        .kernels
+        .iter()
+        .map(|k| k.spec(&env.g).unwrap())
+        .collect();
+    let t = specs.iter().find(|s| s.root == transposed).unwrap();
+    assert!(!t.reduces && !t.gathers && !t.cooperative);
+    assert_eq!(t.accesses.len(), 2, "{t:?}");
+    let (read, axis) = t.transposed_read().expect("z is read across");
+    assert_eq!((read.slot.clone(), axis), (Slot::Input(0), 0));
+    let (o0, o1) = (t.space[0].0, t.space[1].0);
+    assert_eq!((read.stride(o0), read.stride(o1)), (Some(1), Some(45)));
+    let tile = |edge| Knobs {
+        tile: Some(edge),
+        ..Knobs::default()
+    };
+    assert!(t.check(tile(16)).is_ok());
+    assert!(t.check(tile(12)).is_err(), "not an edge tiles use");
+    let upcast = Knobs {
+        upcast: Some(8),
+        ..Knobs::default()
+    };
+    // 37 is not a multiple of 8.
+    assert!(t.check(upcast).is_err());
+    let r = specs.iter().find(|s| s.root == sum).unwrap();
+    assert!(r.reduces);
+    let err = r.check(tile(16)).unwrap_err();
+    assert!(err.to_string().contains("elementwise"), "{err}");
+    let lanes = Knobs {
+        lanes: Some(256),
+        ..Knobs::default()
+    };
+    assert!(r.check(lanes).is_err(), "a serial reduction has no lanes");
+}
+
+/// The names of the `edge` tiled variants of the default schedule's kernels.
+fn schedules_tiled(env: &Env, targets: &[NodeId], edge: &str) -> Vec<String> {
+    kernelize(&env.g, targets)
+        .unwrap()
+        .kernels
+        .iter()
+        .flat_map(|k| k.variants(&env.g, Search::Exhaustive))
+        .map(|(_, v)| v.kernel.name)
+        .filter(|n| n.ends_with(edge))
+        .collect()
 }
 
 /// A shared value of 16 ops is inlined into each consumer's kernel by default and

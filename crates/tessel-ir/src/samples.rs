@@ -98,6 +98,58 @@ pub fn vector_add(dtype: DType, n: usize, local: usize) -> Result<Kernel, Verify
     kb.build()
 }
 
+/// `out[i] = a[i] + b[i]` for `i < n`, `per` consecutive elements per invocation, as
+/// lowering writes an upcast elementwise kernel: every invocation loads its `per`
+/// elements of `a` and `b` one at a time at `per·g + j`, adds, then stores the `per`
+/// sums (the shape `passes::vectorize` merges into vector accesses).
+///
+/// - Parameters: `a: dtype[n] read`, `b: dtype[n] read`, `out: dtype[n] write`; `n` a
+///   multiple of `per`.
+/// - Grid: `ceil(n / per / local)` workgroups of `local` invocations along x, guarded by
+///   `if g < n / per`.
+pub fn upcast_add(dtype: DType, n: usize, per: usize, local: usize) -> Result<Kernel, VerifyError> {
+    const NAME: &str = "upcast_add";
+    let n_c = index_size(NAME, "n", n)?;
+    let per_c = index_size(NAME, "per", per)?;
+    let local_c = index_size(NAME, "local", local)?;
+    if !n.is_multiple_of(per) {
+        return Err(invalid(
+            NAME,
+            format!("n = {n} is not a multiple of per = {per}"),
+        ));
+    }
+    let groups = (n / per).div_ceil(local);
+    index_product(NAME, "the grid's invocation count", &[groups, local])?;
+
+    let mut kb = KernelBuilder::new(NAME);
+    let a = kb.buffer("a", dtype, n_c, Access::Read);
+    let b = kb.buffer("b", dtype, n_c, Access::Read);
+    let out = kb.buffer("out", dtype, n_c, Access::Write);
+    kb.grid([groups as i64, 1, 1], [local_c, 1, 1]);
+    let g = kb.global_id(0, INDEX);
+    let count = kb.constant_as(n_c / per_c, INDEX);
+    let in_range = kb.lt(g, count);
+    kb.if_(in_range, |kb| {
+        let per_v = kb.constant_as(per_c, INDEX);
+        let base = kb.mul(g, per_v);
+        let mut sums = Vec::new();
+        for j in 0..per_c {
+            let at = if j == 0 {
+                base
+            } else {
+                let j = kb.constant_as(j, INDEX);
+                kb.add(base, j)
+            };
+            let (x, y) = (kb.load(a, at), kb.load(b, at));
+            sums.push((at, kb.add(x, y)));
+        }
+        for (at, sum) in sums {
+            kb.store(out, at, sum);
+        }
+    });
+    kb.build()
+}
+
 /// `out = x.permute(perm)` materialized contiguously: a strided gather.
 ///
 /// `x` is a contiguous `f32` tensor of `shape`; `out` is contiguous with shape

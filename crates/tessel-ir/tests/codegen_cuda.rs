@@ -50,6 +50,22 @@ fn dynamic_vector_add() {
 }
 
 #[test]
+fn upcast_kernels_access_whole_vectors() {
+    for (dtype, per, ty) in [(DType::F32, 4, "tsl_f32x4"), (DType::BF16, 8, "tsl_bf16x8")] {
+        let source =
+            codegen::render(&samples::upcast_add(dtype, 1024, per, 64).unwrap(), &CUDA).unwrap();
+        for needle in [
+            "typedef struct __align__(16) {".to_string(),
+            format!("*(const {ty} *)(b0_a + "),
+            format!("*(const {ty} *)(b1_b + "),
+            format!("*({ty} *)(b2_out + "),
+        ] {
+            assert!(source.contains(&needle), "no `{needle}` in\n{source}");
+        }
+    }
+}
+
+#[test]
 fn kernels_use_cuda_builtins() {
     let source = codegen::render(&samples::tiled_matmul(64, 64, 64, 16).unwrap(), &CUDA).unwrap();
     assert!(
@@ -94,7 +110,9 @@ fn sample_kernels() -> Vec<Kernel> {
     ];
     for dtype in DType::ALL {
         kernels.push(samples::vector_add(dtype, 1000, 64).unwrap());
+        kernels.push(samples::upcast_add(dtype, 1024, 4, 64).unwrap());
     }
+    kernels.push(samples::upcast_add(DType::BF16, 1024, 8, 64).unwrap());
     for dtype in [DType::F32, DType::F64, DType::F16, DType::I32] {
         if let Ok(k) = samples::row_sum(100, 37, dtype) {
             kernels.push(k);
@@ -199,6 +217,7 @@ const SHIM: &str = r"#include <math.h>
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static
 struct tsl_dim3 { unsigned int x, y, z; };
 static tsl_dim3 blockIdx, threadIdx;

@@ -78,6 +78,19 @@ fn vector_add_f64() {
 }
 
 #[test]
+fn upcast_kernels_access_whole_vectors() {
+    let kernel = samples::upcast_add(DType::F32, 1024, 4, 64).unwrap();
+    let source = codegen::render(&kernel, &OPENCL).unwrap();
+    for needle in [
+        "typedef struct __attribute__((aligned(16))) {",
+        "*(__global const tsl_f32x4 *)(b0_a + ",
+        "*(__global tsl_f32x4 *)(b2_out + ",
+    ] {
+        assert!(source.contains(needle), "no `{needle}` in\n{source}");
+    }
+}
+
+#[test]
 fn permuted_copy() {
     check(
         "permuted_copy",

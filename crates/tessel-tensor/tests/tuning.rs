@@ -24,7 +24,8 @@ fn on_gpu() -> bool {
 }
 
 /// `tanh(x * y)` and `softmax(x, -1)` over `[rows, COLS]` (96 MiB bound by the first
-/// kernel on a GPU), realized; returns the report's searched and prepared kernel counts.
+/// kernel on a GPU) and the transpose `xᵀ - yᵀ` (tiled through local memory among its
+/// shapes), realized; returns the report's searched and prepared kernel counts.
 fn realize_checked() -> Result<(usize, usize)> {
     let device = Device::default();
     let rows = if on_gpu() { 8192 } else { 64 };
@@ -45,9 +46,21 @@ fn realize_checked() -> Result<(usize, usize)> {
     Tensor::realize_all(&[&x, &y])?;
     let product = (&x * &y)?.tanh();
     let softmax = x.softmax(-1)?;
-    let report = Tensor::realize_all(&[&product, &softmax])?;
+    let transposed = (&x.t()? - &y.t()?)?;
+    let report = Tensor::realize_all(&[&product, &softmax, &transposed])?;
     let got_product = product.to_vec::<f32>()?;
     let got_softmax = softmax.to_vec::<f32>()?;
+    let got_transposed = transposed.to_vec::<f32>()?;
+    for r in 0..rows {
+        for c in 0..COLS {
+            let want = f64::from(xs[r * COLS + c]) - f64::from(ys[r * COLS + c]);
+            let got = f64::from(got_transposed[c * rows + r]);
+            assert!(
+                (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "(xᵀ - yᵀ)[{c}, {r}]: {got} vs {want}"
+            );
+        }
+    }
     for (i, (&a, &b)) in xs.iter().zip(&ys).enumerate() {
         let want = (f64::from(a) * f64::from(b)).tanh();
         let got = f64::from(got_product[i]);

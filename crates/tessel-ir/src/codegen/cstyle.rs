@@ -93,6 +93,14 @@ pub struct CStyle {
     /// The statement combining `value` atomically by an op into the element `at` points
     /// to, for a dtype (`None` where the dialect has no such atomic of that width).
     pub atomic: fn(op: AtomicOp, dtype: DType, at: &str, value: &str) -> Option<String>,
+    /// The attribute aligning a struct to a number of bytes (`__align__(16)`), where the
+    /// dialect reads and writes a whole vector in one instruction through an aligned
+    /// pointer: vector typedefs are then aligned to their size (at most 16 bytes), global
+    /// accesses of vectors at indices proven to be multiples of that alignment go through
+    /// such a pointer, and kernels first run [`passes::vectorize`](crate::passes::vectorize).
+    /// `None` writes every lane as its own access (C, where the compiler's loop vectorizer
+    /// does better with scalars).
+    pub vector_align: Option<fn(usize) -> String>,
 }
 
 /// The bodies of the two `f16` conversion helpers, for a dialect with built-in conversions.
@@ -136,6 +144,7 @@ pub const C: CStyle = CStyle {
     signed_wraps: true,
     own_f32_math: true,
     atomic: c_atomic,
+    vector_align: None,
 };
 
 /// GCC's and Clang's `__atomic` built-ins: integers add directly (wrapping), floats loop
@@ -252,7 +261,12 @@ pub const OPENCL: CStyle = CStyle {
     signed_wraps: false,
     own_f32_math: false,
     atomic: opencl_atomic,
+    vector_align: Some(opencl_align),
 };
+
+fn opencl_align(bytes: usize) -> String {
+    format!("__attribute__((aligned({bytes}))) ")
+}
 
 /// OpenCL C 1.2's 32-bit atomics: `atomic_add` and `atomic_max` on integers, a loop on
 /// `atomic_cmpxchg` of the bits for `float`. The 64-bit ones are `cl_khr_int64_base_atomics`'
@@ -418,7 +432,12 @@ pub const CUDA: CStyle = CStyle {
     signed_wraps: false,
     own_f32_math: false,
     atomic: cuda_atomic,
+    vector_align: Some(cuda_align),
 };
+
+fn cuda_align(bytes: usize) -> String {
+    format!("__align__({bytes}) ")
+}
 
 /// CUDA's `atomicAdd` and `atomicMax` overloads (`double` adds need `sm_60`, which every
 /// supported device has); 64-bit integers add through the `unsigned long long` overload,

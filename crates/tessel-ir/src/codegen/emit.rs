@@ -265,6 +265,10 @@ pub(super) struct Emitter<'k> {
     /// The open region's code, written into `group` when the region ends.
     region: Writer,
     current: Option<u32>,
+    /// Where the dialect aligns vectors: the largest power of two known to divide each
+    /// integer value (`passes::multiples`), which decides the vector accesses made through
+    /// an aligned pointer. Empty otherwise.
+    multiples: Vec<u64>,
 }
 
 impl<'k> Emitter<'k> {
@@ -321,7 +325,43 @@ impl<'k> Emitter<'k> {
             group,
             region: Writer::default(),
             current: None,
+            multiples: if dialect.vector_align.is_some() {
+                crate::passes::multiples(kernel)
+            } else {
+                Vec::new()
+            },
         })
+    }
+
+    /// The pointer through which a global vector access of `ty` at `index` reads or
+    /// writes the whole vector in one instruction (`*(T *)(base + index)`), where the
+    /// dialect aligns vectors and `index` is a proven multiple of that alignment; `None`
+    /// where each lane is its own access.
+    fn vector_pointer(
+        &mut self,
+        mem: Mem,
+        index: Value,
+        ty: Ty,
+        site: Level,
+        constant: bool,
+    ) -> Result<Option<String>, CodegenError> {
+        let Mem::Global(_) = mem else {
+            return Ok(None);
+        };
+        let Some(&multiple) = self.multiples.get(index.index()) else {
+            return Ok(None);
+        };
+        let align = super::helpers::vector_alignment(ty.dtype, ty.width);
+        let proven = multiple.saturating_mul(ty.dtype.size_bytes() as u64) >= align as u64;
+        if ty.width == 1 || ty.dtype == DType::Bool || !proven {
+            return Ok(None);
+        }
+        let t = self.ty(ty)?;
+        let base = self.mem(mem);
+        let idx = self.operand(index, 0, site)?;
+        let q = self.dialect().buffer_qualifier;
+        let c = if constant { "const " } else { "" };
+        Ok(Some(format!("*({q}{c}{t} *)({base} + {idx})")))
     }
 
     fn dialect(&self) -> &'k CStyle {
@@ -681,6 +721,11 @@ impl<'k> Emitter<'k> {
                 }
             }
             Inst::Load { mem, index, width } => {
+                if let Some(ty) = self.defs[i].ty()
+                    && let Some(pointer) = self.vector_pointer(*mem, *index, ty, site, true)?
+                {
+                    return self.define(i, vec![pointer]);
+                }
                 let base = self.mem(*mem);
                 let idx = self.operand(*index, 0, site)?;
                 let is_bool_buffer = matches!(mem, Mem::Global(_))
@@ -703,6 +748,12 @@ impl<'k> Emitter<'k> {
                 self.define(i, values)?
             }
             Inst::Store { mem, index, value } => {
+                if let Some(ty) = self.defs[value.index()].ty()
+                    && let Some(pointer) = self.vector_pointer(*mem, *index, ty, site, false)?
+                {
+                    let v = self.name(*value, site);
+                    return Ok(vec![Piece::Line(format!("{pointer} = {v};"))]);
+                }
                 let base = self.mem(*mem);
                 let idx = self.operand(*index, 0, site)?;
                 let cast = if matches!(mem, Mem::Global(_)) && self.dtype(*value) == DType::Bool {

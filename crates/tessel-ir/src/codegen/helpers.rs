@@ -194,7 +194,13 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
     let s32 = dialect.f32_math_suffix;
     let s64 = dialect.f64_math_suffix;
     Ok(match helper {
-        Helper::Vector(d, w) => format!("typedef struct {{ {} v[{w}]; }} {name};\n", ty(d)?),
+        Helper::Vector(d, w) => {
+            let align = dialect
+                .vector_align
+                .map(|attr| attr(vector_alignment(d, w)))
+                .unwrap_or_default();
+            format!("typedef struct {align}{{ {} v[{w}]; }} {name};\n", ty(d)?)
+        }
         Helper::Bitcast(from, to) => {
             let (f, t) = (ty(from)?, ty(to)?);
             // A union is the one bit reinterpretation C, OpenCL C and CUDA all accept.
@@ -648,6 +654,12 @@ fn erf_definition(p: &str, u32_t: &str, u64_t: &str, s64: &str) -> String {
         sb = horner1(&SB, "s"),
     );
     out
+}
+
+/// The alignment of a vector of `w` `d`s where the dialect aligns vectors: its size, at
+/// most 16 bytes (the widest access one instruction makes).
+pub(super) fn vector_alignment(d: DType, w: u8) -> usize {
+    (d.size_bytes() * usize::from(w)).min(16)
 }
 
 #[cfg(test)]

@@ -208,7 +208,18 @@ pub enum CodegenError {
 /// let source = codegen::render(&kernel, &C).unwrap();
 /// assert!(source.contains("void tessel_vector_add(void *const *bufs"));
 /// ```
+///
+/// A dialect with [`CStyle::vector_align`] first merges consecutive scalar accesses into
+/// vector ones ([`passes::vectorize`](crate::passes::vectorize), up to 16 bytes).
 pub fn render(kernel: &Kernel, dialect: &CStyle) -> Result<String, CodegenError> {
+    verify(kernel)?;
+    let vectorized;
+    let kernel = if dialect.vector_align.is_some() {
+        vectorized = crate::passes::vectorize(kernel, 16);
+        &vectorized
+    } else {
+        kernel
+    };
     let defs = verify(kernel)?;
     emit::Emitter::new(kernel, defs, dialect)?.render()
 }

@@ -9,6 +9,8 @@
 //!   reads, empty blocks);
 //! - [`licm`]: loop-invariant code motion of pure instructions out of `Range`s;
 //! - [`unroll`]: full unrolling of small constant `Range`s;
+//! - [`vectorize`]: scalar loads and stores of consecutive elements merged into vector
+//!   accesses (run by the dialects that read vectors in one instruction, not by `optimize`);
 //! - [`optimize`]: the standard pipeline of all of them.
 //!
 //! Two guarantees hold for every pass: the output verifies whenever the input does, and the
@@ -26,12 +28,15 @@ mod dce;
 mod fold;
 mod licm;
 mod unroll;
+mod vectorize;
 
 pub use self::cse::cse;
 pub use self::dce::dce;
 pub use self::fold::fold;
 pub use self::licm::licm;
 pub use self::unroll::unroll;
+pub(crate) use self::vectorize::multiples;
+pub use self::vectorize::vectorize;
 
 use tessel_shape::{DType, Scalar};
 
