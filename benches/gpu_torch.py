@@ -43,7 +43,13 @@ try:
     rows.append(("chain8 f32 torch.compile", time_ms(lambda: compiled(x)), 2 * 4 * n, "GB/s"))
 except Exception as e:  # no compiler toolchain on the host
     print(f"torch.compile unavailable: {e}")
-del x, out
+xb = x.to(torch.bfloat16)
+rows.append(("chain8 bf16 eager", time_ms(lambda: chain8(xb)), 2 * 2 * n, "GB/s"))
+try:
+    rows.append(("chain8 bf16 torch.compile", time_ms(lambda: compiled(xb)), 2 * 2 * n, "GB/s"))
+except Exception as e:
+    print(f"torch.compile unavailable: {e}")
+del x, xb, out
 a = torch.rand(16384, 16384, device=dev)
 rows.append(("sum last axis f32", time_ms(lambda: a.sum(-1)), 4 * (16384 * 16384 + 16384), "GB/s"))
 rows.append(("sum axis 0 f32 (column sums)", time_ms(lambda: a.sum(0)), 4 * (16384 * 16384 + 16384), "GB/s"))
@@ -52,6 +58,10 @@ s = torch.rand(8192, 8192, device=dev)
 bias = torch.rand(8192, device=dev)
 rows.append(("bias add rows f32", time_ms(lambda: s + bias), 4 * (2 * 8192 * 8192 + 8192), "GB/s"))
 rows.append(("transpose copy f32", time_ms(lambda: s.t().contiguous()), 2 * 4 * 8192 * 8192, "GB/s"))
+sb, biasb = s.to(torch.bfloat16), bias.to(torch.bfloat16)
+rows.append(("bias add rows bf16", time_ms(lambda: sb + biasb), 2 * (2 * 8192 * 8192 + 8192), "GB/s"))
+rows.append(("transpose copy bf16", time_ms(lambda: sb.t().contiguous()), 2 * 2 * 8192 * 8192, "GB/s"))
+del sb, biasb
 rows.append(("softmax rows f32", time_ms(lambda: s.softmax(-1)), 2 * 4 * 8192 * 8192, "GB/s"))
 ln = lambda: torch.nn.functional.layer_norm(s, (8192,))
 rows.append(("layer_norm rows f32", time_ms(ln), 2 * 4 * 8192 * 8192, "GB/s"))

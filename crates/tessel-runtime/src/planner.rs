@@ -658,6 +658,8 @@ pub(crate) struct Compiled {
     pub(crate) tuning: Tuning,
     /// Deferred programs measurement built, by origin.
     pub(crate) built_later: Mutex<Origins>,
+    /// Searched kernels whose fastest shape measurement stored in the tuning cache.
+    pub(crate) winners_stored: AtomicUsize,
 }
 
 /// Kernels counted by [`ProgramOrigin`].
@@ -713,6 +715,7 @@ pub(crate) fn compile(
         searches: Vec::new(),
         tuning: parts.tuning,
         built_later: Mutex::new(Origins::default()),
+        winners_stored: AtomicUsize::new(0),
     };
     let mut winners = tuning::Winners::new(parts.tuning);
     for d in 0..out.devices.len() {

@@ -85,8 +85,10 @@ pub struct RealizeReport {
     pub copies: usize,
     /// Kernels whose launch shapes a new plan searched (see [`set_tuning`](crate::set_tuning)):
     /// the tuning cache had no winner for them, so their other shapes were candidates,
-    /// compiled and measured where measurement found it worth it, and the fastest stored.
-    /// 0 when the tuning cache knew every winner. Shapes compiled count in `compiled`.
+    /// compiled and measured where measurement found it worth it, and the fastest was
+    /// stored. A kernel left outside the plan, whose shapes were never measured, stores
+    /// nothing and does not count. 0 when the tuning cache knew every winner. Shapes
+    /// compiled count in `compiled`.
     pub tuned: usize,
 }
 
@@ -110,7 +112,8 @@ pub struct RuntimeStats {
     pub kernels_cached: u64,
     /// Kernels left to the reference interpreter (the CPU backend without a C compiler).
     pub kernels_interpreted: u64,
-    /// Kernels whose launch shapes were searched (see [`RealizeReport::tuned`]).
+    /// Kernels whose launch shapes were searched and the winner stored (see
+    /// [`RealizeReport::tuned`]).
     pub kernels_tuned: u64,
     /// Live graph nodes.
     pub graph_nodes: usize,
@@ -441,9 +444,6 @@ impl Runtime {
             let started = Instant::now();
             let origins = compiled.origins;
             self.count(report, origins);
-            report.tuned += compiled.searches.len();
-            self.tuned
-                .fetch_add(compiled.searches.len() as u64, Ordering::Relaxed);
             let plan = if let Some(stored) = &stored {
                 let Some(plan) = compiled.stored_plan(stored) else {
                     tracing::debug!(target: "tessel::plan", "{device}: the stored plan {disk_key:032x} does not build here; planning again");
@@ -463,6 +463,9 @@ impl Runtime {
                 // Other launch shapes measurement built (see `crate::tuning`).
                 let later = compiled.built_later.lock().map(|o| *o).unwrap_or_default();
                 self.count(report, later);
+                let tuned = compiled.winners_stored.load(Ordering::Relaxed);
+                report.tuned += tuned;
+                self.tuned.fetch_add(tuned as u64, Ordering::Relaxed);
                 let (plan, stored) = chosen?;
                 if plan_cache::enabled() {
                     plan_cache::store(disk_key, &stored);

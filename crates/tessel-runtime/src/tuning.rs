@@ -348,6 +348,9 @@ pub(crate) fn record(
         let seconds = times[k].unwrap_or(f64::NAN);
         tracing::debug!(target: "tessel::plan", "{device}: tuned {}: {} in {:.1} µs", compiled.candidates[b.candidate].work.name(), tag.knobs, seconds * 1e6);
         store(device_key(tag.kernel, &**backend, *device), &tag.knobs);
+        compiled
+            .winners_stored
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

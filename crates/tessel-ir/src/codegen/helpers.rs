@@ -62,9 +62,9 @@ pub(super) enum Helper {
 }
 
 impl Helper {
-    /// The helpers this one calls, in a dialect whose `f16` conversions are built in when
-    /// `f16_builtins` holds.
-    fn deps(self, f16_builtins: bool) -> Vec<Helper> {
+    /// The helpers this one calls, in a dialect whose `f16` (`bf16`) conversions are
+    /// built in when `f16_builtins` (`bf16_builtins`) holds.
+    fn deps(self, f16_builtins: bool, bf16_builtins: bool) -> Vec<Helper> {
         let f32_bits = [
             Helper::Bitcast(DType::F32, DType::U32),
             Helper::Bitcast(DType::U32, DType::F32),
@@ -75,6 +75,7 @@ impl Helper {
         ];
         match self {
             Helper::F16ToF32 | Helper::F32ToF16 if f16_builtins => Vec::new(),
+            Helper::Bf16ToF32 | Helper::F32ToBf16 if bf16_builtins => Vec::new(),
             Helper::F16ToF32 | Helper::F32ToF16 | Helper::Bf16ToF32 | Helper::F32ToBf16 => {
                 f32_bits.to_vec()
             }
@@ -121,6 +122,8 @@ pub(super) struct Helpers {
     seen: FxHashSet<Helper>,
     /// Whether the dialect converts `f16` with built-ins (which call no other helper).
     f16_builtins: bool,
+    /// The same for `bf16`.
+    bf16_builtins: bool,
 }
 
 impl Helpers {
@@ -129,6 +132,7 @@ impl Helpers {
             order: Vec::new(),
             seen: FxHashSet::default(),
             f16_builtins: dialect.f16_builtins.is_some(),
+            bf16_builtins: dialect.bf16_builtins.is_some(),
         }
     }
 
@@ -142,7 +146,7 @@ impl Helpers {
         if self.seen.contains(&helper) {
             return;
         }
-        for dep in helper.deps(self.f16_builtins) {
+        for dep in helper.deps(self.f16_builtins, self.bf16_builtins) {
             self.require(dep);
         }
         self.seen.insert(helper);
@@ -174,6 +178,23 @@ fn definition(helper: Helper, dialect: &CStyle, kernel: &str) -> Result<String, 
     let name = helper.name();
     let (u16_t, u32_t, u64_t) = (ty(DType::U16)?, ty(DType::U32)?, ty(DType::U64)?);
     let i32_t = ty(DType::I32)?;
+    if let Some(builtins) = dialect.bf16_builtins {
+        match helper {
+            Helper::Bf16ToF32 => {
+                return Ok(format!(
+                    "{p}float {name}({u16_t} h) {{\n    {}\n}}\n",
+                    builtins.to_f32
+                ));
+            }
+            Helper::F32ToBf16 => {
+                return Ok(format!(
+                    "{p}{u16_t} {name}(float value) {{\n    {}\n}}\n",
+                    builtins.from_f32
+                ));
+            }
+            _ => {}
+        }
+    }
     if let Some(builtins) = dialect.f16_builtins {
         match helper {
             Helper::F16ToF32 => {
