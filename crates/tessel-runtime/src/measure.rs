@@ -406,12 +406,17 @@ impl<'c> Measurer<'c> {
             let c = &compiled.candidates[b.candidate];
             let known = cached[k].or(measured.get(&keys[k]).copied());
             match self.measure(k, known) {
-                Ok(Some(t)) => {
+                Ok(Some(Timed::Median(t))) => {
                     self.times[k] = Some(t);
                     if cached[k].is_none() && measured.insert(keys[k], t).is_none() {
                         store_timing(keys[k], t);
                     }
                 }
+                // Good enough to rank a loser here, not to cache: a first run can carry
+                // one-time costs (a library loading its kernel on first use took a 45 µs
+                // cuBLAS product to 4.6 ms, and the cached 4.6 ms kept GPT-2 off cuBLAS
+                // in every later process).
+                Ok(Some(Timed::FirstRun(t))) => self.times[k] = Some(t),
                 Ok(None) => {}
                 Err(e) if c.default && b.device == 0 => return Err(e),
                 Err(e) => {
@@ -449,7 +454,7 @@ impl<'c> Measurer<'c> {
 
     /// Runs program `k`: the first run produces (or checks) its values, then times it
     /// unless `known` already holds its time.
-    fn measure(&mut self, k: usize, known: Option<f64>) -> Result<Option<f64>> {
+    fn measure(&mut self, k: usize, known: Option<f64>) -> Result<Option<Timed>> {
         let compiled = self.compiled;
         let b = &compiled.programs[k];
         let c = &compiled.candidates[b.candidate];
@@ -538,10 +543,10 @@ impl<'c> Measurer<'c> {
         }
         let timed = match known {
             _ if !agrees => None,
-            Some(t) => Some(t),
+            Some(t) => Some(Timed::Median(t)),
             None => Some(self.time(k, &args, first)?),
         };
-        tracing::debug!(target: "tessel::measure", "{}: {} {}: checking run {:.3} ms, time {:?} ms{}", self.device(d), c.work.name(), b.variant, first.as_secs_f64() * 1e3, timed.map(|t| t * 1e3), if known.is_some() { " (cached)" } else { "" });
+        tracing::debug!(target: "tessel::measure", "{}: {} {}: checking run {:.3} ms, time {:?}{}", self.device(d), c.work.name(), b.variant, first.as_secs_f64() * 1e3, timed, if known.is_some() { " (cached)" } else { "" });
         // What was checked against a reference is not needed after this program.
         for (_, _, _, fresh) in checks {
             self.release(d, fresh);
@@ -658,8 +663,10 @@ impl<'c> Measurer<'c> {
             .min_by(f64::total_cmp)
     }
 
-    /// The median time of program `k` on `args`, after a first run of `first`.
-    fn time(&self, k: usize, args: &[BufferId], first: Duration) -> Result<f64> {
+    /// The time of program `k` on `args`, after a first run of `first`: the median of
+    /// several runs ([`Timed::Median`]), or the first run alone for a candidate that loses
+    /// anyway ([`Timed::FirstRun`]).
+    fn time(&self, k: usize, args: &[BufferId], first: Duration) -> Result<Timed> {
         let backend = self.backend(self.compiled.programs[k].device);
         let program = self.compiled.programs[k].program.id()?;
         // A candidate slower than a second, or `HOPELESS` times slower than the fastest
@@ -669,7 +676,7 @@ impl<'c> Measurer<'c> {
             .fastest_twin(k)
             .is_some_and(|best| first.as_secs_f64() > best * HOPELESS);
         if hopeless || first > Duration::from_secs(1) {
-            return Ok(first.as_secs_f64());
+            return Ok(Timed::FirstRun(first.as_secs_f64()));
         }
         let runs = if first > Duration::from_millis(50) {
             2
@@ -680,7 +687,7 @@ impl<'c> Measurer<'c> {
         for _ in 0..runs {
             samples.push(backend.time(program, args, &self.dims)?.as_secs_f64());
         }
-        Ok(median(samples))
+        Ok(Timed::Median(median(samples)))
     }
 
     /// Runs `steps` on fresh buffers (inputs shared) and says why its targets differ from
@@ -1126,6 +1133,15 @@ pub(crate) fn device_identity(h: &mut Fnv128, backend: &dyn Backend, device: Dev
     }
 }
 
+/// A measured time and how it was taken.
+#[derive(Clone, Copy, Debug)]
+enum Timed {
+    /// The median of several runs: what the timing cache keeps.
+    Median(f64),
+    /// One checking run of a program that loses anyway: an upper bound.
+    FirstRun(f64),
+}
+
 fn timing_key(
     backend: &dyn Backend,
     device: Device,
@@ -1134,7 +1150,8 @@ fn timing_key(
     dims: &Bindings,
 ) -> u128 {
     let mut h = Fnv128::new();
-    h.field(b"tessel-timing-v2");
+    // v3: v2 caches could hold first-run times of losing candidates.
+    h.field(b"tessel-timing-v3");
     // A program with dynamic dims takes as long as the sizes it runs at.
     dims_identity(&mut h, dims);
     device_identity(&mut h, backend, device);
