@@ -28,6 +28,21 @@ def time_ms(fn, runs=10):
     return times[len(times) // 2]
 
 
+def host_ms(fn, runs=200):
+    """Median host time of `fn` plus a synchronize: what a loop of small steps pays."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2] * 1e3
+
+
 def chain8(x):
     y = (x * 1.5 + 0.25).relu() * x
     return -((y - 0.5).abs() + x)
@@ -37,6 +52,8 @@ n = 256 << 20
 x = torch.rand(n, device=dev) * 2 - 1
 out = torch.empty_like(x)
 rows = [("device copy f32 (256M)", time_ms(lambda: out.copy_(x)), 2 * 4 * n, "GB/s")]
+sx, sb = torch.rand(16, device=dev), torch.rand(16, device=dev)
+rows.append(("small op [16] f32 (op calls + synchronize, host clock)", host_ms(lambda: sx * 2 + sb), 4 * 3 * 16, "GB/s"))
 rows.append(("chain8 f32 eager", time_ms(lambda: chain8(x)), 2 * 4 * n, "GB/s"))
 try:
     compiled = torch.compile(chain8)

@@ -75,6 +75,16 @@ fn workloads(scale: usize) -> Vec<Workload> {
     let sort_rows = 8192 / scale;
     vec![
         Workload {
+            name: "small op [16] f32 (one realize + synchronize)",
+            unit: "GB/s",
+            amount: 4.0 * 3.0 * 16.0,
+            inputs: vec![vec![16], vec![16]],
+            dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| &(&x[0] * 2.0)? + &x[1],
+        },
+        Workload {
             name: "chain8 f32 (8 fused elementwise ops)",
             unit: "GB/s",
             amount: 2.0 * 4.0 * n as f64,

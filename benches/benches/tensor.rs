@@ -1,6 +1,7 @@
 //! The Tensor API on the CPU backend (issue 4's benchmarks):
 //! - recording one op (target < 1 µs),
-//! - replaying a cached plan (host time per kernel launch, target < 10 µs),
+//! - replaying a cached plan of one kernel and of several (issue 23's host overhead:
+//!   ≤ 10 µs per realize plus ≤ 2 µs per kernel),
 //! - a fused 10-op elementwise chain on 16M f32 against the same chain unfused,
 //! - a 1024×1024×1024 f32 matmul through the measured choice of path, and the `gemm`
 //!   crate called directly (throughput in elements = FLOP/s);
@@ -51,6 +52,53 @@ fn cached_plan(c: &mut Criterion) {
                 let y = ((&a * 2.0).unwrap() + &b).unwrap();
                 let report = y.realize().unwrap();
                 debug_assert_eq!(report.kernels_prepared(), 0);
+                black_box(y)
+            });
+        },
+    );
+}
+
+/// Several kernels: each step subtracts the row sums (a reduction broadcast back; the
+/// kernelizer nests some of them, so the bench reports how many kernels the plan runs).
+fn several_kernels(x: &Tensor) -> Tensor {
+    (0..14).fold(x.clone(), |y, _| {
+        let sums = y.sum(&[-1], true).unwrap();
+        ((&y - &sums).unwrap() * 0.5).unwrap()
+    })
+}
+
+fn cached_plan_of_several_kernels(c: &mut Criterion) {
+    let x = Tensor::randn([4, 16], DType::F32).unwrap();
+    x.realize().unwrap();
+    let kernels = several_kernels(&x).realize().unwrap().kernels;
+    c.bench_function(
+        &format!("replay a cached plan of {kernels} kernels (record 42 ops + realize)"),
+        |bench| {
+            bench.iter(|| {
+                let y = several_kernels(&x);
+                let report = y.realize().unwrap();
+                debug_assert_eq!(report.kernels_prepared(), 0);
+                black_box(y)
+            });
+        },
+    );
+    // The same ops recorded and dropped: the difference is the realize's host time.
+    c.bench_function("record the same 42 ops only (then drop)", |bench| {
+        bench.iter(|| black_box(several_kernels(&x)));
+    });
+}
+
+fn cached_plan_of_one_long_kernel(c: &mut Criterion) {
+    let x = Tensor::randn([4, 16], DType::F32).unwrap();
+    x.realize().unwrap();
+    let chain = |x: &Tensor| (0..21).fold(x.clone(), |y, _| ((&y * 0.5).unwrap() + x).unwrap());
+    chain(&x).realize().unwrap();
+    c.bench_function(
+        "replay a cached plan of 1 kernel (record 42 ops + realize)",
+        |bench| {
+            bench.iter(|| {
+                let y = chain(&x);
+                y.realize().unwrap();
                 black_box(y)
             });
         },
@@ -195,6 +243,14 @@ fn sort(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, recording, cached_plan, fusion, matmul);
+criterion_group!(
+    benches,
+    recording,
+    cached_plan,
+    cached_plan_of_several_kernels,
+    cached_plan_of_one_long_kernel,
+    fusion,
+    matmul
+);
 criterion_group!(ops, conv2d, max_pool2d, sort);
 criterion_main!(benches, ops);

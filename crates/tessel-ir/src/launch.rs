@@ -39,23 +39,27 @@ impl LaunchArgs {
         sizes: &[usize],
         bindings: &Bindings,
     ) -> Result<LaunchArgs, BackendError> {
-        let eval = |what: &str, e: Expr| {
+        // What an expression is, for error messages: only formatted when one fails, since
+        // this runs on every launch.
+        let eval = |what: &dyn Fn() -> String, e: Expr| {
             e.eval(bindings)
-                .map_err(|err| invalid(kernel, format!("cannot evaluate {what} `{e}`: {err}")))
+                .map_err(|err| invalid(kernel, format!("cannot evaluate {} `{e}`: {err}", what())))
         };
         let mut grid = [0i64; 6];
         let axes = kernel.grid.groups.iter().chain(&kernel.grid.local);
         for (k, dim) in axes.enumerate() {
-            let what = if k < 3 {
-                format!("the workgroup count along axis {k}")
-            } else {
-                format!("the local size along axis {}", k - 3)
+            let what = || {
+                if k < 3 {
+                    format!("the workgroup count along axis {k}")
+                } else {
+                    format!("the local size along axis {}", k - 3)
+                }
             };
             let value = eval(&what, *dim)?;
             if value < 0 {
                 return Err(invalid(
                     kernel,
-                    format!("{what} `{dim}` is {value}, which is negative"),
+                    format!("{} `{dim}` is {value}, which is negative", what()),
                 ));
             }
             grid[k] = value;
@@ -76,7 +80,7 @@ impl LaunchArgs {
         for (p, param) in kernel.params.iter().enumerate() {
             match param {
                 Param::Dim { var, dtype } => {
-                    let value = eval(&format!("dim parameter {p}"), Expr::from(*var))?;
+                    let value = eval(&|| format!("dim parameter {p}"), Expr::from(*var))?;
                     if !fits(value, *dtype) {
                         return Err(invalid(
                             kernel,
@@ -97,7 +101,7 @@ impl LaunchArgs {
                         return Err(buffer_count(kernel, ids.len()));
                     };
                     buffer += 1;
-                    let elements = eval(&format!("the length of buffer `{name}`"), *len)?;
+                    let elements = eval(&|| format!("the length of buffer `{name}`"), *len)?;
                     let needed = usize::try_from(elements)
                         .ok()
                         .and_then(|n| n.checked_mul(dtype.size_bytes()))
