@@ -46,7 +46,7 @@ mod vendor;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -111,6 +111,8 @@ pub struct CpuStats {
     pub memory_hits: u64,
     /// Launches run (compiled, interpreted or vendor).
     pub launches: u64,
+    /// Kernels the compiler rejected, left to the interpreter.
+    pub compile_failures: u64,
 }
 
 #[derive(Default)]
@@ -119,6 +121,7 @@ struct Counters {
     disk_hits: AtomicU64,
     memory_hits: AtomicU64,
     launches: AtomicU64,
+    compile_failures: AtomicU64,
 }
 
 /// What a [`ProgramId`] names: a kernel, or a library routine ([`Backend::vendor`]).
@@ -160,6 +163,8 @@ pub struct CpuBackend {
     programs: Handles<ProgramId, Program>,
     libraries: Mutex<Libraries>,
     counters: Counters,
+    /// The cache directory was found unusable and said so once.
+    warned_cache: AtomicBool,
 }
 
 impl Default for CpuBackend {
@@ -198,6 +203,7 @@ impl CpuBackend {
             programs: Handles::new("cpu"),
             libraries: Mutex::default(),
             counters: Counters::default(),
+            warned_cache: AtomicBool::new(false),
         }
     }
 
@@ -214,6 +220,7 @@ impl CpuBackend {
             disk_hits: get(&self.counters.disk_hits),
             memory_hits: get(&self.counters.memory_hits),
             launches: get(&self.counters.launches),
+            compile_failures: get(&self.counters.compile_failures),
         }
     }
 
@@ -248,6 +255,36 @@ impl CpuBackend {
         self.config.cache_dir.join("cpu")
     }
 
+    /// Builds (or finds) the library `key` in the cache directory, else, where that
+    /// directory cannot be used (a file, unwritable), in the temporary directory's
+    /// `tessel-<user>/cpu`, with a warning the first time. Returns the directory used and
+    /// whether a compile ran.
+    fn build(
+        &self,
+        compiler: &Compiler,
+        key: u128,
+        source: &str,
+    ) -> Result<(PathBuf, bool), BuildError> {
+        let dir = self.library_dir();
+        match compiler.build(&dir, key, source) {
+            Ok(compiled) => Ok((dir, compiled)),
+            Err(BuildError::Io(msg)) => {
+                let fallback = fallback_cache_dir();
+                if !self.warned_cache.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "tessel-cpu: cannot use the kernel cache ({msg}); caching kernels in {} \
+                         instead. Set TESSEL_CACHE_DIR to a writable directory to keep them",
+                        fallback.display()
+                    );
+                }
+                compiler
+                    .build(&fallback, key, source)
+                    .map(|compiled| (fallback, compiled))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// The loaded library for `source`, from memory, disk, or a fresh compile, and which.
     fn library(
         &self,
@@ -266,10 +303,9 @@ impl CpuBackend {
             log,
         };
         tracing::debug!(target: "tessel::kernels", kernel = %kernel.name, "C source:\n{source}");
-        let dir = self.library_dir();
         let started = Instant::now();
         // No lock is held here: compiling takes long, and other kernels may compile meanwhile.
-        let compiled = compiler.build(&dir, key, source).map_err(|e| match e {
+        let (dir, compiled) = self.build(compiler, key, source).map_err(|e| match e {
             BuildError::Compiler(log) => compile_error(log),
             BuildError::Io(msg) => compile_error(format!("cannot use the kernel cache: {msg}")),
         })?;
@@ -281,11 +317,33 @@ impl CpuBackend {
         counter.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(kernel = %kernel.name, compiled, elapsed = ?started.elapsed(), "tessel-cpu: library ready");
         let path = compiler::library_path(&dir, key);
-        // SAFETY: the library was built by `Compiler::build` from source that
-        // `codegen::render` generated: plain C functions, with no initializers or
-        // destructors that could run on load or unload.
-        let library = unsafe { Library::new(&path) }
-            .map_err(|e| compile_error(format!("cannot load {}: {e}", path.display())))?;
+        let library = match load(&path) {
+            Ok(library) => library,
+            // A cached library that does not load (truncated, empty, garbage) is built
+            // again once, instead of failing every later run until someone deletes it.
+            Err(e) if !compiled => {
+                tracing::warn!(
+                    "tessel-cpu: the cached kernel library {} does not load ({e}); building it again",
+                    path.display()
+                );
+                let _ = std::fs::remove_file(&path);
+                compiler.build(&dir, key, source).map_err(|e| match e {
+                    BuildError::Compiler(log) => compile_error(log),
+                    BuildError::Io(msg) => {
+                        compile_error(format!("cannot use the kernel cache: {msg}"))
+                    }
+                })?;
+                self.counters.compiles.fetch_add(1, Ordering::Relaxed);
+                load(&path)
+                    .map_err(|e| compile_error(format!("cannot load {}: {e}", path.display())))?
+            }
+            Err(e) => {
+                return Err(compile_error(format!(
+                    "cannot load {}: {e}",
+                    path.display()
+                )));
+            }
+        };
         let library = Arc::new(library);
         let mut cache = lock(&self.libraries);
         if cache.map.insert(key, Arc::clone(&library)).is_none() {
@@ -307,6 +365,23 @@ impl CpuBackend {
     fn check_device(&self, device: usize) -> Result<(), BackendError> {
         handles::device("cpu", &self.devices, device).map(drop)
     }
+}
+
+/// Loads the library at `path`.
+fn load(path: &Path) -> Result<Library, libloading::Error> {
+    // SAFETY: the library was built by `Compiler::build` from source that
+    // `codegen::render` generated: plain C functions, with no initializers or
+    // destructors that could run on load or unload.
+    unsafe { Library::new(path) }
+}
+
+/// Where libraries are cached when the configured directory cannot be used: per user, so
+/// two users of one machine never load each other's files.
+fn fallback_cache_dir() -> PathBuf {
+    let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
+    std::env::temp_dir()
+        .join(format!("tessel-{user}"))
+        .join("cpu")
 }
 
 /// A lock on one buffer for the length of a launch.
@@ -502,7 +577,26 @@ impl Backend for CpuBackend {
                         what: other.to_string(),
                     },
                 })?;
-                let (library, origin) = self.library(compiler, kernel, &source)?;
+                let (library, origin) = match self.library(compiler, kernel, &source) {
+                    Ok(found) => found,
+                    // A compiler that rejects the source (or a toolchain that is broken)
+                    // costs speed, not the realize: the interpreter runs the kernel.
+                    Err(e @ BackendError::Compile { .. }) => {
+                        tracing::warn!(
+                            "tessel-cpu: {e}\n(running the kernel in the reference interpreter \
+                             instead, which is much slower)"
+                        );
+                        self.counters
+                            .compile_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        return Ok(self.programs.insert(Program::Kernel(KernelProgram {
+                            kernel: kernel.clone(),
+                            native: None,
+                            origin: ProgramOrigin::Interpreted,
+                        })));
+                    }
+                    Err(e) => return Err(e),
+                };
                 let symbol = codegen::entry_name(kernel);
                 // SAFETY: `codegen::render` defines `symbol` with the `Launch::Serial`
                 // signature, which `KernelFn` spells exactly.

@@ -134,6 +134,9 @@ impl Tensor {
     /// [`Tensor::dims`] still returns numbers. Ops that need a concrete size on a dynamic
     /// axis (convolutions, pooling, sorting along it, ...) return an error saying so.
     ///
+    /// `var`'s lower bound must be at least 1 (an error otherwise: sizes divide index
+    /// arithmetic).
+    ///
     /// An axis that is already a dynamic expression (`past + 1`, the length of a KV cache
     /// after a `cat`) is renamed `var` with its value: decoding re-marks its cache each step
     /// so the next step records the same graph as the last.
@@ -206,6 +209,22 @@ impl Tensor {
             });
         }
         let bounds = var.bounds();
+        if bounds.lo < 1 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "`{}` may be {} (its bounds are {}..={}), but a dynamic size must be at \
+                     least 1: index arithmetic divides by it. Declare it as \
+                     Var::new(\"{}\", 1, {})",
+                    var.name(),
+                    bounds.lo,
+                    bounds.lo,
+                    bounds.hi,
+                    var.name(),
+                    bounds.hi.max(1)
+                ),
+            });
+        }
         if !bounds.contains(value) {
             return Err(Error::InvalidArgument {
                 op: OP,

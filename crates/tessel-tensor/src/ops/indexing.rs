@@ -549,9 +549,23 @@ pub(super) fn usize_of(n: i64) -> usize {
     usize::try_from(n).unwrap_or(0)
 }
 
-/// Checks `index` is an integer index tensor on `x`'s device.
+/// Fails for float8 `x`: the index ops' kernels compare and combine values (the scatters'
+/// ordered keys, out-of-range zeros), which float8, a storage type, does not do.
+pub(super) fn no_float8(op: &'static str, x: &Tensor) -> Result<()> {
+    if x.dtype().is_float8() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: x.dtype(),
+            hint: "float8 is a storage type; cast first, e.g. .cast(DType::BF16), and back after",
+        });
+    }
+    Ok(())
+}
+
+/// Checks `index` is an integer index tensor on `x`'s device (and `x` not float8).
 pub(super) fn check_index(op: &'static str, x: &Tensor, index: &Tensor) -> Result<()> {
     x.same_device(index, op)?;
+    no_float8(op, x)?;
     if matches!(index.dtype(), DType::I32 | DType::I64) {
         Ok(())
     } else {

@@ -604,6 +604,7 @@ impl Tensor {
     pub fn masked_select(&self, mask: &Tensor) -> Result<Tensor> {
         const OP: &str = "masked_select";
         check_mask(OP, self, mask)?;
+        super::indexing::no_float8(OP, self)?;
         let shape = rules::broadcast(OP, self.shape(), mask.shape())?;
         let flat = |t: &Tensor| {
             t.broadcast_to_shape(&shape)
@@ -628,6 +629,7 @@ impl Tensor {
     /// ```
     pub fn nonzero(&self) -> Result<Tensor> {
         const OP: &str = "nonzero";
+        super::indexing::no_float8(OP, self)?;
         let dims = concrete(OP, self)?;
         let flags = if self.dtype() == DType::Bool {
             self.clone()

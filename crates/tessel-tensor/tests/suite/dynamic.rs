@@ -165,6 +165,13 @@ fn misuse_is_an_error() -> Result<()> {
         invalid("mark_dynamic"),
         &["mark_dynamic", "9", "1..=8", "batch"],
     );
+    // A variable that may be 0 or negative would reach the kernels as a divisor.
+    assert_err(
+        "mark_dynamic with a variable that may be below 1",
+        Tensor::ones([3, 2], DType::F32).mark_dynamic(0, Var::new("v", -5, 8)?),
+        invalid("mark_dynamic"),
+        &["mark_dynamic", "`v`", "-5..=8", "at least 1"],
+    );
     assert_err(
         "mark_dynamic on a missing axis",
         x.mark_dynamic(2, batch),

@@ -365,6 +365,64 @@ fn arithmetic_is_an_error_and_float_functions_compute_in_f32() -> Result<()> {
         assert_err("max", t.max(&[0], false), unsupported("max", d), &cast_hint);
         assert_err("mean", t.mean(&[0], false), unsupported("mean", d), &[]);
         assert_err("matmul", t.matmul(t), unsupported("matmul", d), &cast_hint);
+        // The index ops too: their kernels order and combine values.
+        let at = Tensor::from_vec(vec![1i64, 0], [2])?;
+        assert_err(
+            "gather",
+            t.gather(0, &at),
+            unsupported("gather", d),
+            &cast_hint,
+        );
+        assert_err(
+            "index_select",
+            t.index_select(0, &at),
+            unsupported("index_select", d),
+            &cast_hint,
+        );
+        assert_err(
+            "take_along_dim",
+            t.take_along_dim(&at, Some(0)),
+            unsupported("take_along_dim", d),
+            &cast_hint,
+        );
+        let table = t.reshape(&[2, 1])?;
+        assert_err(
+            "embedding",
+            Tensor::embedding(&table, &at),
+            unsupported("embedding", d),
+            &cast_hint,
+        );
+        assert_err(
+            "scatter",
+            t.scatter(0, &at, t),
+            unsupported("scatter", d),
+            &cast_hint,
+        );
+        assert_err(
+            "scatter_add",
+            t.scatter_add(0, &at, t),
+            unsupported("scatter_add", d),
+            &cast_hint,
+        );
+        assert_err(
+            "scatter_reduce mean",
+            t.scatter_reduce(0, &at, t, "mean", true),
+            unsupported("scatter_reduce", d),
+            &["float8", "cast"],
+        );
+        assert_err(
+            "nonzero",
+            t.nonzero(),
+            unsupported("nonzero", d),
+            &cast_hint,
+        );
+        let mask = Tensor::from_vec(vec![true, false], [2])?;
+        assert_err(
+            "masked_select",
+            t.masked_select(&mask),
+            unsupported("masked_select", d),
+            &cast_hint,
+        );
         // Like torch.promote_types, no promotion with float8.
         let f = Tensor::from_vec(vec![1.0f32, 2.0], [2])?;
         assert_err(
