@@ -33,6 +33,8 @@ pub use planner::set_placement;
 pub use precision::{
     Float32MatmulPrecision, float32_matmul_precision, set_float32_matmul_precision,
 };
-pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, Runtime, RuntimeStats, runtime, stats};
+pub use runtime::{
+    PLAN_CACHE_LIMIT, RealizeReport, Runtime, RuntimeStats, host_bytes, runtime, stats,
+};
 pub use tessel_ir::{BackendError, DeviceInfo, DeviceKind, Features};
 pub use tuning::{Tuning, set_tuning, tuning};

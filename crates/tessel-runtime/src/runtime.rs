@@ -662,7 +662,15 @@ impl Runtime {
             let n = numel
                 .eval(dims)
                 .map_err(|e| Error::Internal(e.to_string()))?;
-            Ok(n.max(0) as usize * dtype.size_bytes())
+            usize::try_from(n.max(0))
+                .ok()
+                .and_then(|n| n.checked_mul(dtype.size_bytes()))
+                .ok_or_else(|| {
+                    Error::Backend(tessel_ir::BackendError::OutOfMemory {
+                        device: plan.devices[0].0.to_string(),
+                        requested: usize::MAX,
+                    })
+                })
         };
         for &(place, dtype, numel) in &plan.buffers {
             let (device, backend) = &plan.devices[place.device];
@@ -759,12 +767,32 @@ impl Runtime {
         let Op::Leaf(leaf) = n.op else {
             return Err(Error::Internal("read of an unrealized tensor".into()));
         };
+        // Per dim, checked: the shape's own element count wraps past i64::MAX (a
+        // [2^40, 2^40] tensor would read as empty).
         let numel = n
             .shape
-            .numel()
-            .eval(dims)
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        let len = numel as usize * n.dtype.size_bytes();
+            .iter()
+            .try_fold(Some(1i64), |acc, d| {
+                let d = d.eval(dims).map_err(|e| Error::Internal(e.to_string()))?;
+                Ok::<_, Error>(acc.and_then(|a| a.checked_mul(d)))
+            })?
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "read",
+                reason: format!(
+                    "shape {} holds more than i64::MAX elements; no tensor that large exists",
+                    n.shape
+                ),
+            })?;
+        let len = usize::try_from(numel)
+            .ok()
+            .and_then(|e| e.checked_mul(n.dtype.size_bytes()))
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "read",
+                reason: format!(
+                    "{numel} elements of {} do not fit the host's address space; read a slice",
+                    n.dtype
+                ),
+            })?;
         match st.leaves.get(&leaf) {
             Some(LeafData::Host(bytes)) => bytes.get(..len).map(<[u8]>::to_vec).ok_or_else(|| {
                 Error::Internal(format!("leaf {leaf:?} holds fewer than {len} bytes"))
@@ -774,7 +802,7 @@ impl Runtime {
                 let backend = self.backend(device)?;
                 // The buffer stays alive: the caller holds the node.
                 drop(st);
-                let mut out = vec![0u8; len];
+                let mut out = host_bytes(len)?;
                 if len > 0 {
                     backend.read(buffer, 0, &mut out)?;
                 }
@@ -876,6 +904,20 @@ mod tests {
         );
         drop((st, plan));
     }
+}
+
+/// `len` zero bytes of host memory, or `OutOfMemory` naming the size where the host cannot
+/// give them (a result read back to the host is sized by the user's shapes).
+pub fn host_bytes(len: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| {
+        Error::Backend(tessel_ir::BackendError::OutOfMemory {
+            device: "host".into(),
+            requested: len,
+        })
+    })?;
+    out.resize(len, 0);
+    Ok(out)
 }
 
 /// Frees a plan's temporaries, each through its device's backend.

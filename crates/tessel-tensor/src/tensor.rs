@@ -314,10 +314,11 @@ impl Tensor {
             return Err(dtype_mismatch("to_vec", self.dtype(), T::DTYPE));
         }
         let bytes = self.bytes()?;
-        Ok(bytes
-            .chunks_exact(T::DTYPE.size_bytes())
-            .map(T::read_le)
-            .collect())
+        let mut out = Vec::new();
+        out.try_reserve_exact(bytes.len() / T::DTYPE.size_bytes())
+            .map_err(|_| out_of_host_memory(bytes.len()))?;
+        out.extend(bytes.chunks_exact(T::DTYPE.size_bytes()).map(T::read_le));
+        Ok(out)
     }
 
     /// The value of a one-element tensor, as `T`, which must be the tensor's dtype.
@@ -339,10 +340,16 @@ impl Tensor {
     pub fn to_scalars(&self) -> Result<Vec<Scalar>> {
         let dtype = self.dtype();
         let bytes = self.bytes()?;
-        Ok(bytes
-            .chunks_exact(dtype.size_bytes())
-            .map(|b| Scalar::from_le_bytes(dtype, b))
-            .collect())
+        let n = bytes.len() / dtype.size_bytes();
+        let mut out = Vec::new();
+        out.try_reserve_exact(n)
+            .map_err(|_| out_of_host_memory(n.saturating_mul(size_of::<Scalar>())))?;
+        out.extend(
+            bytes
+                .chunks_exact(dtype.size_bytes())
+                .map(|b| Scalar::from_le_bytes(dtype, b)),
+        );
+        Ok(out)
     }
 
     fn bytes(&self) -> Result<Vec<u8>> {
@@ -377,6 +384,14 @@ pub(crate) fn dtype_mismatch(op: &'static str, actual: DType, requested: DType) 
         requested,
         requested_variant: format!("{requested:?}"),
     }
+}
+
+/// The error for host memory the process cannot get: `bytes` of it.
+pub(crate) fn out_of_host_memory(bytes: usize) -> Error {
+    Error::Backend(tessel_runtime::BackendError::OutOfMemory {
+        device: "host".into(),
+        requested: bytes,
+    })
 }
 
 impl fmt::Debug for Tensor {

@@ -694,10 +694,10 @@ impl From<i32> for Expr {
 }
 
 impl From<usize> for Expr {
-    /// # Panics
-    /// If `v` exceeds `i64::MAX`, which no real dimension does.
+    /// Saturates at `i64::MAX`: a larger size is impossible anyway, and everything that
+    /// sizes memory from a dim checks it (an `Err`, never a panic, reaches the user).
     fn from(v: usize) -> Expr {
-        Expr::constant(i64::try_from(v).expect("dimension exceeds i64::MAX"))
+        Expr::constant(i64::try_from(v).unwrap_or(i64::MAX))
     }
 }
 

@@ -326,9 +326,23 @@ fn random(
             reason: format!("random tensors need a concrete shape, got {shape}"),
         });
     };
-    let numel = dims.iter().product();
     let size = dtype.size_bytes();
-    let mut bytes = Vec::with_capacity(numel * size);
+    let Some((numel, total)) = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .and_then(|n| Some((n, n.checked_mul(size)?)))
+    else {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "shape {shape} holds more elements of {dtype} than the host can address"
+            ),
+        });
+    };
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(total)
+        .map_err(|_| crate::tensor::out_of_host_memory(total))?;
     let mut push = |s: Scalar| bytes.extend_from_slice(&s.to_bits().to_le_bytes()[..size]);
     draw(
         &mut GENERATOR.lock().unwrap_or_else(PoisonError::into_inner),

@@ -255,6 +255,32 @@ fn random() -> Result<()> {
             "randn {dtype} P(z < 1) = {below}"
         );
     }
+    // A shape no host could fill is an error naming the op, never a panic or an empty
+    // tensor (its element count overflowed before).
+    for res in [
+        Tensor::randn([1usize << 62, 4], DType::F32),
+        Tensor::rand([usize::MAX, 2], DType::F16),
+    ] {
+        common::assert_err(
+            "random of an impossible size",
+            res,
+            |e| matches!(e, Error::InvalidArgument { .. }),
+            &["host"],
+        );
+    }
+    // Sizes past what any memory holds read back as errors, never as empty data.
+    for (what, t) in [
+        (
+            "zeros [usize::MAX]",
+            Tensor::zeros([usize::MAX], DType::F32),
+        ),
+        (
+            "zeros [2^40, 2^40]",
+            Tensor::zeros([1usize << 40, 1 << 40], DType::F32),
+        ),
+    ] {
+        assert!(t.to_vec::<f32>().is_err(), "{what}");
+    }
     // Half types: exact multiples of 2^-p, never rounded up to 1.
     let h = common::read(&Tensor::rand([4096], DType::F16)?);
     assert!(h.iter().all(|v| (v * 2048.0).fract() == 0.0 && *v < 1.0));
