@@ -121,7 +121,10 @@ impl Tensor {
         perm.extend([i64_of(a1), i64_of(a2)]);
         let x = self.permute(&perm)?;
         let (rows, cols) = (i64_of(dims[a1]), i64_of(dims[a2]));
-        let (r0, c0) = (0i64.max(-offset).min(rows), offset.max(0).min(cols));
+        let (r0, c0) = (
+            0i64.max(offset.saturating_neg()).min(rows),
+            offset.max(0).min(cols),
+        );
         let len = (rows - r0).min(cols - c0).max(0);
         let square = x.narrow(-2, r0, len)?.narrow(-1, c0, len)?;
         let flat = square.flatten(-2, -1)?;

@@ -364,6 +364,10 @@ fn diagonal_and_roll() -> Result<()> {
             );
         }
     }
+    // Offsets past every row or column give empty diagonals, the extremes included.
+    for offset in [i64::MIN, i64::MAX] {
+        assert_eq!(t.diagonal(offset, 1, -1)?.dims(), vec![3, 0], "{offset}");
+    }
     assert_err(
         "same dims",
         t.diagonal(0, 1, -2),
