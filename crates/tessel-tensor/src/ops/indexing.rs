@@ -245,6 +245,20 @@ impl Tensor {
     pub fn one_hot(&self, num_classes: usize) -> Result<Tensor> {
         const OP: &str = "one_hot";
         check_index(OP, self, self)?;
+        let fits = i64::try_from(num_classes).ok().and_then(|c| {
+            self.shape().iter().try_fold(c, |acc, d| {
+                d.as_const().map_or(Some(acc), |d| acc.checked_mul(d))
+            })
+        });
+        if fits.is_none() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{num_classes} classes for indices of shape {} exceed i64::MAX elements",
+                    self.shape()
+                ),
+            ));
+        }
         check_range(OP, self, Dim::from(num_classes))?;
         let mut dims = self.shape().clone().into_dims();
         dims.push(Dim::constant(1));

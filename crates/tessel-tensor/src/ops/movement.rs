@@ -438,6 +438,19 @@ impl Tensor {
     /// ```
     pub fn repeat(&self, repeats: &[usize]) -> Result<Tensor> {
         let out = rules::repeat(self.shape(), repeats)?;
+        let lead = repeats.len().saturating_sub(self.ndim());
+        check_scaled(
+            "repeat",
+            self.shape(),
+            repeats.iter().enumerate().map(|(i, &r)| {
+                let d = if i < lead {
+                    Dim::constant(1)
+                } else {
+                    self.shape()[i - lead]
+                };
+                (d, r)
+            }),
+        )?;
         check_numel("repeat", self.shape(), &out)?;
         let lead = repeats.len() - self.ndim();
         // [d0, d1] -> [1, d0, 1, d1] -> [r0, d0, r1, d1] -> [r0 * d0, r1 * d1].
@@ -480,6 +493,7 @@ impl Tensor {
         split.insert(a + 1, Dim::constant(1));
         let mut tiled = split.clone();
         tiled[a + 1] = Dim::from(repeats);
+        check_scaled(OP, self.shape(), std::iter::once((dims[a], repeats)))?;
         let mut out = dims.to_vec();
         out[a] = dims[a] * Dim::from(repeats);
         let out = Shape::new(out);
@@ -507,6 +521,31 @@ fn check_numel(op: &'static str, input: &Shape, out: &Shape) -> Result<()> {
         shape: input.clone(),
         reason: format!("the result {out} would have more than i64::MAX elements"),
     }))
+}
+
+/// Fails if a size `d × r` (constant `d`) would exceed `i64::MAX`: computed in `Dim`
+/// arithmetic it would wrap to a wrong (even negative) size, which [`check_numel`] cannot
+/// see once a zero elsewhere makes the product 0.
+pub(super) fn check_scaled(
+    op: &'static str,
+    input: &Shape,
+    sizes: impl Iterator<Item = (Dim, usize)>,
+) -> Result<()> {
+    for (d, r) in sizes {
+        let Some(d) = d.as_const() else { continue };
+        let fits = i64::try_from(r)
+            .ok()
+            .and_then(|r| d.checked_mul(r))
+            .is_some();
+        if !fits {
+            return Err(Error::Shape(ShapeError::InvalidArgument {
+                op,
+                shape: input.clone(),
+                reason: format!("a size of {d} × {r} exceeds i64::MAX elements"),
+            }));
+        }
+    }
+    Ok(())
 }
 
 /// `x` permuted by the normalized `perm`, whose result shape is `out`.

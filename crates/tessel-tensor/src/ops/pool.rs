@@ -181,7 +181,7 @@ impl Tensor {
         let spatial = check_resize(self, size, OP)?;
         let mut out = self.clone();
         for (a, (&n, &m)) in spatial.iter().zip(size).enumerate() {
-            let idx: Vec<usize> = (0..m).map(|i| nearest_index(i, n, m)).collect();
+            let idx = host_table(m, |i| nearest_index(i, n, m))?;
             out = select_along(&out, 2 + a, n, &idx)?;
         }
         Ok(out)
@@ -209,9 +209,7 @@ impl Tensor {
         let wide = self.dtype() == DType::F64;
         let mut out = self.clone();
         for (a, (&n, &m)) in spatial.iter().zip(size).enumerate() {
-            let taps: Vec<(usize, usize, f64)> = (0..m)
-                .map(|i| linear_taps(i, n, m, align_corners, wide))
-                .collect();
+            let taps = host_table(m, |i| linear_taps(i, n, m, align_corners, wide))?;
             let lo: Vec<usize> = taps.iter().map(|t| t.0).collect();
             let hi: Vec<usize> = taps.iter().map(|t| t.1).collect();
             let mut wdims = vec![m];
@@ -548,6 +546,21 @@ fn check_resize(x: &Tensor, size: &[usize], op: &'static str) -> Result<Vec<usiz
         ));
     }
     check_positive(op, "size", size)?;
+    // The result's element count must be possible (the host tables of one entry per
+    // output position are allocated fallibly, by `host_table`).
+    let leading: Vec<usize> = x.dims()[..2].to_vec();
+    let count = leading.iter().chain(size).try_fold(1i64, |acc, &d| {
+        i64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    });
+    if count.is_none() {
+        return Err(invalid(
+            op,
+            format!(
+                "the result of resizing {} to {size:?} would hold more than i64::MAX elements",
+                x.shape()
+            ),
+        ));
+    }
     let spatial = x.dims()[2..].to_vec();
     if spatial.contains(&0) {
         return Err(invalid(
@@ -559,6 +572,16 @@ fn check_resize(x: &Tensor, size: &[usize], op: &'static str) -> Result<Vec<usiz
         ));
     }
     Ok(spatial)
+}
+
+/// `f(0), ..., f(m - 1)` in host memory reserved fallibly: `m` is a size the user gave.
+fn host_table<T>(m: usize, f: impl Fn(usize) -> T) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(m).map_err(|_| {
+        crate::tensor::out_of_host_memory(m.saturating_mul(std::mem::size_of::<T>()))
+    })?;
+    out.extend((0..m).map(f));
+    Ok(out)
 }
 
 /// `PyTorch`'s nearest source index (`nearest_idx`, scale in `f32`).

@@ -795,3 +795,39 @@ fn errors_name_the_op_and_shapes() -> Result<()> {
     );
     Ok(())
 }
+
+/// Sizes past `i64::MAX` elements are errors naming the op, never wrapped shapes (a
+/// negative size came back from `repeat` with a 0 elsewhere) or host allocations that
+/// abort the process.
+#[test]
+fn impossible_sizes_are_errors() -> Result<()> {
+    let x = Tensor::zeros([2, 3], DType::F32);
+    let shape_error = |e: &Error| matches!(e, Error::Shape(_) | Error::InvalidArgument { .. });
+    assert_err(
+        "repeat past i64::MAX with a zero",
+        x.repeat(&[i64::MAX as usize, 0]),
+        shape_error,
+        &["repeat", "exceeds i64::MAX"],
+    );
+    assert_err(
+        "repeat_interleave past i64::MAX",
+        x.repeat_interleave(usize::MAX / 2, 0),
+        shape_error,
+        &["repeat_interleave", "exceeds i64::MAX"],
+    );
+    let ids = Tensor::from_vec(vec![1i64, 2], [2])?;
+    assert_err(
+        "one_hot past i64::MAX",
+        ids.one_hot(usize::MAX / 2),
+        shape_error,
+        &["one_hot", "i64::MAX"],
+    );
+    let image = Tensor::zeros([1, 4, 4], DType::F32);
+    assert_err(
+        "interpolate_nearest past i64::MAX",
+        image.interpolate_nearest(&[1 << 62]),
+        shape_error,
+        &["interpolate_nearest", "i64::MAX"],
+    );
+    Ok(())
+}
