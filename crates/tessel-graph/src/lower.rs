@@ -279,25 +279,7 @@ pub(crate) fn lower_kernel(
     if let Some(open) = guard {
         lw.close_if(open);
     }
-    if !lw.conflicts.is_empty() {
-        return Ok(Lowering::Retry(lw.conflicts));
-    }
-    let Lowerer {
-        kb, args, writes, ..
-    } = lw;
-    let text = kb.kernel().to_string();
-    let kernel = kb.build().map_err(|e| {
-        KernelizeError(format!("generated kernel failed verification: {e}\n{text}"))
-    })?;
-    let kernel = tessel_ir::passes::optimize(&kernel);
-    tracing::debug!(target: "tessel::kernels", "kernel for {root:?}:\n{kernel}");
-    Ok(Lowering::Done(Box::new(ScheduledKernel {
-        kernel,
-        args,
-        writes,
-        cooperative,
-        recipe: None,
-    })))
+    lw.finish(cooperative)
 }
 
 /// Outputs per invocation for an elementwise kernel computing `root`: 8 for elements of
@@ -498,6 +480,34 @@ impl<'g> Lowerer<'g> {
 }
 
 impl Lowerer<'_> {
+    /// The lowered kernel, verified and optimized, or the nodes to lower again without
+    /// absorbing.
+    fn finish(self, cooperative: bool) -> Result<Lowering, KernelizeError> {
+        if !self.conflicts.is_empty() {
+            return Ok(Lowering::Retry(self.conflicts));
+        }
+        let Lowerer {
+            kb,
+            args,
+            writes,
+            root,
+            ..
+        } = self;
+        let text = kb.kernel().to_string();
+        let kernel = kb.build().map_err(|e| {
+            KernelizeError(format!("generated kernel failed verification: {e}\n{text}"))
+        })?;
+        let kernel = tessel_ir::passes::optimize(&kernel);
+        tracing::debug!(target: "tessel::kernels", "kernel for {root:?}:\n{kernel}");
+        Ok(Lowering::Done(Box::new(ScheduledKernel {
+            kernel,
+            args,
+            writes,
+            cooperative,
+            recipe: None,
+        })))
+    }
+
     fn param(&mut self, slot: Slot, dtype: DType, len: Dim, access: Access) -> Buf {
         if let Some(&b) = self.params.get(&slot) {
             return b;

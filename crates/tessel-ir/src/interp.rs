@@ -40,10 +40,7 @@
 //! loop stack is needed: a loop's variable lives in the `Range`'s own value slot, and its
 //! end bound is a value defined before the loop, which the body cannot redefine.
 
-use half::{bf16, f16};
-use tessel_shape::{
-    BinaryOp, Bindings, DType, EvalError, Expr, F8E4M3, F8E5M2, Scalar, ScalarError,
-};
+use tessel_shape::{BinaryOp, Bindings, DType, EvalError, Expr, Scalar, ScalarError};
 
 use crate::kernel::{Access, AtomicOp, Inst, Kernel, Mem, Param, Special, Value};
 use crate::verify::{Def, VerifyError, verify};
@@ -794,26 +791,7 @@ fn int_as(value: i128, dtype: DType) -> Scalar {
 /// Element `index` of a buffer of `dtype` (in bounds, checked by the caller).
 fn read_elem(bytes: &[u8], index: usize, dtype: DType) -> Scalar {
     let size = dtype.size_bytes();
-    let mut raw = [0u8; 8];
-    raw[..size].copy_from_slice(&bytes[index * size..(index + 1) * size]);
-    let bits = u64::from_le_bytes(raw);
-    match dtype {
-        DType::Bool => Scalar::Bool(bits != 0),
-        DType::U8 => Scalar::U8(bits as u8),
-        DType::U16 => Scalar::U16(bits as u16),
-        DType::U32 => Scalar::U32(bits as u32),
-        DType::U64 => Scalar::U64(bits),
-        DType::I8 => Scalar::I8(bits as i8),
-        DType::I16 => Scalar::I16(bits as i16),
-        DType::I32 => Scalar::I32(bits as i32),
-        DType::I64 => Scalar::I64(bits as i64),
-        DType::F8E4M3 => Scalar::F8E4M3(F8E4M3::from_bits(bits as u8)),
-        DType::F8E5M2 => Scalar::F8E5M2(F8E5M2::from_bits(bits as u8)),
-        DType::F16 => Scalar::F16(f16::from_bits(bits as u16)),
-        DType::BF16 => Scalar::BF16(bf16::from_bits(bits as u16)),
-        DType::F32 => Scalar::F32(f32::from_bits(bits as u32)),
-        DType::F64 => Scalar::F64(f64::from_bits(bits)),
-    }
+    Scalar::from_le_bytes(dtype, &bytes[index * size..(index + 1) * size])
 }
 
 /// Writes `value` (of `dtype`, as the verifier guarantees) to element `index`.

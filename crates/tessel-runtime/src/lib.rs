@@ -34,7 +34,8 @@ pub use precision::{
     Float32MatmulPrecision, float32_matmul_precision, set_float32_matmul_precision,
 };
 pub use runtime::{
-    PLAN_CACHE_LIMIT, RealizeReport, Runtime, RuntimeStats, host_bytes, runtime, stats,
+    PLAN_CACHE_LIMIT, RealizeReport, Runtime, RuntimeStats, host_bytes, out_of_host_memory,
+    runtime, stats,
 };
 pub use tessel_ir::{BackendError, DeviceInfo, DeviceKind, Features};
 pub use tuning::{Tuning, set_tuning, tuning};

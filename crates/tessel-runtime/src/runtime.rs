@@ -910,14 +910,18 @@ mod tests {
 /// give them (a result read back to the host is sized by the user's shapes).
 pub fn host_bytes(len: usize) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    out.try_reserve_exact(len).map_err(|_| {
-        Error::Backend(tessel_ir::BackendError::OutOfMemory {
-            device: "host".into(),
-            requested: len,
-        })
-    })?;
+    out.try_reserve_exact(len)
+        .map_err(|_| out_of_host_memory(len))?;
     out.resize(len, 0);
     Ok(out)
+}
+
+/// The error for `bytes` of host memory the process could not get.
+pub fn out_of_host_memory(bytes: usize) -> Error {
+    Error::Backend(tessel_ir::BackendError::OutOfMemory {
+        device: "host".into(),
+        requested: bytes,
+    })
 }
 
 /// Frees a plan's temporaries, each through its device's backend.

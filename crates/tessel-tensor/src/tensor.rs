@@ -316,7 +316,7 @@ impl Tensor {
         let bytes = self.bytes()?;
         let mut out = Vec::new();
         out.try_reserve_exact(bytes.len() / T::DTYPE.size_bytes())
-            .map_err(|_| out_of_host_memory(bytes.len()))?;
+            .map_err(|_| tessel_runtime::out_of_host_memory(bytes.len()))?;
         out.extend(bytes.chunks_exact(T::DTYPE.size_bytes()).map(T::read_le));
         Ok(out)
     }
@@ -342,8 +342,9 @@ impl Tensor {
         let bytes = self.bytes()?;
         let n = bytes.len() / dtype.size_bytes();
         let mut out = Vec::new();
-        out.try_reserve_exact(n)
-            .map_err(|_| out_of_host_memory(n.saturating_mul(size_of::<Scalar>())))?;
+        out.try_reserve_exact(n).map_err(|_| {
+            tessel_runtime::out_of_host_memory(n.saturating_mul(size_of::<Scalar>()))
+        })?;
         out.extend(
             bytes
                 .chunks_exact(dtype.size_bytes())
@@ -384,14 +385,6 @@ pub(crate) fn dtype_mismatch(op: &'static str, actual: DType, requested: DType) 
         requested,
         requested_variant: format!("{requested:?}"),
     }
-}
-
-/// The error for host memory the process cannot get: `bytes` of it.
-pub(crate) fn out_of_host_memory(bytes: usize) -> Error {
-    Error::Backend(tessel_runtime::BackendError::OutOfMemory {
-        device: "host".into(),
-        requested: bytes,
-    })
 }
 
 impl fmt::Debug for Tensor {

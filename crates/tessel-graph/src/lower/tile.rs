@@ -14,7 +14,7 @@ use tessel_shape::{Dim, Expr, Var};
 
 use super::{Lowerer, Lowering, coordinate, index_dtype, kernel_name, loop_var};
 use crate::graph::Graph;
-use crate::kernelize::{KernelizeError, ScheduledKernel, Slot};
+use crate::kernelize::{KernelizeError, Slot};
 use crate::spec::KernelSpec;
 use crate::tune::Recipe;
 
@@ -167,22 +167,5 @@ pub(crate) fn lower_tiled_kernel(
     for open in open.into_iter().rev() {
         lw.close_if(open);
     }
-    if !lw.conflicts.is_empty() {
-        return Ok(Lowering::Retry(lw.conflicts));
-    }
-    let Lowerer {
-        kb, args, writes, ..
-    } = lw;
-    let text = kb.kernel().to_string();
-    let kernel = kb.build().map_err(|e| {
-        KernelizeError(format!("generated kernel failed verification: {e}\n{text}"))
-    })?;
-    let kernel = tessel_ir::passes::optimize(&kernel);
-    Ok(Lowering::Done(Box::new(ScheduledKernel {
-        kernel,
-        args,
-        writes,
-        cooperative: false,
-        recipe: None,
-    })))
+    lw.finish(false)
 }

@@ -342,7 +342,7 @@ fn random(
     let mut bytes = Vec::new();
     bytes
         .try_reserve_exact(total)
-        .map_err(|_| crate::tensor::out_of_host_memory(total))?;
+        .map_err(|_| tessel_runtime::out_of_host_memory(total))?;
     let mut push = |s: Scalar| bytes.extend_from_slice(&s.to_bits().to_le_bytes()[..size]);
     draw(
         &mut GENERATOR.lock().unwrap_or_else(PoisonError::into_inner),

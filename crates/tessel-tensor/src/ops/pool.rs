@@ -578,7 +578,7 @@ fn check_resize(x: &Tensor, size: &[usize], op: &'static str) -> Result<Vec<usiz
 fn host_table<T>(m: usize, f: impl Fn(usize) -> T) -> Result<Vec<T>> {
     let mut out = Vec::new();
     out.try_reserve_exact(m).map_err(|_| {
-        crate::tensor::out_of_host_memory(m.saturating_mul(std::mem::size_of::<T>()))
+        tessel_runtime::out_of_host_memory(m.saturating_mul(std::mem::size_of::<T>()))
     })?;
     out.extend((0..m).map(f));
     Ok(out)
