@@ -35,6 +35,8 @@ impl VendorProgram {
                 matches!(m.dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
                     .then(|| VendorProgram { op: m.clone() })
             }
+            // The composition's kernels and `gemm` products run attention here.
+            VendorOp::Attention(_) => None,
         }
     }
 

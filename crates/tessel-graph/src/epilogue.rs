@@ -41,7 +41,9 @@ pub(crate) fn epilogues(
     plain: &VendorMatch,
     consumers: &FxHashMap<NodeId, Vec<NodeId>>,
 ) -> Vec<VendorMatch> {
-    let VendorOp::Matmul(op) = &plain.op;
+    let VendorOp::Matmul(op) = &plain.op else {
+        return Vec::new();
+    };
     let Some(&x) = plain.writes.last() else {
         return Vec::new();
     };

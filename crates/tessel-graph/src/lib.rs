@@ -17,11 +17,13 @@
 //!   lanes, local-memory tiles) and a kernel's variants for a tuner to measure
 //!   ([`ScheduledKernel::variants`]).
 //! - [`vendor`]: values a library routine can compute (matrix products), as alternatives
-//!   to the generated kernels ([`find_matmuls`]).
+//!   to the generated kernels ([`find_matmuls`]), and attention over two of them
+//!   ([`find_attention`]).
 //!
 //! **Architecture Invariant:** `tessel-graph` never emits source code and never touches a
 //! device: it produces `tessel_ir::Kernel`s and a schedule of buffer slots.
 
+mod attention;
 pub mod egraph;
 mod epilogue;
 pub mod extract;
@@ -33,6 +35,7 @@ pub mod spec;
 pub mod tune;
 pub mod vendor;
 
+pub use attention::find_attention;
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{ARGSORT_ROW_MAX, Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{

@@ -153,7 +153,9 @@ fn a_shared_rhs_folds_the_batch_into_the_rows() {
         &[2, 4, 1, 5],
     );
     let found = find_matmuls(&g, &g.toposort(&[r]));
-    let VendorOp::Matmul(m) = &found[0].op;
+    let VendorOp::Matmul(m) = &found[0].op else {
+        panic!("{:?}", found[0].op)
+    };
     let c = |v: i64| Dim::constant(v);
     assert_eq!((m.batch, m.m, m.k, m.n), (c(1), c(8), c(3), c(5)));
     assert_eq!(m.rhs_batch_stride, c(0));
@@ -177,7 +179,9 @@ fn a_half_product_between_casts_is_a_half_routine() {
     let out = node(&mut g, Op::Reshape(narrowed), h, &[4, 5]);
     let found = find_matmuls(&g, &g.toposort(&[out]));
     assert_eq!(found.len(), 1, "{found:?}");
-    let VendorOp::Matmul(m) = &found[0].op;
+    let VendorOp::Matmul(m) = &found[0].op else {
+        panic!("{:?}", found[0].op)
+    };
     assert_eq!(
         (m.dtype, m.rhs_transposed, m.lhs_transposed),
         (h, true, false)
@@ -189,7 +193,9 @@ fn a_half_product_between_casts_is_a_half_routine() {
     // An f32 product whose sum is also read in f32 stays an f32 routine over the casts.
     let g2 = g.toposort(&[out, wide]);
     let found = find_matmuls(&g, &g2);
-    let VendorOp::Matmul(m) = &found[0].op;
+    let VendorOp::Matmul(m) = &found[0].op else {
+        panic!("{:?}", found[0].op)
+    };
     assert_eq!(m.dtype, f);
     assert_eq!(found[0].operands, [aw, bw]);
 }

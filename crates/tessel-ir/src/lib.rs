@@ -36,5 +36,7 @@ pub use display::inst_text;
 pub use handles::Handles;
 pub use kernel::{Access, AtomicOp, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
 pub use launch::LaunchArgs;
-pub use vendor::{Activation, Epilogue, Matmul, MatmulSizes, VendorOp, VendorProgram};
+pub use vendor::{
+    Activation, Attention, AttentionSizes, Epilogue, Matmul, MatmulSizes, VendorOp, VendorProgram,
+};
 pub use verify::{Def, VerifyError, VerifyErrorKind, verify};

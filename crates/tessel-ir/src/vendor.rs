@@ -10,11 +10,12 @@
 //! every other candidate, never assumed faster.
 //!
 //! Buffers bind positionally, as for kernels: a matmul takes `[lhs, rhs, out]`, and
-//! `[lhs, rhs, bias, out]` when its [`Epilogue`] adds a bias.
+//! `[lhs, rhs, bias, out]` when its [`Epilogue`] adds a bias; an attention takes
+//! `[q, k, v, out]`.
 
 use std::fmt;
 
-use tessel_shape::{Bindings, DType, Dim, EvalError};
+use tessel_shape::{Bindings, DType, Dim, EvalError, Scalar};
 
 use crate::ProgramId;
 
@@ -34,12 +35,15 @@ pub struct VendorProgram {
 pub enum VendorOp {
     /// A (batched) matrix product; see [`Matmul`].
     Matmul(Matmul),
+    /// Fused scaled dot-product attention; see [`Attention`].
+    Attention(Attention),
 }
 
 impl fmt::Display for VendorOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             VendorOp::Matmul(m) => m.fmt(f),
+            VendorOp::Attention(a) => a.fmt(f),
         }
     }
 }
@@ -243,5 +247,173 @@ impl fmt::Display for Matmul {
             f.write_str(" allowing tf32")?;
         }
         self.epilogue.fmt(f)
+    }
+}
+
+/// `out[b] = softmax(scale · q[b] · k[b]ᵀ + mask) · v[b]` for `b < batch`, the softmax
+/// along each row of the `l × s` scores, which are never stored.
+///
+/// - `q[b]` is row-major `l × e` at element offset `b·q_batch_stride`; `k[b]` is `s × e`
+///   at `b·k_batch_stride`, `v[b]` is `s × ev` at `b·v_batch_stride` (a stride of 0 shares
+///   one matrix between every `b`).
+/// - `out[b]` is row-major `l × ev`, at `b·l·ev`: `out` is contiguous.
+/// - With `causal`, query `i` sees keys `j ≤ i` only (the mask aligned at the top left, as
+///   PyTorch's `is_causal`).
+///
+/// Every operand and the output have element type `dtype`. Scores, the softmax and the
+/// sums run in at least `f32`; the result is rounded once. A half-precision kernel may
+/// round the probabilities to `dtype` before multiplying them by `v` (as flash attention
+/// does); the unfused composition rounds the scores too, so the two agree to half
+/// precision. A query row that sees no key gives NaN, as the composition does.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Attention {
+    /// Element type of `q`, `k`, `v` and the result.
+    pub dtype: DType,
+    /// Number of (batch, head) pairs.
+    pub batch: Dim,
+    /// Queries per pair.
+    pub l: Dim,
+    /// Keys (and values) per pair.
+    pub s: Dim,
+    /// Length of a query or key vector.
+    pub e: Dim,
+    /// Length of a value vector.
+    pub ev: Dim,
+    /// Elements between consecutive `q` matrices.
+    pub q_batch_stride: Dim,
+    /// Elements between consecutive `k` matrices (0: one for every pair).
+    pub k_batch_stride: Dim,
+    /// Elements between consecutive `v` matrices (0: one for every pair).
+    pub v_batch_stride: Dim,
+    /// The factor of the scores, as the graph recorded it.
+    pub scale: Scalar,
+    /// Key `j > i` is hidden from query `i`.
+    pub causal: bool,
+}
+
+/// An [`Attention`] with its sizes evaluated for one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionSizes {
+    /// Number of (batch, head) pairs.
+    pub batch: usize,
+    /// Queries per pair.
+    pub l: usize,
+    /// Keys per pair.
+    pub s: usize,
+    /// Length of a query or key vector.
+    pub e: usize,
+    /// Length of a value vector.
+    pub ev: usize,
+    /// Elements between consecutive `[q, k, v]` matrices.
+    pub batch_strides: [usize; 3],
+}
+
+impl AttentionSizes {
+    /// Elements each buffer must hold at least: `[q, k, v, out]`. Saturates instead of
+    /// overflowing, so absurd sizes fail a buffer-length check rather than passing it.
+    pub fn min_elements(&self) -> [usize; 4] {
+        if self.batch == 0 {
+            return [0; 4];
+        }
+        let last = self.batch - 1;
+        let span = |stride: usize, one: usize| {
+            if one == 0 {
+                0
+            } else {
+                last.saturating_mul(stride).saturating_add(one)
+            }
+        };
+        let [q, k, v] = self.batch_strides;
+        [
+            span(q, self.l.saturating_mul(self.e)),
+            span(k, self.s.saturating_mul(self.e)),
+            span(v, self.s.saturating_mul(self.ev)),
+            self.batch.saturating_mul(self.l).saturating_mul(self.ev),
+        ]
+    }
+}
+
+impl Attention {
+    /// The sizes for one launch.
+    pub fn sizes(&self, dims: &Bindings) -> Result<AttentionSizes, EvalError> {
+        let eval = |d: Dim| d.eval(dims).map(|v| v.max(0) as usize);
+        Ok(AttentionSizes {
+            batch: eval(self.batch)?,
+            l: eval(self.l)?,
+            s: eval(self.s)?,
+            e: eval(self.e)?,
+            ev: eval(self.ev)?,
+            batch_strides: [
+                eval(self.q_batch_stride)?,
+                eval(self.k_batch_stride)?,
+                eval(self.v_batch_stride)?,
+            ],
+        })
+    }
+
+    /// The result in `f64` from operands read as `f64` (the definition every backend's
+    /// program is tested against): `out`, `batch·l·ev` elements.
+    pub fn reference(&self, s: &AttentionSizes, q: &[f64], k: &[f64], v: &[f64]) -> Vec<f64> {
+        let scale = self.scale.to_f64();
+        let [qs, ks, vs] = s.batch_strides;
+        let mut out = Vec::with_capacity(s.batch * s.l * s.ev);
+        let mut scores = vec![0.0; s.s];
+        for b in 0..s.batch {
+            for i in 0..s.l {
+                let qi = &q[b * qs + i * s.e..][..s.e];
+                for (j, score) in scores.iter_mut().enumerate() {
+                    let kj = &k[b * ks + j * s.e..][..s.e];
+                    let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
+                    *score = if self.causal && j > i {
+                        f64::NEG_INFINITY
+                    } else {
+                        dot * scale
+                    };
+                }
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for c in 0..s.ev {
+                    let sum: f64 = (0..s.s)
+                        .map(|j| weights[j] * v[b * vs + j * s.ev + c])
+                        .sum();
+                    out.push(sum / total);
+                }
+            }
+        }
+        out
+    }
+
+    /// Floating-point operations of one launch (`4·batch·l·s·e` for the two products,
+    /// about half of it when causal).
+    pub fn flops(&self, dims: &Bindings) -> Result<f64, EvalError> {
+        let s = self.sizes(dims)?;
+        let full = 2.0 * s.batch as f64 * s.l as f64 * s.s as f64 * (s.e + s.ev) as f64;
+        Ok(if self.causal { full / 2.0 } else { full })
+    }
+}
+
+impl fmt::Display for Attention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "attention {} [{}] q {}×{} k {}×{} v {}×{} scale {} (batch strides {}, {}, {})",
+            self.dtype,
+            self.batch,
+            self.l,
+            self.e,
+            self.s,
+            self.e,
+            self.s,
+            self.ev,
+            self.scale.to_f64(),
+            self.q_batch_stride,
+            self.k_batch_stride,
+            self.v_batch_stride
+        )?;
+        if self.causal {
+            f.write_str(" causal")?;
+        }
+        Ok(())
     }
 }

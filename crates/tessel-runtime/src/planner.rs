@@ -9,7 +9,9 @@
 //!    In the simplified form: the default partition from
 //!    the kernelizer, and where the graph holds matrix products ([`find_matmuls`]), a
 //!    second partition with each product materialized on its own plus a library routine
-//!    ([`VendorOp`]) that can write it. Every kernel and routine is a [`Candidate`] that
+//!    ([`VendorOp`]) that can write it; where two products make an attention
+//!    ([`find_attention`]), a routine that writes the second from the operands of the
+//!    first. Every kernel and routine is a [`Candidate`] that
 //!    writes some values (graph positions) and reads others.
 //!    On a GPU, where the graph has long reductions, a third partition lowers them
 //!    cooperatively (a workgroup per output element, partial results combined in local
@@ -43,9 +45,9 @@ use tessel_graph::egraph::{self, Budget as RewriteBudget, Form};
 use tessel_graph::extract::ClassId;
 use tessel_graph::placement::Step;
 use tessel_graph::{
-    Graph, LeafId, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot, find_matmuls, kernelize,
-    kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, materialized_for,
-    signature, views_to_split,
+    Graph, LeafId, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot, find_attention, find_matmuls,
+    kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with,
+    materialized_for, signature, views_to_split,
 };
 use tessel_ir::cache::Fnv128;
 use tessel_ir::{Backend, BackendError, Kernel, ProgramId, ProgramOrigin, VendorOp};
@@ -389,7 +391,8 @@ pub(crate) fn partition(
         let add = |parts: &mut Partitions, schedule: &Schedule, origin: Origin| {
             add_schedule(parts, schedule, &slots, origin, (graph, &tuner));
         };
-        let matches = find_matmuls(graph, &order);
+        let mut matches = find_matmuls(graph, &order);
+        matches.extend(find_attention(graph, &matches));
         let separate = materialized_for(&matches);
         if f == 0 {
             let default = kernelize(graph, targets).map_err(internal)?;
@@ -447,6 +450,7 @@ pub(crate) fn partition(
                 let candidate = Candidate {
                     work: Work::Vendor(match &m.op {
                         VendorOp::Matmul(op) => VendorOp::Matmul(precision.apply(op.clone())),
+                        VendorOp::Attention(op) => VendorOp::Attention(op.clone()),
                     }),
                     args: m
                         .operands

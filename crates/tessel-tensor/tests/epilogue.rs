@@ -13,9 +13,9 @@ fn epilogues_writing(y: &Tensor) -> Vec<Epilogue> {
     find_matmuls(&graph, &graph.toposort(&targets))
         .into_iter()
         .filter(|m| m.writes.contains(&targets[0]))
-        .map(|m| {
-            let VendorOp::Matmul(op) = m.op;
-            op.epilogue
+        .filter_map(|m| match m.op {
+            VendorOp::Matmul(op) => Some(op.epilogue),
+            VendorOp::Attention(_) => None,
         })
         .collect()
 }

@@ -1,0 +1,87 @@
+//! Which attentions the graph layer finds (`tessel_graph::find_attention` on graphs that
+//! `scaled_dot_product_attention` and hand-written code record): causal or not, in `f32`
+//! and between the casts of `bf16`, with the recorded scale; masks other than the causal
+//! one are left to the composition.
+
+use tessel_graph::{find_attention, find_matmuls};
+use tessel_ir::{Attention, VendorOp};
+use tessel_nn::scaled_dot_product_attention;
+use tessel_tensor::{DType, Dim, Result, Tensor, inspect};
+
+/// The attentions writing `y`'s node.
+fn attentions_writing(y: &Tensor) -> Vec<Attention> {
+    let (graph, targets) = inspect::graph_of(&[y]);
+    let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
+    find_attention(&graph, &matmuls)
+        .into_iter()
+        .filter(|m| m.writes.contains(&targets[0]))
+        .filter_map(|m| match m.op {
+            VendorOp::Attention(a) => Some(a),
+            VendorOp::Matmul(_) => None,
+        })
+        .collect()
+}
+
+fn qkv(dtype: DType) -> Result<[Tensor; 3]> {
+    let q = Tensor::randn([2, 3, 5, 4], dtype)?;
+    let k = Tensor::randn([2, 3, 7, 4], dtype)?;
+    let v = Tensor::randn([2, 3, 7, 6], dtype)?;
+    Tensor::realize_all(&[&q, &k, &v])?;
+    Ok([q, k, v])
+}
+
+#[test]
+fn sdpa_is_one_attention_causal_or_not_in_f32_and_bf16() -> Result<()> {
+    for dtype in [DType::F32, DType::BF16] {
+        for causal in [false, true] {
+            let [q, k, v] = qkv(dtype)?;
+            let y = scaled_dot_product_attention(&q, &k, &v, None, causal, None, false)?;
+            let found = attentions_writing(&y);
+            assert_eq!(found.len(), 1, "{dtype} causal {causal}: {found:?}");
+            let a = &found[0];
+            let d = |v: i64| Dim::constant(v);
+            assert_eq!(
+                (a.dtype, a.batch, a.l, a.s, a.e, a.ev, a.causal),
+                (dtype, d(6), d(5), d(7), d(4), d(6), causal),
+                "{a}"
+            );
+            assert_eq!(
+                (a.q_batch_stride, a.k_batch_stride, a.v_batch_stride),
+                (d(20), d(28), d(42))
+            );
+            assert_eq!(a.scale.to_f64(), 0.5, "1/√4");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn hand_written_attention_without_a_scale_has_scale_one() -> Result<()> {
+    let [q, k, v] = qkv(DType::F32)?;
+    let y = q.matmul(&k.transpose(-2, -1)?)?.softmax(-1)?.matmul(&v)?;
+    let found = attentions_writing(&y);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].scale.to_f64(), 1.0);
+    assert!(!found[0].causal);
+    Ok(())
+}
+
+#[test]
+fn other_masks_and_other_normalizations_are_left_to_the_composition() -> Result<()> {
+    let [q, k, v] = qkv(DType::F32)?;
+    let additive = Tensor::randn([5, 7], DType::F32)?;
+    let masked = scaled_dot_product_attention(&q, &k, &v, Some(&additive), false, None, false)?;
+    assert_eq!(attentions_writing(&masked), []);
+    // A lower-triangular hide (`j < i`) is not the causal mask.
+    let scores = q.matmul(&k.transpose(-2, -1)?)?;
+    let hidden = scores.ones_like().cast(DType::Bool).tril(-1)?;
+    let reversed = scores
+        .masked_fill(&hidden, f64::NEG_INFINITY)?
+        .softmax(-1)?
+        .matmul(&v)?;
+    assert_eq!(attentions_writing(&reversed), []);
+    // Softmax along another axis is no attention.
+    let columns = scores.softmax(-2)?.matmul(&v.narrow(-2, 0, 7)?)?;
+    assert_eq!(attentions_writing(&columns), []);
+    Ok(())
+}
