@@ -168,6 +168,16 @@ for dtype, tag in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
         except Exception as e:
             print(f"torch.compile unavailable: {e}")
 
+# Causal SDPA over GPT-2 small's heads (gpu.rs's sdpa rows): PyTorch's flash kernel in
+# bf16, its memory-efficient kernel in f32.
+sq = [torch.rand(8, 12, 512, 64, device=dev) * 2 - 1 for _ in range(3)]
+sdpa_flops = 4 * 8 * 12 * 512 * 512 * 64
+with torch.no_grad():
+    for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
+        q, k, v = (t.to(dtype) for t in sq)
+        rows.append((f"sdpa causal fwd {tag} [8,12,512,64]", time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), sdpa_flops, "GFLOP/s"))
+del sq
+
 bn, bs, be, bh = 8, 512, 768, 12
 bx = torch.rand(bn, bs, be, device=dev) * 2 - 1
 # Weights and biases in ±1/√in, as torch.nn.Linear initializes them (gpu.rs's Init::Linear).

@@ -428,6 +428,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
                 Ok(values)
             },
         },
+        sdpa_workload("sdpa causal fwd f32 [8,12,512,64]", DType::F32, scale),
+        sdpa_workload("sdpa causal fwd bf16 [8,12,512,64]", DType::BF16, scale),
         // DESIGN.md's target: a transformer block forward faster than PyTorch eager.
         block_workload("transformer block fwd f32 [8,512,768]", DType::F32, scale),
         block_workload("transformer block fwd bf16 [8,512,768]", DType::BF16, scale),
@@ -456,6 +458,23 @@ fn block_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
         init: Init::Linear,
         f32_matmul: Float32MatmulPrecision::Highest,
         run: block,
+    }
+}
+
+/// Causal `scaled_dot_product_attention` over `8 / scale` sequences of 12 heads of 512
+/// positions of 64 (GPT-2 small's attention), inputs in `dtype`. The work counts both
+/// products in full (`4·b·h·l·s·d`), as `gpu_torch.py` does.
+fn sdpa_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
+    let batch = 8 / scale.min(8);
+    Workload {
+        name,
+        unit: "GFLOP/s",
+        amount: 4.0 * (batch * 12 * 512 * 512 * 64) as f64,
+        inputs: vec![vec![batch, 12, 512, 64]; 3],
+        dtype,
+        init: Init::Unit,
+        f32_matmul: Float32MatmulPrecision::Highest,
+        run: |t| tessel_nn::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, false),
     }
 }
 

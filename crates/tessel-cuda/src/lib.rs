@@ -113,6 +113,7 @@
 //! (`CUBLAS_DEFAULT_MATH`): `f32` products use full `f32` arithmetic, never TF32 tensor cores
 //! (PyTorch's default for matmul too).
 
+mod attention;
 mod device;
 mod ffi;
 mod matmul;
@@ -263,6 +264,7 @@ impl Drop for DeviceBuffer {
 enum Program {
     Kernel(KernelProgram),
     Matmul(MatmulProgram),
+    Attention(attention::AttentionProgram),
 }
 
 /// A compiled kernel.
@@ -506,6 +508,9 @@ impl CudaBackend {
         match &*program {
             Program::Kernel(kernel) => self.enqueue_kernel(kernel, buffers, dims, timed),
             Program::Matmul(matmul) => self.enqueue_matmul(matmul, buffers, dims, timed),
+            Program::Attention(attention) => {
+                self.enqueue_attention(attention, buffers, dims, timed)
+            }
         }
     }
 
@@ -851,6 +856,7 @@ impl Backend for CudaBackend {
         Ok(match &*self.programs.get(program)? {
             Program::Kernel(kernel) => kernel.origin,
             Program::Matmul(matmul) => matmul.origin(),
+            Program::Attention(attention) => attention.origin(),
         })
     }
 
@@ -861,9 +867,14 @@ impl Backend for CudaBackend {
     /// where [`CudaConfig::generated_matmul`] asks for them.
     /// Integers, or no cuBLAS and no generated kernel, are an empty list. The device's
     /// cuBLAS handle is made here, on first use.
+    ///
+    /// An [`Attention`](tessel_ir::Attention) gets the fused kernel (`attention.rs`) where
+    /// its head dim and dtype allow, else nothing.
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Vec<VendorProgram>, BackendError> {
-        let VendorOp::Matmul(matmul) = op;
-        self.matmul_programs(device, matmul)
+        match op {
+            VendorOp::Matmul(matmul) => self.matmul_programs(device, matmul),
+            VendorOp::Attention(attention) => self.attention_programs(device, attention),
+        }
     }
 
     fn vendor_library(&self, device: usize) -> String {

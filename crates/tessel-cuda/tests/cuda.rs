@@ -15,7 +15,7 @@ use tessel_ir::{
     VendorOp, VendorProgram, samples,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, UnaryOp, Var};
-use tessel_testkit::{Check, Conformance, Op, Rng, Tolerance};
+use tessel_testkit::{Check, Conformance, Op, Rng, Tolerance, decode, encode};
 
 /// One backend for the whole test binary (compiles are what take time, and its module cache
 /// is shared this way). It offers the generated tensor-core matmul next to cuBLAS, so the
@@ -373,32 +373,6 @@ fn cublas(test: &str, device: usize, op: &Matmul) -> Option<ProgramId> {
 
 /// The float dtypes cuBLAS runs.
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-
-/// Little-endian elements of `dtype` (a float), rounded to nearest.
-fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
-    values
-        .iter()
-        .flat_map(|&v| match dtype {
-            DType::F32 => (v as f32).to_le_bytes().to_vec(),
-            DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
-            DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
-            _ => v.to_le_bytes().to_vec(),
-        })
-        .collect()
-}
-
-/// The elements of `bytes`, widened to `f64`.
-fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
-    bytes
-        .chunks_exact(dtype.size_bytes())
-        .map(|c| match dtype {
-            DType::F32 => f64::from(f32::from_le_bytes(c.try_into().unwrap())),
-            DType::F16 => half::f16::from_le_bytes(c.try_into().unwrap()).to_f64(),
-            DType::BF16 => half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64(),
-            _ => f64::from_le_bytes(c.try_into().unwrap()),
-        })
-        .collect()
-}
 
 /// `value` as the device stores it in `dtype`.
 fn rounded(dtype: DType, value: f64) -> f64 {

@@ -34,6 +34,26 @@ impl Rng {
     }
 }
 
+/// Little-endian elements of `dtype`, each value rounded to it (to nearest, as a cast).
+pub fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
+    let size = dtype.size_bytes();
+    values
+        .iter()
+        .flat_map(|&v| {
+            let bits = tessel_shape::Scalar::F64(v).cast(dtype).to_bits();
+            bits.to_le_bytes().into_iter().take(size)
+        })
+        .collect()
+}
+
+/// The little-endian elements of `dtype` in `bytes`, widened to `f64`.
+pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(dtype.size_bytes())
+        .map(|c| tessel_shape::Scalar::from_le_bytes(dtype, c).to_f64())
+        .collect()
+}
+
 /// Little-endian bytes of `f32`s.
 pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()

@@ -75,7 +75,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tessel_ir::{Backend, BackendError, DeviceInfo, Kernel, interp};
 use tessel_shape::{Bindings, DType};
 
-pub use data::{Rng, add_in_rust, agrees, f32_bytes, f32_values, random_elements};
+pub use data::{Rng, add_in_rust, agrees, decode, encode, f32_bytes, f32_values, random_elements};
 pub use flush::{agrees_flushed, flush_subnormals, flushable};
 pub use ops::Op;
 

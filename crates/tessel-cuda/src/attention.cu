@@ -1,0 +1,358 @@
+// Tessel's fused attention forward (flash attention): `out = softmax(scale q kᵀ) v` per
+// (batch, head) pair, the scores never stored. `attention.rs` defines before this text:
+//
+//   FA_D        the head dim of q, k and v (a multiple of 16 for half, of 4 for f32)
+//   FA_HALF     1: f16/bf16 operands on tensor cores (`mma.sync.m16n8k16`, f32 sums);
+//               0: f32 operands on the CUDA cores
+//   FA_F16      with FA_HALF: 1 f16, 0 bf16
+//   FA_CAUSAL   1: key j > query i is hidden
+//
+// A block owns FA_BM queries of one pair and walks the keys in tiles of FA_BN, two tiles in
+// flight through `cp.async` (16-byte copies, zero-filled past `s`: rows of FA_D elements
+// start 16-byte aligned, which `attention.rs` checks). The softmax is online: each row
+// keeps its running max and sum in f32, rescaling its accumulators when the max grows
+// (base-2 exponentials of `scale·log2(e)`-scaled scores). The grid holds one block per
+// query tile of every pair, numbered so the tiles with the most keys (causal) start first.
+
+typedef unsigned short fa_u16;
+typedef unsigned int fa_u32;
+
+__device__ __forceinline__ fa_u32 fa_shared(const void* p) {
+    fa_u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void fa_copy16(fa_u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+// NVRTC has no math.h: the infinity by its bits.
+#define FA_NEG_INF __int_as_float(0xff800000)
+
+#define FA_COMMIT() asm volatile("cp.async.commit_group;\n" ::)
+#define FA_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n))
+
+#if FA_HALF
+typedef fa_u16 fa_t;
+#define FA_BM 64
+#define FA_BN 64
+#define FA_THREADS 128
+#define FA_PAD 8
+#else
+typedef float fa_t;
+#define FA_BM 64
+#define FA_BN 32
+#define FA_THREADS 64
+#define FA_PAD 0
+#endif
+// Elements per 16-byte chunk, and per stored (padded) shared row.
+#define FA_CHUNK (16 / (int)sizeof(fa_t))
+#define FA_LEN (FA_D + FA_PAD)
+static_assert(FA_D % FA_CHUNK == 0, "rows are whole 16-byte chunks");
+
+// Queues the copy of `rows` rows of FA_D elements from `src` (row `first` on) into `dst`,
+// zero-filling rows at or past `limit`.
+__device__ __forceinline__ void fa_load(
+    fa_t* dst, const fa_t* src, int rows, int first, int limit) {
+    const int chunks = FA_D / FA_CHUNK;
+    for (int c = threadIdx.x; c < rows * chunks; c += FA_THREADS) {
+        int row = c / chunks, col = (c % chunks) * FA_CHUNK;
+        bool ok = first + row < limit;
+        const fa_t* from = ok ? src + (long long)(first + row) * FA_D + col : src;
+        fa_copy16(fa_shared(dst + row * FA_LEN + col), from, ok);
+    }
+}
+
+#if FA_HALF
+
+__device__ __forceinline__ void fa_ldmatrix(fa_u32* r, fa_u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void fa_ldmatrix_t(fa_u32* r, fa_u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void fa_mma(float* c, const fa_u32* a, fa_u32 b0, fa_u32 b1) {
+#if FA_F16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#endif
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to nearest even, `lo` in the low half.
+__device__ __forceinline__ fa_u32 fa_pack(float lo, float hi) {
+    fa_u32 r;
+#if FA_F16
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+#define FA_KT (FA_D / 16)
+#define FA_NT (FA_D / 8)
+#define FA_SN (FA_BN / 8)
+
+// Each of the 4 warps owns 16 query rows: its q fragments stay in registers, its scores
+// for a key tile are 8 mma tiles of 16 x 8, and the probabilities go from the scores'
+// accumulator layout straight into the A fragments of the product with v (the layouts
+// agree), rounded to the operand dtype. A thread holds two rows (lane / 4 and + 8).
+extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
+    const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v,
+    fa_t* __restrict__ out, int l, int s, float scale_log2,
+    long long q_stride, long long k_stride, long long v_stride) {
+    extern __shared__ __align__(16) fa_t smem[];
+    fa_t* qs = smem;
+    fa_t* kv = smem + FA_BM * FA_LEN;  // stage t: K at kv + t * 2 * FA_BN * FA_LEN, V after
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int tiles_q = (l + FA_BM - 1) / FA_BM;
+    const int pairs = gridDim.x / tiles_q;
+    const long long pair = blockIdx.x % pairs;
+    const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
+    q += pair * q_stride;
+    k += pair * k_stride;
+    v += pair * v_stride;
+    out += pair * l * FA_D;
+    const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
+    const int tiles = (kv_end + FA_BN - 1) / FA_BN;
+
+    fa_load(qs, q, FA_BM, m0, l);
+    if (tiles > 0) {
+        fa_load(kv, k, FA_BN, 0, s);
+        fa_load(kv + FA_BN * FA_LEN, v, FA_BN, 0, s);
+    }
+    FA_COMMIT();
+    FA_WAIT(0);
+    __syncthreads();
+
+    fa_u32 qf[FA_KT][4];
+#pragma unroll
+    for (int kk = 0; kk < FA_KT; kk++) {
+        int row = warp * 16 + lane % 16, col = kk * 16 + (lane / 16) * 8;
+        fa_ldmatrix(qf[kk], fa_shared(qs + row * FA_LEN + col));
+    }
+    float o[FA_NT][4];
+#pragma unroll
+    for (int j = 0; j < FA_NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+    float row_max[2] = {FA_NEG_INF, FA_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
+    const int row0 = m0 + warp * 16 + lane / 4;
+
+    for (int t = 0; t < tiles; t++) {
+        if (t + 1 < tiles) {
+            fa_t* next = kv + ((t + 1) % 2) * 2 * FA_BN * FA_LEN;
+            fa_load(next, k, FA_BN, (t + 1) * FA_BN, s);
+            fa_load(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s);
+            FA_COMMIT();
+            FA_WAIT(1);
+        } else {
+            FA_WAIT(0);
+        }
+        __syncthreads();
+        const fa_t* ks = kv + (t % 2) * 2 * FA_BN * FA_LEN;
+        const fa_t* vs = ks + FA_BN * FA_LEN;
+        const int n0 = t * FA_BN;
+
+        float sc[FA_SN][4];
+#pragma unroll
+        for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < FA_KT; kk++) {
+#pragma unroll
+            for (int j = 0; j < FA_SN; j += 2) {
+                fa_u32 r[4];
+                int row = j * 8 + (lane % 8) + (lane / 16) * 8;
+                int col = kk * 16 + ((lane / 8) % 2) * 8;
+                fa_ldmatrix(r, fa_shared(ks + row * FA_LEN + col));
+                fa_mma(sc[j], qf[kk], r[0], r[1]);
+                fa_mma(sc[j + 1], qf[kk], r[2], r[3]);
+            }
+        }
+        const bool edge = n0 + FA_BN > s || (FA_CAUSAL && n0 + FA_BN - 1 > m0);
+#pragma unroll
+        for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = sc[j][e] * scale_log2;
+                if (edge) {
+                    int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
+                    int row = row0 + (e / 2) * 8;
+                    if (col >= s || (FA_CAUSAL && col > row)) x = FA_NEG_INF;
+                }
+                sc[j][e] = x;
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = FA_NEG_INF;
+#pragma unroll
+            for (int j = 0; j < FA_SN; j++) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            float grown = fmaxf(row_max[h], mx);
+            // A row that has seen only hidden keys keeps zeros (exp2(-inf) = 0).
+            float base = grown == FA_NEG_INF ? 0.0f : grown;
+            float alpha = exp2f(row_max[h] - base);
+            row_max[h] = grown;
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < FA_SN; j++) {
+                sc[j][2 * h] = exp2f(sc[j][2 * h] - base);
+                sc[j][2 * h + 1] = exp2f(sc[j][2 * h + 1] - base);
+                sum += sc[j][2 * h] + sc[j][2 * h + 1];
+            }
+            row_sum[h] = row_sum[h] * alpha + sum;
+#pragma unroll
+            for (int j = 0; j < FA_NT; j++) {
+                o[j][2 * h] *= alpha;
+                o[j][2 * h + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++) {
+            fa_u32 a[4] = {
+                fa_pack(sc[2 * kk][0], sc[2 * kk][1]), fa_pack(sc[2 * kk][2], sc[2 * kk][3]),
+                fa_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                fa_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+            for (int j = 0; j < FA_NT; j += 2) {
+                fa_u32 r[4];
+                int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                int col = j * 8 + (lane / 16) * 8;
+                fa_ldmatrix_t(r, fa_shared(vs + row * FA_LEN + col));
+                fa_mma(o[j], a, r[0], r[1]);
+                fa_mma(o[j + 1], a, r[2], r[3]);
+            }
+        }
+        // Every warp is done with this stage before the next iteration refills it.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float sum = row_sum[h];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        int row = row0 + h * 8;
+        if (row >= l) continue;
+#pragma unroll
+        for (int j = 0; j < FA_NT; j++) {
+            int col = j * 8 + (lane % 4) * 2;
+            *(fa_u32*)(out + (long long)row * FA_D + col) =
+                fa_pack(o[j][2 * h] / sum, o[j][2 * h + 1] / sum);
+        }
+    }
+}
+
+#else  // f32 on the CUDA cores
+
+// One thread per query row: its q and its output accumulators stay in registers, every
+// thread of the block reads the same key (and value) row at once (a shared-memory
+// broadcast).
+extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ out, int l, int s, float scale_log2,
+    long long q_stride, long long k_stride, long long v_stride) {
+    extern __shared__ __align__(16) float smem[];
+    const int tiles_q = (l + FA_BM - 1) / FA_BM;
+    const int pairs = gridDim.x / tiles_q;
+    const long long pair = blockIdx.x % pairs;
+    const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
+    q += pair * q_stride;
+    k += pair * k_stride;
+    v += pair * v_stride;
+    out += pair * l * FA_D;
+    const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
+    const int tiles = (kv_end + FA_BN - 1) / FA_BN;
+    const int row = m0 + threadIdx.x;
+
+    if (tiles > 0) {
+        fa_load(smem, k, FA_BN, 0, s);
+        fa_load(smem + FA_BN * FA_LEN, v, FA_BN, 0, s);
+    }
+    FA_COMMIT();
+
+    float qr[FA_D], o[FA_D];
+    const float4* q4 = (const float4*)(q + (long long)min(row, l - 1) * FA_D);
+#pragma unroll
+    for (int d = 0; d < FA_D / 4; d++) {
+        float4 x = q4[d];
+        qr[4 * d] = x.x * scale_log2;
+        qr[4 * d + 1] = x.y * scale_log2;
+        qr[4 * d + 2] = x.z * scale_log2;
+        qr[4 * d + 3] = x.w * scale_log2;
+    }
+#pragma unroll
+    for (int d = 0; d < FA_D; d++) o[d] = 0.0f;
+    float row_max = FA_NEG_INF, row_sum = 0.0f;
+
+    for (int t = 0; t < tiles; t++) {
+        if (t + 1 < tiles) {
+            float* next = smem + ((t + 1) % 2) * 2 * FA_BN * FA_LEN;
+            fa_load(next, k, FA_BN, (t + 1) * FA_BN, s);
+            fa_load(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s);
+            FA_COMMIT();
+            FA_WAIT(1);
+        } else {
+            FA_WAIT(0);
+        }
+        __syncthreads();
+        const float* ks = smem + (t % 2) * 2 * FA_BN * FA_LEN;
+        const float* vs = ks + FA_BN * FA_LEN;
+        const int n0 = t * FA_BN;
+        // Keys one at a time (a rolled loop: small code, quick to compile), the running
+        // max raised (and the sums rescaled) only when a score exceeds it.
+        const int keys = min(FA_BN, (FA_CAUSAL ? min(kv_end, row + 1) : s) - n0);
+        for (int j = 0; j < keys; j++) {
+            const float4* k4 = (const float4*)(ks + j * FA_LEN);
+            float dot = 0.0f;
+#pragma unroll
+            for (int d = 0; d < FA_D / 4; d++) {
+                float4 y = k4[d];
+                dot = fmaf(qr[4 * d], y.x, dot);
+                dot = fmaf(qr[4 * d + 1], y.y, dot);
+                dot = fmaf(qr[4 * d + 2], y.z, dot);
+                dot = fmaf(qr[4 * d + 3], y.w, dot);
+            }
+            if (dot > row_max) {
+                float alpha = exp2f(row_max - dot);
+                row_max = dot;
+                row_sum *= alpha;
+#pragma unroll
+                for (int d = 0; d < FA_D; d++) o[d] *= alpha;
+            }
+            float p = exp2f(dot - row_max);
+            row_sum += p;
+            const float4* v4 = (const float4*)(vs + j * FA_LEN);
+#pragma unroll
+            for (int d = 0; d < FA_D / 4; d++) {
+                float4 y = v4[d];
+                o[4 * d] = fmaf(p, y.x, o[4 * d]);
+                o[4 * d + 1] = fmaf(p, y.y, o[4 * d + 1]);
+                o[4 * d + 2] = fmaf(p, y.z, o[4 * d + 2]);
+                o[4 * d + 3] = fmaf(p, y.w, o[4 * d + 3]);
+            }
+        }
+        __syncthreads();
+    }
+    if (row < l) {
+        float4* out4 = (float4*)(out + (long long)row * FA_D);
+#pragma unroll
+        for (int d = 0; d < FA_D / 4; d++)
+            out4[d] = make_float4(o[4 * d] / row_sum, o[4 * d + 1] / row_sum,
+                                  o[4 * d + 2] / row_sum, o[4 * d + 3] / row_sum);
+    }
+}
+
+#endif

@@ -1,0 +1,364 @@
+//! Fused attention (flash attention forward): an [`Attention`] as CUDA C of our own,
+//! `attention.cu`, configured per program by the macros written here (head dim, dtype,
+//! causal). In `f16`/`bf16` the two products run on tensor cores (`mma.sync.m16n8k16`,
+//! `f32` sums, the probabilities rounded to the operand dtype as flash attention does); in
+//! `f32` on the CUDA cores, one query row per thread. The sequence lengths and strides are
+//! kernel arguments, so one compiled program serves every length of its configuration.
+//!
+//! It runs an attention whose `q`/`k` and `v` vectors have one length, a constant small
+//! enough for registers, with every row starting 16 bytes aligned; anything else is left
+//! to the composition of kernels and library products ([`supports`] says why not).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tessel_ir::handles;
+use tessel_ir::{Attention, AttentionSizes, BackendError, BufferId, ProgramOrigin, VendorProgram};
+use tessel_shape::{Bindings, DType};
+
+use crate::device::CudaDevice;
+use crate::ffi::{ArgSlot, Module};
+use crate::{CudaBackend, Program, Timing, queue_timed};
+
+/// The kernel text, configured by the macros [`source`] prepends.
+const TEMPLATE: &str = include_str!("attention.cu");
+
+/// The kernel's entry point.
+const ENTRY: &str = "tessel_attention";
+
+/// Query rows per block (both kernels).
+const BLOCK_ROWS: usize = 64;
+
+/// A compiled attention kernel.
+pub(crate) struct AttentionProgram {
+    op: Attention,
+    device: Arc<CudaDevice>,
+    module: Arc<Module>,
+    origin: ProgramOrigin,
+    /// `op` as text: the program's name in errors.
+    name: String,
+}
+
+impl AttentionProgram {
+    pub(crate) fn origin(&self) -> ProgramOrigin {
+        self.origin
+    }
+}
+
+/// Why the kernel cannot run `op` on a device of compute capability `capability`, or
+/// `None` when it can.
+pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String> {
+    if capability.0 < 8 {
+        return Some(format!(
+            "cp.async and bf16/f16 mma.sync need compute capability 8.0 (this device has {}.{})",
+            capability.0, capability.1
+        ));
+    }
+    let (Some(e), Some(ev)) = (op.e.as_const(), op.ev.as_const()) else {
+        return Some("its head dims are not constants".into());
+    };
+    if e != ev {
+        return Some(format!(
+            "q/k vectors of {e} and v vectors of {ev} elements differ"
+        ));
+    }
+    let fits = match op.dtype {
+        DType::F16 | DType::BF16 => e % 16 == 0 && (16..=128).contains(&e),
+        DType::F32 => e % 4 == 0 && (4..=64).contains(&e),
+        other => return Some(format!("it computes f32, f16 and bf16, not {other}")),
+    };
+    if !fits {
+        return Some(format!(
+            "a head dim of {e} is not one it has registers for (f16/bf16: a multiple of 16 up to 128; f32: of 4 up to 64)"
+        ));
+    }
+    let scale = op.scale.to_f64();
+    if !scale.is_finite() {
+        return Some(format!("the scale {scale} is not finite"));
+    }
+    None
+}
+
+/// The CUDA C of `op`: `attention.cu` after its configuration.
+fn source(op: &Attention, head_dim: i64) -> String {
+    let flag = |b: bool| u8::from(b);
+    format!(
+        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n{TEMPLATE}",
+        flag(op.dtype != DType::F32),
+        flag(op.dtype == DType::F16),
+        flag(op.causal),
+    )
+}
+
+/// Threads per block and dynamic shared memory: the query tile (half only) and two
+/// stages of key and value tiles, rows padded as `attention.cu` lays them out.
+fn block(dtype: DType, head_dim: usize) -> (u32, u32) {
+    if dtype == DType::F32 {
+        (64, (2 * 2 * 32 * head_dim * 4) as u32)
+    } else {
+        (128, ((64 + 2 * 2 * 64) * (head_dim + 8) * 2) as u32)
+    }
+}
+
+impl CudaBackend {
+    /// The programs for `op` on `device` ([`Backend::vendor`](tessel_ir::Backend::vendor)):
+    /// the fused kernel where [`supports`] allows it, else none.
+    pub(crate) fn attention_programs(
+        &self,
+        device: usize,
+        op: &Attention,
+    ) -> Result<Vec<VendorProgram>, BackendError> {
+        let dev = self.device(device)?;
+        if let Some(why) = supports(op, dev.capability) {
+            tracing::trace!("tessel-cuda: no fused kernel for {op}: {why}");
+            return Ok(Vec::new());
+        }
+        let head_dim = op.e.as_const().unwrap_or(0);
+        let name = op.to_string();
+        let (module, origin) = self.module(dev, &name, ENTRY, &source(op, head_dim))?;
+        let (_, shared) = block(op.dtype, head_dim as usize);
+        module
+            .allow_shared(shared)
+            .map_err(|e| BackendError::Compile {
+                kernel: name.clone(),
+                code: String::new(),
+                log: format!(
+                    "{shared} bytes of shared memory are more than the device allows: {e}"
+                ),
+            })?;
+        let program = AttentionProgram {
+            op: op.clone(),
+            device: Arc::clone(dev),
+            module,
+            origin,
+            name,
+        };
+        Ok(vec![VendorProgram {
+            program: self.programs.insert(Program::Attention(program)),
+            variant: "flash".into(),
+        }])
+    }
+
+    /// Checks an attention launch against its buffers and queues it.
+    pub(crate) fn enqueue_attention(
+        &self,
+        program: &AttentionProgram,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        timed: bool,
+    ) -> Result<Option<Timing>, BackendError> {
+        let dev = &program.device;
+        let name = &program.name;
+        let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
+        let &[_, _, _, out] = buffers else {
+            return Err(invalid(format!(
+                "takes 4 buffers, [q, k, v, out], but {} were bound",
+                buffers.len()
+            )));
+        };
+        let bound = self.buffers.get_all(buffers)?;
+        handles::check_launch_devices(
+            "cuda",
+            name,
+            dev.index,
+            buffers,
+            bound.iter().map(|b| b.device.index),
+        )?;
+        if buffers[..3].contains(&out) {
+            return Err(invalid(format!(
+                "buffer {} is bound both as the output and as an operand",
+                out.0
+            )));
+        }
+        let sizes = program
+            .op
+            .sizes(dims)
+            .map_err(|e| invalid(format!("cannot evaluate its sizes: {e}")))?;
+        let element = program.op.dtype.size_bytes();
+        for ((need, b), what) in sizes
+            .min_elements()
+            .iter()
+            .zip(&bound)
+            .zip(["q", "k", "v", "out"])
+        {
+            if need.saturating_mul(element) > b.bytes {
+                return Err(invalid(format!(
+                    "the {what} buffer holds {} bytes, but sizes {sizes:?} need {}",
+                    b.bytes,
+                    need.saturating_mul(element)
+                )));
+            }
+        }
+        let Some(launch) = launch(&program.op, &sizes, name)? else {
+            return Ok(None);
+        };
+        let mut slots: Vec<ArgSlot> = bound.iter().map(|b| ArgSlot(b.ptr.to_ne_bytes())).collect();
+        let mut word = |bytes: &[u8]| {
+            let mut slot = ArgSlot::default();
+            slot.0[..bytes.len()].copy_from_slice(bytes);
+            slots.push(slot);
+        };
+        word(&launch.lengths[0].to_ne_bytes());
+        word(&launch.lengths[1].to_ne_bytes());
+        word(&launch.scale_log2.to_ne_bytes());
+        for stride in launch.strides {
+            word(&stride.to_ne_bytes());
+        }
+        queue_timed(dev, name, timed, || {
+            program
+                .module
+                .launch(
+                    &dev.ctx,
+                    &dev.stream,
+                    [launch.grid, launch.block],
+                    launch.shared,
+                    &mut slots,
+                )
+                .map_err(|e| BackendError::Launch {
+                    kernel: name.clone(),
+                    reason: format!("cuLaunchKernel failed: {e}"),
+                })?;
+            self.counters
+                .vendor_launches
+                .fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+}
+
+/// One launch's grid, block, shared memory and arguments.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Launch {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    /// `l`, `s`.
+    lengths: [i32; 2],
+    /// `scale · log2(e)`.
+    scale_log2: f32,
+    /// The batch strides of `q`, `k`, `v`, in elements.
+    strides: [i64; 3],
+}
+
+/// The launch of `op` at sizes `s` (checked against the buffers), or `None` when the
+/// output is empty. Sizes past the kernel's 32-bit lengths and strides the 16-byte copies
+/// cannot read are [`BackendError::Unsupported`].
+fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launch>, BackendError> {
+    if s.batch == 0 || s.l == 0 || s.ev == 0 {
+        return Ok(None);
+    }
+    let unsupported = |why: String| BackendError::Unsupported {
+        backend: "cuda",
+        what: format!("{name}: {why}"),
+    };
+    let chunk = 16 / op.dtype.size_bytes();
+    if s.batch_strides.iter().any(|st| st % chunk != 0) {
+        return Err(unsupported(format!(
+            "batch strides {:?} are not multiples of {chunk} elements (16 bytes)",
+            s.batch_strides
+        )));
+    }
+    let int = |v: usize| i32::try_from(v).ok();
+    let blocks = s
+        .batch
+        .checked_mul(s.l.div_ceil(BLOCK_ROWS))
+        .filter(|&b| b <= i32::MAX as usize);
+    let (Some(l), Some(keys), Some(blocks)) = (int(s.l), int(s.s), blocks) else {
+        return Err(unsupported(format!(
+            "sizes {s:?} are past the fused kernel's 32-bit lengths"
+        )));
+    };
+    let (threads, shared) = block(op.dtype, s.e);
+    let strides = s.batch_strides.map(|st| st as i64);
+    Ok(Some(Launch {
+        grid: [blocks as u32, 1, 1],
+        block: [threads, 1, 1],
+        shared,
+        lengths: [l, keys],
+        scale_log2: (op.scale.to_f64() * std::f64::consts::LOG2_E) as f32,
+        strides,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{launch, source, supports};
+    use tessel_ir::{Attention, AttentionSizes};
+    use tessel_shape::{DType, Dim, Scalar, Var};
+
+    fn op(dtype: DType, e: i64, ev: i64) -> Attention {
+        let l = Dim::from(Var::new("l", 1, 4096).unwrap());
+        Attention {
+            dtype,
+            batch: 6.into(),
+            l: l,
+            s: l,
+            e: e.into(),
+            ev: ev.into(),
+            q_batch_stride: l * Dim::constant(e),
+            k_batch_stride: l * Dim::constant(e),
+            v_batch_stride: l * Dim::constant(ev),
+            scale: Scalar::F32(0.125),
+            causal: true,
+        }
+    }
+
+    #[test]
+    fn head_dims_with_registers_and_aligned_rows_are_fused() {
+        let sm90 = (9, 0);
+        assert_eq!(supports(&op(DType::BF16, 64, 64), sm90), None);
+        assert_eq!(supports(&op(DType::F16, 128, 128), sm90), None);
+        assert_eq!(supports(&op(DType::F32, 64, 64), sm90), None);
+        assert!(supports(&op(DType::BF16, 64, 64), (7, 5)).is_some());
+        assert!(supports(&op(DType::BF16, 40, 40), sm90).is_some());
+        assert!(supports(&op(DType::BF16, 256, 256), sm90).is_some());
+        assert!(supports(&op(DType::F32, 128, 128), sm90).is_some());
+        assert!(supports(&op(DType::BF16, 64, 32), sm90).is_some());
+        assert!(supports(&op(DType::F64, 64, 64), sm90).is_some());
+        let mut dynamic = op(DType::BF16, 64, 64);
+        dynamic.e = Dim::from(Var::new("e", 1, 64).unwrap());
+        assert!(supports(&dynamic, sm90).is_some());
+    }
+
+    #[test]
+    fn the_source_is_configured_by_macros() {
+        let text = source(&op(DType::F16, 64, 64), 64);
+        for line in [
+            "#define FA_D 64",
+            "#define FA_HALF 1",
+            "#define FA_F16 1",
+            "#define FA_CAUSAL 1",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_launch_covers_every_query_tile_of_every_pair() {
+        let sizes = AttentionSizes {
+            batch: 96,
+            l: 129,
+            s: 129,
+            e: 64,
+            ev: 64,
+            batch_strides: [129 * 64; 3],
+        };
+        let l = launch(&op(DType::BF16, 64, 64), &sizes, "t")
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.grid, [96 * 3, 1, 1]);
+        assert_eq!((l.block[0], l.lengths), (128, [129, 129]));
+        assert!((l.scale_log2 - 0.125 * std::f32::consts::LOG2_E).abs() < 1e-7);
+        let f32_launch = launch(&op(DType::F32, 64, 64), &sizes, "t")
+            .unwrap()
+            .unwrap();
+        assert_eq!(f32_launch.block[0], 64);
+        let empty = AttentionSizes { l: 0, ..sizes };
+        assert_eq!(launch(&op(DType::BF16, 64, 64), &empty, "t").unwrap(), None);
+        let odd = AttentionSizes {
+            batch_strides: [129 * 64 + 4, 0, 0],
+            ..sizes
+        };
+        assert!(launch(&op(DType::BF16, 64, 64), &odd, "t").is_err());
+    }
+}
