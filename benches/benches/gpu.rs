@@ -474,7 +474,9 @@ fn sdpa_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
         dtype,
         init: Init::Unit,
         f32_matmul: Float32MatmulPrecision::Highest,
-        run: |t| tessel_nn::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, false),
+        run: |t| {
+            tessel_nn::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, false)
+        },
     }
 }
 

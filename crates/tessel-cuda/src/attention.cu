@@ -311,37 +311,52 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
         const float* ks = smem + (t % 2) * 2 * FA_BN * FA_LEN;
         const float* vs = ks + FA_BN * FA_LEN;
         const int n0 = t * FA_BN;
-        // Keys one at a time (a rolled loop: small code, quick to compile), the running
-        // max raised (and the sums rescaled) only when a score exceeds it.
+        // Keys four at a time (independent dot products for the pipelines, a rolled loop
+        // over the groups for a short compile), the running max raised (and the sums
+        // rescaled) only when a score exceeds it. Keys past `keys` weigh 0.
         const int keys = min(FA_BN, (FA_CAUSAL ? min(kv_end, row + 1) : s) - n0);
-        for (int j = 0; j < keys; j++) {
-            const float4* k4 = (const float4*)(ks + j * FA_LEN);
-            float dot = 0.0f;
+        for (int j = 0; j < keys; j += 4) {
+            float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int d = 0; d < FA_D / 4; d++) {
-                float4 y = k4[d];
-                dot = fmaf(qr[4 * d], y.x, dot);
-                dot = fmaf(qr[4 * d + 1], y.y, dot);
-                dot = fmaf(qr[4 * d + 2], y.z, dot);
-                dot = fmaf(qr[4 * d + 3], y.w, dot);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float4 y = ((const float4*)(ks + (j + u) * FA_LEN))[d];
+                    dot[u] = fmaf(qr[4 * d], y.x, dot[u]);
+                    dot[u] = fmaf(qr[4 * d + 1], y.y, dot[u]);
+                    dot[u] = fmaf(qr[4 * d + 2], y.z, dot[u]);
+                    dot[u] = fmaf(qr[4 * d + 3], y.w, dot[u]);
+                }
             }
-            if (dot > row_max) {
-                float alpha = exp2f(row_max - dot);
-                row_max = dot;
+            float mx = FA_NEG_INF;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (j + u >= keys) dot[u] = FA_NEG_INF;
+                mx = fmaxf(mx, dot[u]);
+            }
+            if (mx > row_max) {
+                float alpha = exp2f(row_max - mx);
+                row_max = mx;
                 row_sum *= alpha;
 #pragma unroll
                 for (int d = 0; d < FA_D; d++) o[d] *= alpha;
             }
-            float p = exp2f(dot - row_max);
-            row_sum += p;
-            const float4* v4 = (const float4*)(vs + j * FA_LEN);
+            float p[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                p[u] = exp2f(dot[u] - row_max);
+                row_sum += p[u];
+            }
 #pragma unroll
             for (int d = 0; d < FA_D / 4; d++) {
-                float4 y = v4[d];
-                o[4 * d] = fmaf(p, y.x, o[4 * d]);
-                o[4 * d + 1] = fmaf(p, y.y, o[4 * d + 1]);
-                o[4 * d + 2] = fmaf(p, y.z, o[4 * d + 2]);
-                o[4 * d + 3] = fmaf(p, y.w, o[4 * d + 3]);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float4 y = ((const float4*)(vs + (j + u) * FA_LEN))[d];
+                    o[4 * d] = fmaf(p[u], y.x, o[4 * d]);
+                    o[4 * d + 1] = fmaf(p[u], y.y, o[4 * d + 1]);
+                    o[4 * d + 2] = fmaf(p[u], y.z, o[4 * d + 2]);
+                    o[4 * d + 3] = fmaf(p[u], y.w, o[4 * d + 3]);
+                }
             }
         }
         __syncthreads();
