@@ -6,6 +6,7 @@
 //               0: f32 operands on the CUDA cores
 //   FA_F16      with FA_HALF: 1 f16, 0 bf16
 //   FA_CAUSAL   1: key j > query i is hidden
+//   FA_MASK     an additive mask read with strides: 0 none, 1 f32, 2 bf16, 3 f16
 //
 // A block owns FA_BM queries of one pair and walks the keys in tiles of FA_BN, two tiles in
 // flight through `cp.async` (16-byte copies, zero-filled past `s`: rows of FA_D elements
@@ -13,6 +14,7 @@
 // keeps its running max and sum in f32, rescaling its accumulators when the max grows
 // (base-2 exponentials of `scale·log2(e)`-scaled scores). The grid holds one block per
 // query tile of every pair, numbered so the tiles with the most keys (causal) start first.
+// Pair `p` reads the keys and values of `p / group` (grouped-query heads).
 
 typedef unsigned short fa_u16;
 typedef unsigned int fa_u32;
@@ -30,6 +32,32 @@ __device__ __forceinline__ void fa_copy16(fa_u32 dst, const void* src, bool vali
 
 // NVRTC has no math.h: the infinity by its bits.
 #define FA_NEG_INF __int_as_float(0xff800000)
+
+#define FA_NEG_MAX __int_as_float(0xff7fffff)
+#define FA_LOG2E 1.4426950408889634f
+
+// The mask's element `i` as a float.
+__device__ __forceinline__ float fa_mask_at(const void* mask, long long i) {
+#if FA_MASK == 1
+    return ((const float*)mask)[i];
+#elif FA_MASK == 2
+    return __uint_as_float(((fa_u32)((const fa_u16*)mask)[i]) << 16);
+#elif FA_MASK == 3
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(((const fa_u16*)mask)[i]));
+    return f;
+#else
+    return 0.0f;
+#endif
+}
+
+// A base-2 score `x` plus the mask value `m` (natural units). A finite mask keeps the
+// score finite, so a row masked everywhere by the dtype's lowest value averages its
+// values as the composition does, instead of giving NaN.
+__device__ __forceinline__ float fa_masked(float x, float m) {
+    float y = x + m * FA_LOG2E;
+    return (y == FA_NEG_INF && m != FA_NEG_INF) ? FA_NEG_MAX : y;
+}
 
 #define FA_COMMIT() asm volatile("cp.async.commit_group;\n" ::)
 #define FA_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n))
@@ -110,7 +138,9 @@ __device__ __forceinline__ fa_u32 fa_pack(float lo, float hi) {
 extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v,
     fa_t* __restrict__ out, int l, int s, float scale_log2,
-    long long q_stride, long long k_stride, long long v_stride) {
+    long long q_stride, long long k_stride, long long v_stride, int group,
+    const void* __restrict__ mask, long long mo, long long mh, long long mi, long long mj,
+    int heads) {
     extern __shared__ __align__(16) fa_t smem[];
     fa_t* qs = smem;
     fa_t* kv = smem + FA_BM * FA_LEN;  // stage t: K at kv + t * 2 * FA_BN * FA_LEN, V after
@@ -120,9 +150,10 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     const long long pair = blockIdx.x % pairs;
     const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
     q += pair * q_stride;
-    k += pair * k_stride;
-    v += pair * v_stride;
+    k += pair / group * k_stride;
+    v += pair / group * v_stride;
     out += pair * l * FA_D;
+    const long long mask_pair = (pair / heads) * mo + (pair % heads) * mh;
     const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
     const int tiles = (kv_end + FA_BN - 1) / FA_BN;
 
@@ -187,11 +218,13 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float x = sc[j][e] * scale_log2;
-                if (edge) {
-                    int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
-                    int row = row0 + (e / 2) * 8;
-                    if (col >= s || (FA_CAUSAL && col > row)) x = FA_NEG_INF;
-                }
+                int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
+                int row = row0 + (e / 2) * 8;
+#if FA_MASK
+                if (col < s && row < l)
+                    x = fa_masked(x, fa_mask_at(mask, mask_pair + row * mi + col * mj));
+#endif
+                if (edge && (col >= s || (FA_CAUSAL && col > row))) x = FA_NEG_INF;
                 sc[j][e] = x;
             }
 #pragma unroll
@@ -263,16 +296,19 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
 extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     float* __restrict__ out, int l, int s, float scale_log2,
-    long long q_stride, long long k_stride, long long v_stride) {
+    long long q_stride, long long k_stride, long long v_stride, int group,
+    const void* __restrict__ mask, long long mo, long long mh, long long mi, long long mj,
+    int heads) {
     extern __shared__ __align__(16) float smem[];
     const int tiles_q = (l + FA_BM - 1) / FA_BM;
     const int pairs = gridDim.x / tiles_q;
     const long long pair = blockIdx.x % pairs;
     const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
     q += pair * q_stride;
-    k += pair * k_stride;
-    v += pair * v_stride;
+    k += pair / group * k_stride;
+    v += pair / group * v_stride;
     out += pair * l * FA_D;
+    const long long mask_pair = (pair / heads) * mo + (pair % heads) * mh;
     const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
     const int tiles = (kv_end + FA_BN - 1) / FA_BN;
     const int row = m0 + threadIdx.x;
@@ -331,6 +367,10 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
             float mx = FA_NEG_INF;
 #pragma unroll
             for (int u = 0; u < 4; u++) {
+#if FA_MASK
+                if (row < l && j + u < keys)
+                    dot[u] = fa_masked(dot[u], fa_mask_at(mask, mask_pair + row * mi + (n0 + j + u) * mj));
+#endif
                 if (j + u >= keys) dot[u] = FA_NEG_INF;
                 mx = fmaxf(mx, dot[u]);
             }

@@ -72,6 +72,11 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
             "a head dim of {e} is not one it has registers for (f16/bf16: a multiple of 16 up to 128; f32: of 4 up to 64)"
         ));
     }
+    if let Some(m) = &op.mask
+        && !matches!(m.dtype, DType::F32 | DType::F16 | DType::BF16)
+    {
+        return Some(format!("it reads f32, f16 and bf16 masks, not {}", m.dtype));
+    }
     let scale = op.scale.to_f64();
     if !scale.is_finite() {
         return Some(format!("the scale {scale} is not finite"));
@@ -83,10 +88,16 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
 fn source(op: &Attention, head_dim: i64) -> String {
     let flag = |b: bool| u8::from(b);
     format!(
-        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n{TEMPLATE}",
+        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n{TEMPLATE}",
         flag(op.dtype != DType::F32),
         flag(op.dtype == DType::F16),
         flag(op.causal),
+        match op.mask.as_ref().map(|m| m.dtype) {
+            None => 0,
+            Some(DType::BF16) => 2,
+            Some(DType::F16) => 3,
+            Some(_) => 1,
+        },
     )
 }
 
@@ -150,12 +161,20 @@ impl CudaBackend {
         let dev = &program.device;
         let name = &program.name;
         let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
-        let &[_, _, _, out] = buffers else {
+        let names = if program.op.mask.is_some() {
+            ["q", "k", "v", "mask", "out"].as_slice()
+        } else {
+            ["q", "k", "v", "out"].as_slice()
+        };
+        if buffers.len() != names.len() {
             return Err(invalid(format!(
-                "takes 4 buffers, [q, k, v, out], but {} were bound",
+                "takes {} buffers, [{}], but {} were bound",
+                names.len(),
+                names.join(", "),
                 buffers.len()
             )));
-        };
+        }
+        let out = buffers[names.len() - 1];
         let bound = self.buffers.get_all(buffers)?;
         handles::check_launch_devices(
             "cuda",
@@ -164,7 +183,7 @@ impl CudaBackend {
             buffers,
             bound.iter().map(|b| b.device.index),
         )?;
-        if buffers[..3].contains(&out) {
+        if buffers[..names.len() - 1].contains(&out) {
             return Err(invalid(format!(
                 "buffer {} is bound both as the output and as an operand",
                 out.0
@@ -175,24 +194,26 @@ impl CudaBackend {
             .sizes(dims)
             .map_err(|e| invalid(format!("cannot evaluate its sizes: {e}")))?;
         let element = program.op.dtype.size_bytes();
-        for ((need, b), what) in sizes
-            .min_elements()
-            .iter()
-            .zip(&bound)
-            .zip(["q", "k", "v", "out"])
-        {
-            if need.saturating_mul(element) > b.bytes {
+        let [q, k, v, o] = sizes.min_elements().map(|n| n.saturating_mul(element));
+        let mask_bytes = program
+            .op
+            .mask
+            .as_ref()
+            .map(|m| sizes.mask_elements().saturating_mul(m.dtype.size_bytes()));
+        let needs: Vec<usize> = [q, k, v].into_iter().chain(mask_bytes).chain([o]).collect();
+        for ((need, b), what) in needs.iter().zip(&bound).zip(names) {
+            if *need > b.bytes {
                 return Err(invalid(format!(
-                    "the {what} buffer holds {} bytes, but sizes {sizes:?} need {}",
-                    b.bytes,
-                    need.saturating_mul(element)
+                    "the {what} buffer holds {} bytes, but sizes {sizes:?} need {need}",
+                    b.bytes
                 )));
             }
         }
         let Some(launch) = launch(&program.op, &sizes, name)? else {
             return Ok(None);
         };
-        let mut slots: Vec<ArgSlot> = bound.iter().map(|b| ArgSlot(b.ptr.to_ne_bytes())).collect();
+        let pointer = |j: usize| ArgSlot(bound[j].ptr.to_ne_bytes());
+        let mut slots: Vec<ArgSlot> = [0, 1, 2, names.len() - 1].map(pointer).to_vec();
         let mut word = |bytes: &[u8]| {
             let mut slot = ArgSlot::default();
             slot.0[..bytes.len()].copy_from_slice(bytes);
@@ -204,6 +225,18 @@ impl CudaBackend {
         for stride in launch.strides {
             word(&stride.to_ne_bytes());
         }
+        word(&launch.group.to_ne_bytes());
+        // The mask: its pointer (0 without one), strides and heads.
+        let (heads, mask_strides) = sizes.mask.unwrap_or((1, [0; 4]));
+        let mask_pointer = match program.op.mask {
+            Some(_) => bound[3].ptr,
+            None => 0,
+        };
+        word(&mask_pointer.to_ne_bytes());
+        for stride in mask_strides {
+            word(&(stride as i64).to_ne_bytes());
+        }
+        word(&i32::try_from(heads).unwrap_or(i32::MAX).to_ne_bytes());
         queue_timed(dev, name, timed, || {
             program
                 .module
@@ -238,6 +271,8 @@ struct Launch {
     scale_log2: f32,
     /// The batch strides of `q`, `k`, `v`, in elements.
     strides: [i64; 3],
+    /// Consecutive pairs sharing one `k` and `v`.
+    group: i32,
 }
 
 /// The launch of `op` at sizes `s` (checked against the buffers), or `None` when the
@@ -263,7 +298,9 @@ fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launc
         .batch
         .checked_mul(s.l.div_ceil(BLOCK_ROWS))
         .filter(|&b| b <= i32::MAX as usize);
-    let (Some(l), Some(keys), Some(blocks)) = (int(s.l), int(s.s), blocks) else {
+    let (Some(l), Some(keys), Some(group), Some(blocks)) =
+        (int(s.l), int(s.s), int(s.kv_group), blocks)
+    else {
         return Err(unsupported(format!(
             "sizes {s:?} are past the fused kernel's 32-bit lengths"
         )));
@@ -275,6 +312,7 @@ fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launc
         block: [threads, 1, 1],
         shared,
         lengths: [l, keys],
+        group,
         scale_log2: (op.scale.to_f64() * std::f64::consts::LOG2_E) as f32,
         strides,
     }))
@@ -298,8 +336,10 @@ mod tests {
             q_batch_stride: l * Dim::constant(e),
             k_batch_stride: l * Dim::constant(e),
             v_batch_stride: l * Dim::constant(ev),
+            kv_group: 1.into(),
             scale: Scalar::F32(0.125),
             causal: true,
+            mask: None,
         }
     }
 
@@ -342,6 +382,8 @@ mod tests {
             e: 64,
             ev: 64,
             batch_strides: [129 * 64; 3],
+            kv_group: 1,
+            mask: None,
         };
         let l = launch(&op(DType::BF16, 64, 64), &sizes, "t")
             .unwrap()

@@ -1,11 +1,11 @@
 //! The fused attention kernel ([`Backend::vendor`] on a [`VendorOp::Attention`]) against
 //! [`Attention::reference`] in `f64`: odd lengths (no multiple of a tile), causal or not,
 //! more queries than keys and the reverse, batch strides of 0 (one `k`/`v` for every
-//! pair), a dynamic length, every dtype it runs, and the head dims it has registers for.
+//! pair), grouped-query heads, additive masks with broadcast strides, a dynamic length, every dtype it runs, and the head dims it has registers for.
 //! Without a GPU (or below compute capability 8.0) every test passes after a skip line.
 
 use tessel_cuda::CudaBackend;
-use tessel_ir::{Attention, Backend, VendorOp};
+use tessel_ir::{Attention, AttentionMask, Backend, VendorOp};
 use tessel_shape::{Bindings, DType, Dim, Scalar, Var};
 use tessel_testkit::{Rng, decode, encode};
 
@@ -42,8 +42,10 @@ fn attention(
         q_batch_stride: (l * e).into(),
         k_batch_stride: stride(shared[0], s),
         v_batch_stride: stride(shared[1], s),
+        kv_group: 1.into(),
         scale: Scalar::F32(1.0 / (e as f32).sqrt()),
         causal,
+        mask: None,
     }
 }
 
@@ -69,18 +71,48 @@ fn check(cuda: &CudaBackend, device: usize, op: &Attention, dims: &Bindings) -> 
         decode(op.dtype, &encode(op.dtype, &raw))
     };
     let (q, k, v) = (values(counts[0]), values(counts[1]), values(counts[2]));
+    // Mask values in [-2, 2), every seventh the mask dtype's lowest (a hidden key).
+    let mask_dtype = op.mask.as_ref().map(|m| m.dtype);
+    let mask: Vec<f64> = match mask_dtype {
+        Some(dtype) => {
+            let raw: Vec<f64> = (0..sizes.mask_elements())
+                .map(|i| {
+                    let x = 2.0 * rng.unit();
+                    if i % 7 == 3 {
+                        dtype.min_value().to_f64()
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            decode(dtype, &encode(dtype, &raw))
+        }
+        None => Vec::new(),
+    };
     let size = op.dtype.size_bytes();
-    let ids = counts.map(|n| cuda.alloc(device, n.max(1) * size).unwrap());
-    for (id, data) in ids.iter().zip([&q, &k, &v]) {
-        cuda.write(*id, 0, &encode(op.dtype, data)).unwrap();
+    let mut data: Vec<(DType, &[f64])> = vec![(op.dtype, &q), (op.dtype, &k), (op.dtype, &v)];
+    if let Some(dtype) = mask_dtype {
+        data.push((dtype, &mask));
     }
-    cuda.write(ids[3], 0, &encode(op.dtype, &vec![f64::NAN; counts[3]]))
+    let mut ids: Vec<_> = data
+        .iter()
+        .map(|(dtype, values)| {
+            let id = cuda
+                .alloc(device, values.len().max(1) * dtype.size_bytes())
+                .unwrap();
+            cuda.write(id, 0, &encode(*dtype, values)).unwrap();
+            id
+        })
+        .collect();
+    let out = cuda.alloc(device, counts[3].max(1) * size).unwrap();
+    cuda.write(out, 0, &encode(op.dtype, &vec![f64::NAN; counts[3]]))
         .unwrap();
+    ids.push(out);
     cuda.launch(program.program, &ids, dims).unwrap();
     let mut bytes = vec![0u8; counts[3] * size];
-    cuda.read(ids[3], 0, &mut bytes).unwrap();
+    cuda.read(out, 0, &mut bytes).unwrap();
     let got = decode(op.dtype, &bytes);
-    let want = op.reference(&sizes, &q, &k, &v);
+    let want = op.reference(&sizes, [&q, &k, &v, &mask]);
     let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
     let allowed = match op.dtype {
         DType::BF16 => 2.0 * 2f64.powi(-8) * largest,
@@ -133,6 +165,51 @@ fn fused_attention_matches_the_reference() {
             &attention(DType::F32, [2, 77, 77, 128], true, [false; 2]),
             &Bindings::new()
         ));
+    }
+}
+
+/// Grouped-query heads: pairs `2g` and `2g + 1` (or `3g..3g + 2`) read keys and values `g`.
+#[test]
+fn grouped_query_heads_share_keys_and_values() {
+    let cuda = CudaBackend::new();
+    let test = "grouped_query_heads_share_keys_and_values";
+    for device in devices(&cuda, test) {
+        for (dtype, group) in [(DType::BF16, 2), (DType::F32, 3)] {
+            let mut op = attention(dtype, [6, 40, 70, 32], true, [false; 2]);
+            op.kv_group = group.into();
+            assert!(check(&cuda, device, &op, &Bindings::new()), "{op}");
+        }
+    }
+}
+
+/// Additive masks read in place: BERT's padding mask `[batch, 1, 1, s]` (one row per
+/// outer index, broadcast over heads and queries), a full `[heads, l, s]` one, and an
+/// `[l, s]` one shared by every pair, in f32, bf16 and f16; with the causal mask too.
+#[test]
+fn additive_masks_are_read_with_their_strides() {
+    let cuda = CudaBackend::new();
+    let test = "additive_masks_are_read_with_their_strides";
+    let (heads, l, s) = (3i64, 37i64, 45i64);
+    let layouts: [[i64; 4]; 3] = [[s, 0, 0, 1], [0, l * s, s, 1], [0, 0, s, 1]];
+    for device in devices(&cuda, test) {
+        for (dtype, mask_dtype) in [
+            (DType::BF16, DType::BF16),
+            (DType::F16, DType::F32),
+            (DType::F32, DType::F32),
+            (DType::F32, DType::F16),
+        ] {
+            for strides in layouts {
+                for causal in [false, true] {
+                    let mut op = attention(dtype, [2 * heads, l, s, 32], causal, [false; 2]);
+                    op.mask = Some(AttentionMask {
+                        dtype: mask_dtype,
+                        heads: heads.into(),
+                        strides: strides.map(Dim::from),
+                    });
+                    assert!(check(&cuda, device, &op, &Bindings::new()), "{op}");
+                }
+            }
+        }
     }
 }
 

@@ -15,13 +15,14 @@
 //! In half precision the products are recorded between casts (see `vendor.rs`) and the
 //! softmax runs in `f32` between a cast of the scores up and a cast of the probabilities
 //! down. [`find_attention`] describes each such value as a [`VendorOp::Attention`] over the
-//! buffers of `q`, `k` and `v`, writing the output of the second product: an alternative
+//! buffers of `q`, `k` and `v` (grouped-query heads that `repeat_interleave` repeated for the
+//! products read unrepeated), writing the output of the second product: an alternative
 //! the backends may offer a fused kernel for, measured against the composition like every
 //! other candidate.
 
 use rustc_hash::FxHashMap;
-use tessel_ir::{Attention, Matmul, VendorOp};
-use tessel_shape::{BinaryOp, DType, Scalar, TernaryOp, UnaryOp};
+use tessel_ir::{Attention, AttentionMask, Matmul, VendorOp};
+use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
 
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
 use crate::vendor::VendorMatch;
@@ -66,8 +67,16 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
             continue;
         }
         let [q, k, v] = [scores.operands[0], scores.operands[1], m.operands[1]];
+        // Grouped-query heads repeated for the products are read from the unrepeated
+        // buffers, each by its group of query heads.
+        let (k, v, kv_group) = match (repeated_heads(graph, k), repeated_heads(graph, v)) {
+            (Some((k, gk)), Some((v, gv))) if gk == gv => (k, v, gk),
+            _ => (k, v, Dim::constant(1)),
+        };
+        let mask_node = softmax.mask.as_ref().map(|(node, _)| *node);
         let mut materialize: Vec<NodeId> = [q, k, v]
             .into_iter()
+            .chain(mask_node)
             .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
             .collect();
         materialize.push(*m.writes.last().unwrap_or(&m.operands[0]));
@@ -82,10 +91,12 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
                 q_batch_stride: qk.lhs_batch_stride,
                 k_batch_stride: qk.rhs_batch_stride,
                 v_batch_stride: pv.rhs_batch_stride,
+                kv_group,
                 scale: softmax.scale,
                 causal: softmax.causal,
+                mask: softmax.mask.map(|(_, m)| m),
             }),
-            operands: vec![q, k, v],
+            operands: [q, k, v].into_iter().chain(mask_node).collect(),
             writes: m.writes.clone(),
             materialize,
         });
@@ -93,12 +104,41 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
     found
 }
 
-/// A softmax over the last axis of `scale · scores`, optionally masked causally.
+/// `x` as `repeat_interleave(x0, g, -3)` records it, `expand(reshape(x0))` from
+/// `[.., h, s, e]` through `[.., h, 1, s, e]` to `[.., h, g, s, e]`: `(x0, g)`. A product
+/// reading the repeat reads `x0`'s matrix `p / g` for pair `p` (the batch stride of one
+/// `s × e` matrix is the same).
+fn repeated_heads(graph: &Graph, x: NodeId) -> Option<(NodeId, Dim)> {
+    let Op::Expand(unit) = graph.node(x).op else {
+        return None;
+    };
+    let Op::Reshape(x0) = graph.node(unit).op else {
+        return None;
+    };
+    let [wide, split, base] = [x, unit, x0].map(|n| graph.node(n).shape.dims().to_vec());
+    let rank = base.len();
+    if rank < 3 || split.len() != rank + 1 || wide.len() != rank + 1 {
+        return None;
+    }
+    // `split` is `base` with a 1 inserted before its last two axes; `wide` differs from
+    // `split` in that axis alone.
+    let axis = rank - 2;
+    let inserted = split[..axis] == base[..axis]
+        && split[axis] == Dim::constant(1)
+        && split[axis + 1..] == base[axis..];
+    let only_there = (0..=rank).all(|a| a == axis || wide[a] == split[a]);
+    (inserted && only_there).then_some((x0, wide[axis]))
+}
+
+/// A softmax over the last axis of `scale · scores`, optionally masked causally and by an
+/// additive mask.
 struct SoftmaxRows {
     /// The node holding the product `q kᵀ` (in the product's dtype).
     scores: NodeId,
     scale: Scalar,
     causal: bool,
+    /// The mask's buffer and how it is read.
+    mask: Option<(NodeId, AttentionMask)>,
 }
 
 /// `probs` (the first operand of `p @ v` in `dtype`) as a [`SoftmaxRows`].
@@ -133,8 +173,8 @@ fn softmax_rows(graph: &Graph, probs: NodeId, dtype: DType) -> Option<SoftmaxRow
     if !is_reduce(graph, max, ReduceOp::Max, x, last) {
         return None;
     }
-    // The mask, then the scale.
-    let (scaled, causal) = match graph.node(x).op {
+    // The causal mask, then an additive one, then the scale.
+    let (unmasked, causal) = match graph.node(x).op {
         Op::Ternary(TernaryOp::Where, hidden, fill, kept)
             if is_const(graph, fill, f64::NEG_INFINITY)
                 && hides_later_keys(graph, hidden, last) =>
@@ -143,6 +183,31 @@ fn softmax_rows(graph: &Graph, probs: NodeId, dtype: DType) -> Option<SoftmaxRow
         }
         _ => (x, false),
     };
+    let (scaled, mask) = match graph.node(unmasked).op {
+        Op::Binary(BinaryOp::Add, a, b) => {
+            let shape = graph.node(unmasked).shape.dims();
+            match (
+                scaled_scores(graph, a, dtype),
+                mask_operand(graph, b, shape),
+            ) {
+                (Some(_), Some(mask)) => (a, Some(mask)),
+                _ => (b, Some(mask_operand(graph, a, shape)?)),
+            }
+        }
+        _ => (unmasked, None),
+    };
+    let (scores, scale) = scaled_scores(graph, scaled, dtype)?;
+    Some(SoftmaxRows {
+        scores,
+        scale,
+        causal,
+        mask,
+    })
+}
+
+/// `scores · scale` (a constant; absent means 1) where `scores` is the product `q kᵀ` in
+/// `dtype` (widened to f32 for a half `dtype`): `(scores, scale)`.
+fn scaled_scores(graph: &Graph, scaled: NodeId, dtype: DType) -> Option<(NodeId, Scalar)> {
     let (product, scale) = match graph.node(scaled).op {
         Op::Binary(BinaryOp::Mul, a, b) => match (constant(graph, a), constant(graph, b)) {
             (_, Some(c)) => (a, c),
@@ -151,7 +216,6 @@ fn softmax_rows(graph: &Graph, probs: NodeId, dtype: DType) -> Option<SoftmaxRow
         },
         _ => (scaled, Scalar::one(graph.node(scaled).dtype)),
     };
-    // A half product's scores are widened to f32 for the softmax.
     let scores = match graph.node(product).op {
         Op::Cast(inner) if dtype != graph.node(product).dtype => {
             (graph.node(inner).dtype == dtype).then_some(inner)?
@@ -159,11 +223,91 @@ fn softmax_rows(graph: &Graph, probs: NodeId, dtype: DType) -> Option<SoftmaxRow
         _ if graph.node(product).dtype == dtype => product,
         _ => return None,
     };
-    Some(SoftmaxRows {
-        scores,
-        scale,
-        causal,
-    })
+    Some((scores, scale))
+}
+
+/// The additive mask `m` (of the scores' shape `[..batch, l, s]`) as a buffer read in
+/// place: `m` is a float value below widening casts, reshapes and one broadcast. Casts and
+/// reshapes keep row-major order, so the strides of the contiguous buffer below them are
+/// those of the shape just below the broadcast, 0 along broadcast axes. At most two batch
+/// axes after merging those whose strides chain.
+fn mask_operand(graph: &Graph, m: NodeId, shape: &[Dim]) -> Option<(NodeId, AttentionMask)> {
+    let widening = |node: NodeId| match graph.node(node).op {
+        Op::Cast(inner)
+            if graph.node(node).dtype == DType::F32
+                && matches!(
+                    graph.node(inner).dtype,
+                    DType::F32 | DType::F16 | DType::BF16
+                ) =>
+        {
+            Some(inner)
+        }
+        _ => None,
+    };
+    let mut top = m;
+    while let Some(inner) = widening(top) {
+        top = inner;
+    }
+    let pre = match graph.node(top).op {
+        Op::Expand(inner) => inner,
+        _ => top,
+    };
+    let mut base = pre;
+    loop {
+        base = match graph.node(base).op {
+            Op::Reshape(inner) => inner,
+            _ => match widening(base) {
+                Some(inner) => inner,
+                None => break,
+            },
+        };
+    }
+    let dtype = graph.node(base).dtype;
+    let dims = graph.node(pre).shape.dims();
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        || graph.node(m).dtype != DType::F32
+        || dims.len() != shape.len()
+        || dims.len() < 2
+    {
+        return None;
+    }
+    // Row-major strides of `pre`, 0 where it is broadcast (or of size 1).
+    let mut strides = vec![Dim::constant(0); dims.len()];
+    let mut step = Dim::constant(1);
+    for a in (0..dims.len()).rev() {
+        if dims[a] != Dim::constant(1) {
+            strides[a] = step;
+        }
+        step = step * dims[a];
+    }
+    let rank = dims.len();
+    // Batch axes as (size, stride), merged where one step of the outer axis is a whole
+    // run of the inner one.
+    let mut batch: Vec<(Dim, Dim)> = Vec::new();
+    for a in 0..rank - 2 {
+        match batch.last_mut() {
+            Some((size, stride)) if *stride == strides[a] * shape[a] => {
+                *size = *size * shape[a];
+                *stride = strides[a];
+            }
+            _ => batch.push((shape[a], strides[a])),
+        }
+    }
+    let zero = Dim::constant(0);
+    let (heads, outer, head) = match batch.as_slice() {
+        [] => (Dim::constant(1), zero, zero),
+        [(_, so)] => (Dim::constant(1), *so, zero),
+        [(_, so), (h, sh)] => (*h, *so, *sh),
+        _ => return None,
+    };
+    Some((
+        base,
+        AttentionMask {
+            dtype,
+            heads,
+            strides: [outer, head, strides[rank - 2], strides[rank - 1]],
+        },
+    ))
 }
 
 /// `node` itself where `dtype` is its dtype; for a half `dtype`, the `f32` value `node`

@@ -253,12 +253,16 @@ impl fmt::Display for Matmul {
 /// `out[b] = softmax(scale · q[b] · k[b]ᵀ + mask) · v[b]` for `b < batch`, the softmax
 /// along each row of the `l × s` scores, which are never stored.
 ///
-/// - `q[b]` is row-major `l × e` at element offset `b·q_batch_stride`; `k[b]` is `s × e`
-///   at `b·k_batch_stride`, `v[b]` is `s × ev` at `b·v_batch_stride` (a stride of 0 shares
-///   one matrix between every `b`).
+/// - `q[b]` is row-major `l × e` at element offset `b·q_batch_stride`; pair `b` reads key
+///   and value matrix `g = b / kv_group`: `k[g]` is `s × e` at `g·k_batch_stride`, `v[g]`
+///   is `s × ev` at `g·v_batch_stride` (a stride of 0 shares one matrix between every
+///   pair). A `kv_group` above 1 is grouped-query attention: consecutive query heads share
+///   one key/value head.
 /// - `out[b]` is row-major `l × ev`, at `b·l·ev`: `out` is contiguous.
 /// - With `causal`, query `i` sees keys `j ≤ i` only (the mask aligned at the top left, as
 ///   PyTorch's `is_causal`).
+/// - With a [`mask`](AttentionMask), its element for pair `b`, query `i` and key `j` is
+///   added to the scaled score; buffers then bind as `[q, k, v, mask, out]`.
 ///
 /// Every operand and the output have element type `dtype`. Scores, the softmax and the
 /// sums run in at least `f32`; the result is rounded once. A half-precision kernel may
@@ -285,10 +289,27 @@ pub struct Attention {
     pub k_batch_stride: Dim,
     /// Elements between consecutive `v` matrices (0: one for every pair).
     pub v_batch_stride: Dim,
+    /// Consecutive pairs sharing one `k` and `v` matrix (1: each pair its own).
+    pub kv_group: Dim,
     /// The factor of the scores, as the graph recorded it.
     pub scale: Scalar,
     /// Key `j > i` is hidden from query `i`.
     pub causal: bool,
+    /// An additive mask.
+    pub mask: Option<AttentionMask>,
+}
+
+/// An additive attention mask, read in place with strides (0 broadcasts): pair `b` is
+/// `(outer, head) = (b / heads, b % heads)`, and its value for query `i` and key `j` is
+/// `mask[outer·strides[0] + head·strides[1] + i·strides[2] + j·strides[3]]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionMask {
+    /// Element type of the mask (a float).
+    pub dtype: DType,
+    /// Consecutive pairs under one outer index.
+    pub heads: Dim,
+    /// Elements per step of the outer index, the head, the query and the key.
+    pub strides: [Dim; 4],
 }
 
 /// An [`Attention`] with its sizes evaluated for one launch.
@@ -306,6 +327,10 @@ pub struct AttentionSizes {
     pub ev: usize,
     /// Elements between consecutive `[q, k, v]` matrices.
     pub batch_strides: [usize; 3],
+    /// Consecutive pairs sharing one `k` and `v` matrix (at least 1).
+    pub kv_group: usize,
+    /// The mask's heads per outer index (at least 1) and strides, when there is one.
+    pub mask: Option<(usize, [usize; 4])>,
 }
 
 impl AttentionSizes {
@@ -316,7 +341,8 @@ impl AttentionSizes {
             return [0; 4];
         }
         let last = self.batch - 1;
-        let span = |stride: usize, one: usize| {
+        let last_kv = last / self.kv_group.max(1);
+        let span = |last: usize, stride: usize, one: usize| {
             if one == 0 {
                 0
             } else {
@@ -325,11 +351,36 @@ impl AttentionSizes {
         };
         let [q, k, v] = self.batch_strides;
         [
-            span(q, self.l.saturating_mul(self.e)),
-            span(k, self.s.saturating_mul(self.e)),
-            span(v, self.s.saturating_mul(self.ev)),
+            span(last, q, self.l.saturating_mul(self.e)),
+            span(last_kv, k, self.s.saturating_mul(self.e)),
+            span(last_kv, v, self.s.saturating_mul(self.ev)),
             self.batch.saturating_mul(self.l).saturating_mul(self.ev),
         ]
+    }
+
+    /// Elements the mask buffer must hold at least (0 without a mask).
+    pub fn mask_elements(&self) -> usize {
+        let Some((heads, strides)) = self.mask else {
+            return 0;
+        };
+        if self.batch == 0 || self.l == 0 || self.s == 0 {
+            return 0;
+        }
+        let last = [
+            (self.batch - 1) / heads,
+            heads.min(self.batch) - 1,
+            self.l - 1,
+            self.s - 1,
+        ];
+        last.iter().zip(strides).fold(1usize, |acc, (i, st)| {
+            acc.saturating_add(i.saturating_mul(st))
+        })
+    }
+
+    /// The mask's element offset for pair `b`, query `i` and key `j`.
+    pub fn mask_offset(&self, b: usize, i: usize, j: usize) -> Option<usize> {
+        let (heads, [so, sh, si, sj]) = self.mask?;
+        Some((b / heads) * so + (b % heads) * sh + i * si + j * sj)
     }
 }
 
@@ -348,26 +399,42 @@ impl Attention {
                 eval(self.k_batch_stride)?,
                 eval(self.v_batch_stride)?,
             ],
+            kv_group: eval(self.kv_group)?.max(1),
+            mask: match &self.mask {
+                Some(m) => Some((
+                    eval(m.heads)?.max(1),
+                    [
+                        eval(m.strides[0])?,
+                        eval(m.strides[1])?,
+                        eval(m.strides[2])?,
+                        eval(m.strides[3])?,
+                    ],
+                )),
+                None => None,
+            },
         })
     }
 
     /// The result in `f64` from operands read as `f64` (the definition every backend's
-    /// program is tested against): `out`, `batch·l·ev` elements.
-    pub fn reference(&self, s: &AttentionSizes, q: &[f64], k: &[f64], v: &[f64]) -> Vec<f64> {
+    /// program is tested against): `out`, `batch·l·ev` elements. `mask` is ignored without
+    /// an [`AttentionMask`].
+    pub fn reference(&self, s: &AttentionSizes, [q, k, v, mask]: [&[f64]; 4]) -> Vec<f64> {
         let scale = self.scale.to_f64();
         let [qs, ks, vs] = s.batch_strides;
         let mut out = Vec::with_capacity(s.batch * s.l * s.ev);
         let mut scores = vec![0.0; s.s];
         for b in 0..s.batch {
+            let g = b / s.kv_group;
             for i in 0..s.l {
                 let qi = &q[b * qs + i * s.e..][..s.e];
                 for (j, score) in scores.iter_mut().enumerate() {
-                    let kj = &k[b * ks + j * s.e..][..s.e];
+                    let kj = &k[g * ks + j * s.e..][..s.e];
                     let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
+                    let added = s.mask_offset(b, i, j).map_or(0.0, |o| mask[o]);
                     *score = if self.causal && j > i {
                         f64::NEG_INFINITY
                     } else {
-                        dot * scale
+                        dot * scale + added
                     };
                 }
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -375,7 +442,7 @@ impl Attention {
                 let total: f64 = weights.iter().sum();
                 for c in 0..s.ev {
                     let sum: f64 = (0..s.s)
-                        .map(|j| weights[j] * v[b * vs + j * s.ev + c])
+                        .map(|j| weights[j] * v[g * vs + j * s.ev + c])
                         .sum();
                     out.push(sum / total);
                 }
@@ -411,8 +478,19 @@ impl fmt::Display for Attention {
             self.k_batch_stride,
             self.v_batch_stride
         )?;
+        if self.kv_group != Dim::constant(1) {
+            write!(f, " kv group {}", self.kv_group)?;
+        }
         if self.causal {
             f.write_str(" causal")?;
+        }
+        if let Some(m) = &self.mask {
+            let [o, h, i, j] = &m.strides;
+            write!(
+                f,
+                " + mask {} (heads {}, strides {o}, {h}, {i}, {j})",
+                m.dtype, m.heads
+            )?;
         }
         Ok(())
     }

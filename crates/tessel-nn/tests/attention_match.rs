@@ -1,7 +1,7 @@
 //! Which attentions the graph layer finds (`tessel_graph::find_attention` on graphs that
 //! `scaled_dot_product_attention` and hand-written code record): causal or not, in `f32`
-//! and between the casts of `bf16`, with the recorded scale; masks other than the causal
-//! one are left to the composition.
+//! and between the casts of `bf16`, with the recorded scale, grouped-query heads read
+//! unrepeated, additive masks read in place; boolean masks are left to the composition.
 
 use tessel_graph::{find_attention, find_matmuls};
 use tessel_ir::{Attention, VendorOp};
@@ -50,7 +50,39 @@ fn sdpa_is_one_attention_causal_or_not_in_f32_and_bf16() -> Result<()> {
                 (d(20), d(28), d(42))
             );
             assert_eq!(a.scale.to_f64(), 0.5, "1/√4");
+            assert_eq!(a.kv_group, d(1));
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn grouped_query_heads_are_read_unrepeated() -> Result<()> {
+    let q = Tensor::randn([2, 4, 5, 8], DType::BF16)?;
+    let k = Tensor::randn([2, 2, 7, 8], DType::BF16)?;
+    let v = Tensor::randn([2, 2, 7, 8], DType::BF16)?;
+    Tensor::realize_all(&[&q, &k, &v])?;
+    let y = scaled_dot_product_attention(&q, &k, &v, None, true, None, true)?;
+    let (graph, targets) = inspect::graph_of(&[&y]);
+    let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
+    let found = find_attention(&graph, &matmuls);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let VendorOp::Attention(a) = &found[0].op else {
+        panic!("{:?}", found[0].op)
+    };
+    assert_eq!(
+        (a.batch, a.kv_group),
+        (Dim::constant(8), Dim::constant(2)),
+        "{a}"
+    );
+    assert_eq!(a.k_batch_stride, Dim::constant(56));
+    // k and v themselves, not their repeats.
+    for (operand, name) in found[0].operands[1..].iter().zip(["k", "v"]) {
+        assert!(
+            matches!(graph.node(*operand).op, tessel_graph::Op::Leaf(_)),
+            "{name} is read through {:?}",
+            graph.node(*operand).op
+        );
     }
     Ok(())
 }
@@ -67,10 +99,37 @@ fn hand_written_attention_without_a_scale_has_scale_one() -> Result<()> {
 }
 
 #[test]
+fn additive_masks_are_read_in_place_with_broadcast_strides() -> Result<()> {
+    let d = |v: i64| Dim::constant(v);
+    for dtype in [DType::F32, DType::BF16] {
+        let [q, k, v] = qkv(dtype)?;
+        // (mask shape, outer, head, row and column strides, heads); a contiguous mask is
+        // one batch axis of 6 pairs.
+        let cases: [(&[usize], [i64; 4], i64); 3] = [
+            (&[2, 1, 1, 7], [7, 0, 0, 1], 3),
+            (&[5, 7], [0, 0, 7, 1], 1),
+            (&[2, 3, 5, 7], [35, 0, 7, 1], 1),
+        ];
+        for (shape, strides, heads) in cases {
+            let mask = Tensor::randn(shape, dtype)?;
+            mask.realize()?;
+            let y = scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, None, false)?;
+            let found = attentions_writing(&y);
+            assert_eq!(found.len(), 1, "{dtype} {shape:?}: {found:?}");
+            let m = found[0].mask.as_ref().expect("a mask");
+            assert_eq!(m.dtype, dtype);
+            assert_eq!((m.strides, m.heads), (strides.map(d), d(heads)), "{shape:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn other_masks_and_other_normalizations_are_left_to_the_composition() -> Result<()> {
     let [q, k, v] = qkv(DType::F32)?;
-    let additive = Tensor::randn([5, 7], DType::F32)?;
-    let masked = scaled_dot_product_attention(&q, &k, &v, Some(&additive), false, None, false)?;
+    // A boolean mask.
+    let keep = Tensor::randn([5, 7], DType::F32)?.gt(0.0)?;
+    let masked = scaled_dot_product_attention(&q, &k, &v, Some(&keep), false, None, false)?;
     assert_eq!(attentions_writing(&masked), []);
     // A lower-triangular hide (`j < i`) is not the causal mask.
     let scores = q.matmul(&k.transpose(-2, -1)?)?;
