@@ -7,8 +7,8 @@ use crate::cache::KvCache;
 
 /// A decoder-only language model that runs a step over new tokens through a cache.
 pub trait CausalLm {
-    /// The logits `[B, T, vocab]` of `input_ids` (`[B, T]` i64), the tokens of the step
-    /// [`KvCache::begin`] opened; appends their keys and values to `cache` (committed by
+    /// The logits `[B, T, vocab]` of `input_ids` (`[B, T]` i64, on any device: they are
+    /// moved to the model's), the tokens of the step [`KvCache::begin`] opened; appends their keys and values to `cache` (committed by
     /// the caller after realizing).
     fn forward_cached(&self, input_ids: &Tensor, cache: &mut KvCache) -> Result<Tensor>;
 

@@ -224,7 +224,9 @@ impl CausalLm for Gpt2 {
         let c = &self.config;
         let t = &self.transformer;
         let (b, len) = (cache.batch(), cache.step_len());
-        let device = input_ids.device();
+        // The ids go where the weights are (`generate` builds them on the host).
+        let device = t.wte.device();
+        let input_ids = &input_ids.to(&device)?;
         let dtype = t.wte.dtype();
         let positions = Tensor::from_vec(cache.positions(), [b, len])?.to(&device)?;
         let mut x =

@@ -291,7 +291,9 @@ impl CausalLm for Llama {
     fn forward_cached(&self, input_ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.config;
         let (b, t) = (cache.batch(), cache.step_len());
-        let device = input_ids.device();
+        // The ids go where the weights are (`generate` builds them on the host).
+        let device = self.model.embed_tokens.device();
+        let input_ids = &input_ids.to(&device)?;
         let dtype = self.model.embed_tokens.dtype();
         let (cos, sin) = self.rotary(&cache.positions(), b, t, dtype, &device)?;
         let mask = cache.attention_mask(dtype, &device)?;

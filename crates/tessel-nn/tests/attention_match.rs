@@ -118,7 +118,11 @@ fn additive_masks_are_read_in_place_with_broadcast_strides() -> Result<()> {
             assert_eq!(found.len(), 1, "{dtype} {shape:?}: {found:?}");
             let m = found[0].mask.as_ref().expect("a mask");
             assert_eq!(m.dtype, dtype);
-            assert_eq!((m.strides, m.heads), (strides.map(d), d(heads)), "{shape:?}");
+            assert_eq!(
+                (m.strides, m.heads),
+                (strides.map(d), d(heads)),
+                "{shape:?}"
+            );
         }
     }
     Ok(())
