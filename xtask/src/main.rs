@@ -3,8 +3,10 @@
 //! - `cargo xtask ci`: exactly what `.ci/run` and the GitHub workflow run.
 //! - `cargo xtask test-gpu`: the conformance suite once per backend this machine has, with
 //!   one summary table; `--bundle DIR` packs it for a GPU host without a Rust toolchain.
+//! - `cargo xtask fuzz`: the seeded public-API fuzzing campaign at length, in release.
 
 mod ci;
+mod fuzz;
 mod test_gpu;
 
 use std::io::Write;
@@ -29,7 +31,12 @@ tasks:
       --jobs N          run each test binary as N processes that share its tests (for
                         drivers with slow kernel compiles, such as NVIDIA's OpenCL);
                         also accepted by `DIR/run`
-      --release         build the suite with the release profile";
+      --release         build the suite with the release profile
+  fuzz        the seeded public-API fuzzing campaign (tessel-tensor/tests/fuzz.rs) in
+              release: random calls from 13 op families in child processes; fails on any
+              panic, abort or hang and names the call
+      --minutes N       how long (default 10)
+      --seed S          the first child's seed (default 1; each child takes the next)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -48,6 +55,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") if args.len() == 1 => ci::run(&root),
         Some("test-gpu") => test_gpu::main(&root, &args[1..]),
+        Some("fuzz") => fuzz::main(&root, &args[1..]),
         // The bundle's `run` script calls the bundled xtask binary this way.
         Some("run-bundle") => test_gpu::run_bundle(&args[1..]),
         _ => Err(USAGE.to_string()),

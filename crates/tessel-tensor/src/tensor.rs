@@ -209,7 +209,15 @@ impl Tensor {
 
     /// The number of elements.
     pub fn numel(&self) -> usize {
-        self.dims().iter().product()
+        // Saturating: a shape past `usize::MAX` elements (only a lazy constant can have
+        // one) reads as the largest count, never a wrapped small one.
+        let dims = self.dims();
+        if dims.contains(&0) {
+            return 0;
+        }
+        dims.iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .unwrap_or(usize::MAX)
     }
 
     /// The element dtype.

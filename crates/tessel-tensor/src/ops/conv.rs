@@ -170,6 +170,7 @@ pub(super) fn batched(
     op: &'static str,
     layout: &str,
 ) -> Result<(Tensor, bool)> {
+    x.check_size(op)?;
     if x.ndim() == n + 2 {
         Ok((x.clone(), false))
     } else if x.ndim() == n + 1 {

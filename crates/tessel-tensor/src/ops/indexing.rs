@@ -593,6 +593,7 @@ pub(super) fn check_index(op: &'static str, x: &Tensor, index: &Tensor) -> Resul
 
 /// The tensor's dims as numbers; index ops need them known.
 pub(super) fn concrete(op: &'static str, x: &Tensor) -> Result<Vec<usize>> {
+    x.check_size(op)?;
     x.shape().as_usizes().ok_or_else(|| {
         Error::Shape(ShapeError::InvalidArgument {
             op,

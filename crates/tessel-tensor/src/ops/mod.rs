@@ -47,6 +47,29 @@ macro_rules! scalar_operand {
 scalar_operand!(f64 => Float, f32 => Float, i64 => Int, i32 => Int, bool => Bool);
 
 impl Tensor {
+    /// Checks that the constant dims of `self` multiply to at most `i64::MAX`, zeros
+    /// counted as ones: ops that index the tensor (flat offsets, strides, radix passes)
+    /// compute such products, and no buffer could hold past it anyway (an empty tensor
+    /// with such dims is refused too, as PyTorch refuses it).
+    pub(crate) fn check_size(&self, op: &'static str) -> Result<()> {
+        let fits = self
+            .shape()
+            .iter()
+            .filter_map(|d| d.as_const())
+            .try_fold(1i64, |n, d| n.checked_mul(d.max(1)));
+        match fits {
+            Some(_) => Ok(()),
+            None => Err(Error::InvalidArgument {
+                op,
+                reason: format!(
+                    "shape {} has more than i64::MAX ({}) elements; no tensor this large can exist",
+                    self.shape(),
+                    i64::MAX
+                ),
+            }),
+        }
+    }
+
     /// Checks that `self` and `other` live on one device.
     pub(crate) fn same_device(&self, other: &Tensor, op: &'static str) -> Result<()> {
         if self.device() == other.device() {

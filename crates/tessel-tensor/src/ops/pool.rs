@@ -536,6 +536,7 @@ fn adaptive_avg<const N: usize>(
 
 /// The spatial dims of `x` (`[N, C, *spatial]`), checked against `size`.
 fn check_resize(x: &Tensor, size: &[usize], op: &'static str) -> Result<Vec<usize>> {
+    x.check_size(op)?;
     if !(1..=3).contains(&size.len()) || x.ndim() != size.len() + 2 {
         return Err(invalid(
             op,

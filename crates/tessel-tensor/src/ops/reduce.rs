@@ -319,6 +319,7 @@ impl Tensor {
 
 /// Checks a reduction of `x` over `axes` (every axis for `None`).
 fn plan(x: &Tensor, name: &'static str, axes: Option<&[i64]>, keepdim: bool) -> Result<Plan> {
+    x.check_size(name)?;
     if x.dtype().is_float8() {
         // Storage only, as in PyTorch: no reduction computes on float8.
         return Err(Error::UnsupportedDType {

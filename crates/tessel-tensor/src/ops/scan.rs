@@ -153,6 +153,7 @@ fn internal(op: &str) -> Error {
 /// The normalized axis and its constant length; a 0-d tensor accepts `0`/`-1`, as in
 /// `PyTorch`, and has an axis of length 1 (`None` for the axis).
 pub(super) fn axis_len(x: &Tensor, op: &'static str, dim: i64) -> Result<(Option<usize>, usize)> {
+    x.check_size(op)?;
     if x.ndim() == 0 {
         rules::normalize_axis(op, dim, &Shape::new(vec![Dim::constant(1)]))?;
         return Ok((None, 1));

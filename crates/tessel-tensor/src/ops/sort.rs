@@ -234,6 +234,8 @@ impl Tensor {
 /// read back.
 fn unique_impl(x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
     use tessel_shape::BinaryOp;
+    x.check_size("unique")?;
+    super::indexing::no_float8("unique", x)?;
     let n = x.numel();
     let flat = x.reshape_to(Shape::new(vec![Dim::from(n)]));
     if n == 0 {
