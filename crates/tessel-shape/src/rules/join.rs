@@ -122,16 +122,34 @@ fn const_dim(op: &'static str, shape: &Shape, a: usize) -> Result<i64, ShapeErro
     }
 }
 
-/// `split_size`-sized pieces of `len` (the last one smaller), as `torch.split` cuts them.
-fn pieces(len: i64, split_size: i64) -> Vec<Dim> {
+/// `split_size`-sized pieces of `len` (the last one smaller), as `torch.split` cuts them;
+/// an error where the list of pieces cannot be held in memory (a dim of 2⁶⁰ in pieces of
+/// one).
+fn pieces(
+    op: &'static str,
+    shape: &Shape,
+    len: i64,
+    split_size: i64,
+) -> Result<Vec<Dim>, ShapeError> {
     if split_size == 0 {
-        return vec![Dim::constant(len)];
+        return Ok(vec![Dim::constant(len)]);
     }
     let count = (len / split_size + i64::from(len % split_size != 0)).max(1);
     let last = len - split_size * (count - 1);
-    let mut out = vec![Dim::constant(split_size); count as usize - 1];
+    let mut out = Vec::new();
+    out.try_reserve_exact(count as usize).map_err(|_| {
+        invalid(
+            op,
+            shape,
+            format!("{count} pieces of {split_size} are more than memory can list"),
+        )
+    })?;
+    out.extend(std::iter::repeat_n(
+        Dim::constant(split_size),
+        count as usize - 1,
+    ));
     out.push(Dim::constant(last));
-    out
+    Ok(out)
 }
 
 /// `torch.split(tensor, split_size, axis)`: the sizes along `axis` of the pieces.
@@ -157,7 +175,7 @@ pub fn split(shape: &Shape, axis: i64, split_size: usize) -> Result<Vec<Dim>, Sh
             format!("split size 0 is only allowed for a dim of size 0, but dim {a} is {len}"),
         ));
     }
-    Ok(pieces(len, split_size))
+    pieces(OP, shape, len, split_size)
 }
 
 /// `torch.split(tensor, sizes, axis)` with a list: the sizes, checked to be non-negative
@@ -216,9 +234,19 @@ pub fn chunk(shape: &Shape, axis: i64, chunks: usize) -> Result<Vec<Dim>, ShapeE
     }
     let n = to_i64(OP, shape, "chunk count", chunks)?;
     if len == 0 {
-        return Ok(vec![Dim::constant(0); chunks]);
+        // `chunks` empty pieces, as PyTorch gives; a count past memory is an error.
+        let mut out = Vec::new();
+        out.try_reserve_exact(chunks).map_err(|_| {
+            invalid(
+                OP,
+                shape,
+                format!("{chunks} chunks are more than memory can list"),
+            )
+        })?;
+        out.resize(chunks, Dim::constant(0));
+        return Ok(out);
     }
     // ceil(len / n), without overflowing for a huge n.
     let split_size = (len - 1) / n + 1;
-    Ok(pieces(len, split_size))
+    pieces(OP, shape, len, split_size)
 }

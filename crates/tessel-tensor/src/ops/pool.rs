@@ -648,7 +648,13 @@ fn select_along(x: &Tensor, axis: usize, n: usize, idx: &[usize]) -> Result<Tens
     let post = x.ndim() - axis - 1;
     let mut mdims = vec![m, n];
     mdims.extend(vec![1; post]);
-    let data: Vec<bool> = (0..m * n).map(|f| idx[f / n] == f % n).collect();
+    let cells = m.checked_mul(n).ok_or_else(|| {
+        invalid(
+            "interpolate",
+            format!("a selection of {m} from {n} positions is past memory"),
+        )
+    })?;
+    let data = host_table(cells, |f| idx[f / n] == f % n)?;
     let mask = Tensor::from_vec(data, Shape::from(mdims.as_slice()))?.to(&x.device())?;
     let mut dims = x.dims();
     dims.insert(axis, 1);
