@@ -495,8 +495,10 @@ fn campaign(seed: u64, budget: Duration) -> Campaign {
         loop {
             match received.recv_timeout(CALL_TIMEOUT) {
                 Ok(line) => {
-                    if line.starts_with("CALL ") {
-                        last_call = line;
+                    // The harness's "test fuzz_child ... " has no newline before the
+                    // first call.
+                    if let Some(at) = line.find("CALL ") {
+                        last_call = line[at..].to_owned();
                         totals.calls += 1;
                     } else if let Some(message) = line.strip_prefix("PANIC ") {
                         totals
