@@ -297,7 +297,7 @@ fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launc
     let blocks = s
         .batch
         .checked_mul(s.l.div_ceil(BLOCK_ROWS))
-        .filter(|&b| b <= i32::MAX as usize);
+        .filter(|&b| i32::try_from(b).is_ok());
     let (Some(l), Some(keys), Some(group), Some(blocks)) =
         (int(s.l), int(s.s), int(s.kv_group), blocks)
     else {
@@ -329,7 +329,7 @@ mod tests {
         Attention {
             dtype,
             batch: 6.into(),
-            l: l,
+            l,
             s: l,
             e: e.into(),
             ev: ev.into(),

@@ -278,7 +278,7 @@ fn mask_operand(graph: &Graph, m: NodeId, shape: &[Dim]) -> Option<(NodeId, Atte
         if dims[a] != Dim::constant(1) {
             strides[a] = step;
         }
-        step = step * dims[a];
+        step *= dims[a];
     }
     let rank = dims.len();
     // Batch axes as (size, stride), merged where one step of the outer axis is a whole
@@ -287,7 +287,7 @@ fn mask_operand(graph: &Graph, m: NodeId, shape: &[Dim]) -> Option<(NodeId, Atte
     for a in 0..rank - 2 {
         match batch.last_mut() {
             Some((size, stride)) if *stride == strides[a] * shape[a] => {
-                *size = *size * shape[a];
+                *size *= shape[a];
                 *stride = strides[a];
             }
             _ => batch.push((shape[a], strides[a])),

@@ -498,7 +498,7 @@ fn campaign(seed: u64, budget: Duration) -> Campaign {
                     // The harness's "test fuzz_child ... " has no newline before the
                     // first call.
                     if let Some(at) = line.find("CALL ") {
-                        last_call = line[at..].to_owned();
+                        line[at..].clone_into(&mut last_call);
                         totals.calls += 1;
                     } else if let Some(message) = line.strip_prefix("PANIC ") {
                         totals
