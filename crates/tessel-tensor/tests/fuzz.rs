@@ -1,7 +1,8 @@
 //! A seeded fuzzing campaign over the public API: random calls from 13 op families on
 //! random tensors (every dtype, ranks 0 to 8, empty and size-1 dims, bad axes, sizes past
 //! any memory), each result realized and read back. A call may return `Err`; it may not
-//! panic, abort the process or hang.
+//! panic, abort the process or hang. Broadcast `add`, `sub`, `mul` and `maximum` results on
+//! exact dtypes are spot-checked against `f64`.
 //!
 //! The campaign runs in child processes (this test binary again, running only
 //! [`fuzz_child`]), so an abort is caught and attributed to the call that caused it: each
@@ -160,6 +161,65 @@ fn indices(rng: &mut Rng, shape: &[usize], bound: usize) -> tessel_tensor::Resul
     }
 }
 
+/// `t`'s elements as `f64`, where its dtype holds the generated values exactly (f32, f64,
+/// i32, i64) and it is small.
+fn exact_values(t: &Tensor) -> tessel_tensor::Result<Option<Vec<f64>>> {
+    let exact = matches!(t.dtype(), DType::F32 | DType::F64 | DType::I32 | DType::I64);
+    if !exact || t.numel() > 4096 {
+        return Ok(None);
+    }
+    Ok(Some(t.cast(DType::F64).to_vec::<f64>()?))
+}
+
+/// Checks `out = f(x, y)` (broadcast) against `f` in `f64` where both operands share a dtype
+/// whose values are exact: `f32` results within their rounding (2⁻²³ relative), integers
+/// exactly. A wrong element panics, which the campaign reports with the call.
+fn spot_check(
+    x: &Tensor,
+    y: &Tensor,
+    out: &Tensor,
+    f: fn(f64, f64) -> f64,
+) -> tessel_tensor::Result<()> {
+    if x.dtype() != y.dtype() || out.dtype() != x.dtype() {
+        return Ok(());
+    }
+    let (Some(xs), Some(ys), Some(got)) = (exact_values(x)?, exact_values(y)?, exact_values(out)?)
+    else {
+        return Ok(());
+    };
+    let (xd, yd, od) = (x.dims(), y.dims(), out.dims());
+    // The element of an operand of dims `d` that broadcasts to output index `flat`.
+    let source = |d: &[usize], flat: usize| {
+        let mut rest = flat;
+        let (mut at, mut stride) = (0, 1);
+        for k in (0..od.len()).rev() {
+            let i = rest % od[k];
+            rest /= od[k];
+            if let Some(j) = (k + d.len()).checked_sub(od.len()) {
+                if d[j] != 1 {
+                    at += i * stride;
+                }
+                stride *= d[j];
+            }
+        }
+        at
+    };
+    for (i, g) in got.iter().enumerate() {
+        let want = f(xs[source(&xd, i)], ys[source(&yd, i)]);
+        let allowed = if x.dtype() == DType::F32 {
+            want.abs() * 2f64.powi(-23)
+        } else {
+            0.0
+        };
+        assert!(
+            (g - want).abs() <= allowed,
+            "wrong result: element {i} of {od:?} is {g}, want {want} ({} of {xd:?} and {yd:?})",
+            x.dtype()
+        );
+    }
+    Ok(())
+}
+
 /// Reads `t` back when it is small enough to hold (a result past memory must be an `Err`
 /// from the read, which is what reading a huge one checks).
 fn consume(t: &Tensor) -> tessel_tensor::Result<()> {
@@ -209,9 +269,11 @@ fn call(rng: &mut Rng, log: &mut impl Write) -> tessel_tensor::Result<()> {
             } else {
                 rng.shape()
             };
-            let other_dtype = rng.dtype();
+            // Same dtypes half the time, so the spot check below applies often.
+            let other_dtype = if rng.chance(50) { dtype } else { rng.dtype() };
             let y = tensor(rng, &other_shape, other_dtype)?;
-            vec![match rng.below(9) {
+            let op = rng.below(9);
+            let out = match op {
                 0 => x.add(&y)?,
                 1 => x.sub(&y)?,
                 2 => x.mul(&y)?,
@@ -221,7 +283,18 @@ fn call(rng: &mut Rng, log: &mut impl Write) -> tessel_tensor::Result<()> {
                 6 => x.maximum(&y)?,
                 7 => x.lt(&y)?,
                 _ => x.bitwise_and(&y)?,
-            }]
+            };
+            let exact: Option<fn(f64, f64) -> f64> = match op {
+                0 => Some(|a, b| a + b),
+                1 => Some(|a, b| a - b),
+                2 => Some(|a, b| a * b),
+                6 => Some(f64::max),
+                _ => None,
+            };
+            if let Some(f) = exact {
+                spot_check(&x, &y, &out, f)?;
+            }
+            vec![out]
         }
         // Reductions.
         3 => {
