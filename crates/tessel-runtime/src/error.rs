@@ -89,6 +89,27 @@ pub enum Error {
     Internal(String),
 }
 
+impl Error {
+    /// A size that did not evaluate during a realize: a user's mistake where a dynamic dim
+    /// has no value (a tensor made from a symbolic shape instead of by `mark_dynamic`) or a
+    /// value outside its variable's bounds; anything else is internal.
+    pub fn from_eval(e: tessel_shape::EvalError) -> Error {
+        match e {
+            tessel_shape::EvalError::Unbound { .. } => Error::InvalidArgument {
+                op: "realize",
+                reason: format!(
+                    "{e}: a dynamic dim has no value; make dynamic tensors with mark_dynamic"
+                ),
+            },
+            tessel_shape::EvalError::OutOfBounds { .. } => Error::InvalidArgument {
+                op: "realize",
+                reason: e.to_string(),
+            },
+            other => Error::Internal(other.to_string()),
+        }
+    }
+}
+
 fn hint_suffix(hint: &str) -> String {
     if hint.is_empty() {
         String::new()

@@ -1051,9 +1051,7 @@ fn difference_program(
 }
 
 fn eval(numel: Dim, dims: &Bindings) -> Result<usize> {
-    let n = numel
-        .eval(dims)
-        .map_err(|e| Error::Internal(e.to_string()))?;
+    let n = numel.eval(dims).map_err(Error::from_eval)?;
     Ok(n.max(0) as usize)
 }
 

@@ -339,6 +339,26 @@ impl Runtime {
         }))
     }
 
+    /// The error for the first dynamic dim under `targets` that `dims` gives no value (a
+    /// tensor made from a symbolic shape rather than by `mark_dynamic`), if any.
+    fn unbound_dim(&self, targets: &[NodeId], dims: &Bindings) -> Option<Error> {
+        let st = self.lock();
+        st.graph.toposort(targets).into_iter().find_map(|n| {
+            let shape = &st.graph.node(n).shape;
+            let var = shape
+                .iter()
+                .flat_map(|d| d.vars())
+                .find(|v| dims.get(*v).is_none())?;
+            Some(Error::InvalidArgument {
+                op: "realize",
+                reason: format!(
+                    "shape {shape} names the dynamic dim `{}`, which has no value; make dynamic tensors with mark_dynamic",
+                    var.name()
+                ),
+            })
+        })
+    }
+
     /// Fails if some leaf under `targets` holds a different number of bytes than its
     /// shape names under `dims`: tensors with disagreeing dynamic-dim values were combined
     /// by an op that could not check them.
@@ -571,6 +591,14 @@ impl Runtime {
         let bound_at = started.elapsed();
         let mut result = self.run_plan(&plan, &inputs, dims, &mut temps);
         let ran = started.elapsed();
+        // A dynamic dim with no value fails some launch; say which and how to fix it (the
+        // walk costs nothing on the path that succeeds).
+        if result.is_err()
+            && let Some(unbound) = self.unbound_dim(&targets, dims)
+        {
+            free_temps(&plan, temps.drain());
+            return Err(unbound);
+        }
         if let Err(e) = &result
             && let Some(fallback) = plan.fallback.clone()
         {
@@ -659,9 +687,7 @@ impl Runtime {
         temps: &mut FxHashMap<Place, (BufferId, usize)>,
     ) -> Result<()> {
         let bytes_of = |dtype: DType, numel: tessel_shape::Dim| -> Result<usize> {
-            let n = numel
-                .eval(dims)
-                .map_err(|e| Error::Internal(e.to_string()))?;
+            let n = numel.eval(dims).map_err(Error::from_eval)?;
             usize::try_from(n.max(0))
                 .ok()
                 .and_then(|n| n.checked_mul(dtype.size_bytes()))
@@ -773,7 +799,7 @@ impl Runtime {
             .shape
             .iter()
             .try_fold(Some(1i64), |acc, d| {
-                let d = d.eval(dims).map_err(|e| Error::Internal(e.to_string()))?;
+                let d = d.eval(dims).map_err(Error::from_eval)?;
                 Ok::<_, Error>(acc.and_then(|a| a.checked_mul(d)))
             })?
             .ok_or_else(|| Error::InvalidArgument {

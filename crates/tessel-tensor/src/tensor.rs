@@ -189,16 +189,23 @@ impl Tensor {
 
     /// The dims as numbers (dynamic dims give their current values).
     ///
-    /// # Panics
-    /// If the shape names a dynamic dim that has no value: a tensor made directly from a
-    /// symbolic shape (`Tensor::full([Dim::from(var)], ..)`) rather than by
-    /// [`Tensor::mark_dynamic`] or an op on such a tensor.
+    /// A dynamic dim with no value (a tensor made directly from a symbolic shape,
+    /// `Tensor::full([Dim::from(var)], ..)`, rather than by [`Tensor::mark_dynamic`] or an
+    /// op on such a tensor) reads as 0; realizing or reading such a tensor is an error that
+    /// names the dim.
     pub fn dims(&self) -> Vec<usize> {
         self.0.values.eval(&self.0.shape).unwrap_or_else(|| {
-            panic!(
-                "shape {} names a dynamic dim with no value; make dynamic tensors with mark_dynamic",
-                self.0.shape
-            )
+            let bindings = self.0.values.bindings();
+            self.0
+                .shape
+                .iter()
+                .map(|d| {
+                    d.eval(&bindings)
+                        .ok()
+                        .and_then(|v| usize::try_from(v).ok())
+                        .unwrap_or(0)
+                })
+                .collect()
         })
     }
 

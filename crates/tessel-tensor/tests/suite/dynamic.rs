@@ -155,6 +155,34 @@ fn statistics_over_a_dynamic_axis() -> Result<()> {
     Ok(())
 }
 
+/// A tensor made directly from a symbolic shape has a dim with no value: its dims read it
+/// as 0 (no panic), and realizing it, or something computed from it, is an error naming
+/// the variable and the fix.
+#[test]
+fn a_dynamic_dim_without_a_value_is_an_error_not_a_panic() -> Result<()> {
+    let n = Var::new("n", 1, 64)?;
+    let shape = tessel_tensor::Shape::new(vec![tessel_tensor::Dim::from(n), 3.into()]);
+    let t = Tensor::full(shape, 1.0f32, DType::F32);
+    assert_eq!((t.dims(), t.numel()), (vec![0, 3], 0));
+    let realized = t.realize().map(|_| t.clone());
+    assert_err(
+        "realizing a dim with no value",
+        realized,
+        invalid("realize"),
+        &["`n`", "mark_dynamic"],
+    );
+    let total = t.sum(&[0], false)?;
+    assert_eq!(total.dims(), [3]);
+    let realized = total.realize().map(|_| total.clone());
+    assert_err(
+        "realizing a sum over a dim with no value",
+        realized,
+        invalid("realize"),
+        &["`n`", "mark_dynamic"],
+    );
+    Ok(())
+}
+
 #[test]
 fn misuse_is_an_error() -> Result<()> {
     let batch = Var::new("batch", 1, 8)?;
