@@ -33,7 +33,7 @@ tasks:
                         also accepted by `DIR/run`
       --release         build the suite with the release profile
   fuzz        the seeded public-API fuzzing campaign (tessel-tensor/tests/fuzz.rs) in
-              release: random calls from 13 op families in child processes; fails on any
+              release: random calls from 14 op families in child processes; fails on any
               panic, abort or hang and names the call
       --minutes N       how long (default 10)
       --seed S          the first child's seed (default 1; each child takes the next)";
