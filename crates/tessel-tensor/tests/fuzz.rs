@@ -36,20 +36,12 @@ const CHILD_ADDRESS_SPACE_KIB: u64 = 6 << 20;
 /// A call running longer than this is a hang.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// splitmix64.
-struct Rng(u64);
+/// The testkit's seeded generator, with the draws the campaign makes.
+struct Rng(tessel_testkit::Rng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.next_u64() % n.max(1)
     }
 
     fn pick<T: Copy>(&mut self, items: &[T]) -> T {
@@ -238,7 +230,7 @@ fn consume(t: &Tensor) -> tessel_tensor::Result<()> {
 
 /// One random call; returns its description (printed before it runs) and runs it.
 fn call(rng: &mut Rng, log: &mut impl Write) -> tessel_tensor::Result<()> {
-    let mark = rng.0;
+    let mark = rng.0.0;
     let family = rng.below(14);
     let shape = rng.shape();
     let dtype = rng.dtype();
@@ -525,7 +517,7 @@ fn fuzz_child() {
         std::panic::set_hook(Box::new(|_| {}));
     }
     let mut out = std::io::stdout().lock();
-    let mut rng = Rng(replay.unwrap_or(seed));
+    let mut rng = Rng(tessel_testkit::Rng(replay.unwrap_or(seed)));
     let calls = if replay.is_some() { 1 } else { CALLS_PER_CHILD };
     let (mut ok, mut err, mut panics) = (0, 0, 0);
     for _ in 0..calls {
