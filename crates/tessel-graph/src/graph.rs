@@ -119,6 +119,12 @@ pub enum Op {
     /// the keys', its dtype an integer one. A row is sorted in local memory by one
     /// workgroup.
     Argsort(NodeId),
+    /// `Random(key, word)`: random bits. At row-major position `i`, word `word` (0..4) of
+    /// the Philox4x32-10 block of counter `(i, stream)` under `seed` (see [`crate::Philox`]), where
+    /// `key` is a `u32` vector of 4 elements, `[seed_lo, seed_hi, stream_lo, stream_hi]`.
+    /// The key is an operand rather than a payload so that a new draw (a new stream) is
+    /// new data for the same plan. The node's dtype is `u32`.
+    Random(NodeId, u8),
 }
 
 /// The longest row an [`Op::Argsort`] sorts: its keys and positions fit a workgroup's
@@ -140,6 +146,7 @@ impl Op {
             | Op::Shrink(a, _)
             | Op::Flip(a, _)
             | Op::Argsort(a)
+            | Op::Random(a, _)
             | Op::Reduce(_, a, _) => vec![*a],
             Op::Binary(_, a, b) | Op::Gather(a, b, _) | Op::Scatter(_, a, b, _) => vec![*a, *b],
             Op::Ternary(_, a, b, c) => vec![*a, *b, *c],
@@ -175,6 +182,7 @@ impl Op {
                 Op::Gather(src, f(*index), *axis)
             }
             Op::Argsort(keys) => Op::Argsort(f(*keys)),
+            Op::Random(key, word) => Op::Random(f(*key), *word),
             Op::Scatter(op, index, src, axis) => {
                 let index = f(*index);
                 Op::Scatter(*op, index, f(*src), *axis)
@@ -218,6 +226,7 @@ impl Op {
             Op::Scatter(AtomicOp::Add, ..) => "scatter_add",
             Op::Scatter(AtomicOp::Max, ..) => "scatter_max",
             Op::Argsort(_) => "argsort",
+            Op::Random(..) => "random",
         }
     }
 }

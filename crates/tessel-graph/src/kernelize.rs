@@ -120,6 +120,7 @@ pub fn signature(graph: &Graph, targets: &[NodeId]) -> (Signature, Vec<LeafId>) 
 fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {
     match op {
         Op::Leaf(_) | Op::Const(_) | Op::Index(_) => op.clone(),
+        Op::Random(key, word) => Op::Random(f(key), *word),
         Op::Unary(u, a) => Op::Unary(*u, f(a)),
         Op::Binary(b, x, y) => Op::Binary(*b, f(x), f(y)),
         Op::Ternary(t, x, y, z) => Op::Ternary(*t, f(x), f(y), f(z)),
@@ -629,7 +630,11 @@ fn choose_materialized(
     let mut inline_loads: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
     for &n in order {
         let node = graph.node(n);
-        let own = usize::from(!node.op.is_movement() && !node.op.children().is_empty());
+        let own = match node.op {
+            // Ten Philox rounds of wide multiplies and xors.
+            Op::Random(..) => crate::random::OPS,
+            _ => usize::from(!node.op.is_movement() && !node.op.children().is_empty()),
+        };
         let ops = node
             .op
             .children()
@@ -668,7 +673,7 @@ fn choose_materialized(
         inline_loads.insert(n, if read_whole { vec![n] } else { loads });
         // A reduction read at other coordinates than its own would be recomputed per
         // element read: broadcast (`Expand`) or gathered.
-        if let Op::Expand(child) | Op::Gather(child, ..) = node.op
+        if let Op::Expand(child) | Op::Gather(child, ..) | Op::Random(child, _) = node.op
             && has_reduce[&child]
         {
             out.insert(child);

@@ -11,6 +11,7 @@
 //! - [`graph`]: hash-consed, reference-counted nodes ([`Graph`], [`Node`], [`Op`]).
 //! - [`kernelize`](mod@kernelize): which values get buffers, which ops fuse, and the
 //!   lowering of each kernel to `tessel_ir` ([`kernelize()`], [`Schedule`]).
+//! - [`random`]: counter-based random bits ([`Philox`]), computed where they are used.
 //! - [`spec`]: a kernel before scheduling ([`KernelSpec`]: its iteration space and its
 //!   reads as index expressions), which every knob is checked against.
 //! - [`tune`]: the schedule's knobs ([`Knobs`]: launch shape, outputs per invocation,
@@ -31,6 +32,7 @@ pub mod graph;
 pub mod kernelize;
 mod lower;
 pub mod placement;
+pub mod random;
 pub mod spec;
 pub mod tune;
 pub mod vendor;
@@ -43,6 +45,7 @@ pub use kernelize::{
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature,
     views_to_split,
 };
+pub use random::Philox;
 pub use spec::{KernelSpec, ScheduleError, SpecAccess};
 pub use tessel_ir::AtomicOp;
 pub use tune::{Knobs, Search};

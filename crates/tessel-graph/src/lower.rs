@@ -653,6 +653,20 @@ impl Lowerer<'_> {
                     self.kb.cast(c, node.dtype)
                 }
             }
+            Op::Random(key, word) => {
+                let mut k = Vec::with_capacity(4);
+                for j in 0..4 {
+                    k.push(self.eval_node(*key, &[Expr::constant(j)], false)?);
+                }
+                let flat: Expr = coords
+                    .iter()
+                    .zip(node.shape.contiguous_strides())
+                    .map(|(&c, s)| c * s)
+                    .sum();
+                let flat = self.ix(flat);
+                crate::random::emit(&mut self.kb, flat, [k[0], k[1], k[2], k[3]])
+                    [usize::from(*word)]
+            }
             Op::Unary(op, a) => {
                 let a = self.eval_node(*a, coords, false)?;
                 self.kb.unary(*op, a)
@@ -1102,7 +1116,8 @@ impl Lowerer<'_> {
             "the root is never inside its own reduction"
         );
         match &node.op {
-            Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Pad(..) => {}
+            // A random node's key is read at fixed coordinates, and is materialized if it reduces.
+            Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Random(..) | Op::Pad(..) => {}
             // The source is read at coordinates that are data: nothing under it is
             // invariant. (A source with reductions is materialized anyway.)
             Op::Gather(_, index, _) => {

@@ -262,6 +262,11 @@ impl Walk<'_> {
         let op = node.op.clone();
         match &op {
             Op::Leaf(_) | Op::Const(_) | Op::Index(_) => {}
+            Op::Random(key, _) => {
+                for j in 0..4 {
+                    self.visit(*key, &[Expr::constant(j)], masked, data, false);
+                }
+            }
             Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) => {
                 self.visit(*a, coords, masked, data, false);
             }

@@ -223,7 +223,12 @@ impl Tape {
     ) -> Result<Vec<(NodeId, Tensor)>> {
         let out = self.tensor(id);
         Ok(match &node.op {
-            Op::Leaf(_) | Op::Const(_) | Op::Index(_) | Op::Bitcast(_) | Op::Argsort(_) => vec![],
+            Op::Leaf(_)
+            | Op::Const(_)
+            | Op::Index(_)
+            | Op::Random(..)
+            | Op::Bitcast(_)
+            | Op::Argsort(_) => vec![],
             Op::Unary(op, a) => unary_vjp(*op, self.tensor(*a), out, g)
                 .map(|d| vec![(*a, d)])
                 .unwrap_or_default(),

@@ -162,6 +162,7 @@ impl fmt::Display for ENode {
             Op::Leaf(leaf) => write!(f, "leaf {}", leaf.0),
             Op::Const(value) => write!(f, "const {value}"),
             Op::Index(axis) => write!(f, "index {axis}"),
+            Op::Random(_, word) => write!(f, "random word {word}"),
             Op::Permute(_, perm) => write!(f, "permute {perm:?}"),
             Op::Pad(_, pads, value) => {
                 f.write_str("pad [")?;
@@ -566,7 +567,7 @@ impl EGraph {
         match node.op() {
             Op::Const(value) => value_clear(*value),
             Op::Index(_) | Op::Argsort(_) => true,
-            Op::Leaf(_) | Op::Bitcast(_) => false,
+            Op::Leaf(_) | Op::Bitcast(_) | Op::Random(..) => false,
             Op::Unary(op, a) => match op {
                 UnaryOp::Exp | UnaryOp::Exp2 | UnaryOp::Abs => true,
                 // sqrt(+0) = +0, 1/+0 = +inf; sqrt(-0) = -0 is excluded by the operand.

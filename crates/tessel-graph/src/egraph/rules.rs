@@ -312,6 +312,7 @@ fn folded(egraph: &EGraph, node: &ENode) -> Option<Scalar> {
         Op::Leaf(_)
         | Op::Const(_)
         | Op::Index(_)
+        | Op::Random(..)
         | Op::Reduce(..)
         | Op::Gather(..)
         | Op::Scatter(..)

@@ -8,7 +8,7 @@
 //! |--------------------------------------------|------|
 //! | leaf, const, index                         | 0    |
 //! | movement (reshape, permute, expand, pad, shrink, flip), bitcast | 0.1 |
-//! | unary, binary, ternary, cast (elementwise) | 1    |
+//! | unary, binary, ternary, cast, random (elementwise) | 1 |
 //! | reduce                                     | 4    |
 //!
 //! Movement is nearly free because the kernelizer folds it into load indices; a reduction

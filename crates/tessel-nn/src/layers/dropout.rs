@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tessel_tensor::{DType, Result, Tensor};
+use tessel_tensor::{Result, Tensor};
 
 use super::{impl_forward, invalid};
 use crate::{Module, Visitor};
@@ -10,9 +10,10 @@ use crate::{Module, Visitor};
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)` while
 /// training (`torch.nn.Dropout`); the identity in evaluation mode ([`Module::eval`]).
 ///
-/// The mask is drawn from the process-wide generator behind [`Tensor::rand`], so
-/// [`Tensor::manual_seed`] makes it reproducible; each call draws a new mask, as a new
-/// host buffer, so a training step's plan is still cached (the mask is an input).
+/// [`Tensor::dropout`] does the work: the mask is Philox bits from the process-wide
+/// generator behind [`Tensor::rand`] ([`Tensor::manual_seed`] makes it reproducible),
+/// computed inside the kernel that applies it. Each call is a new draw whose 16-byte key
+/// is the plan's only new input, so a training step's plan is still cached.
 ///
 /// ```
 /// # use tessel_nn::{Dropout, Module};
@@ -69,19 +70,7 @@ impl Dropout {
         if !self.is_training() || self.p == 0.0 {
             return Ok(x.clone());
         }
-        if self.p == 1.0 {
-            return x * 0.0;
-        }
-        // `u >= p` keeps with probability 1 - p; f32 uniforms (2^-24 steps) for every
-        // narrower dtype, so p is resolved finely even for f16 inputs.
-        let dtype = match x.dtype() {
-            DType::F64 => DType::F64,
-            _ => DType::F32,
-        };
-        let u = Tensor::rand(x.dims(), dtype)?.to(&x.device())?;
-        let keep = u.ge(self.p)?;
-        let scaled = (x * (1.0 / (1.0 - self.p)))?;
-        Tensor::where_cond(&keep, &scaled, 0.0)
+        x.dropout(self.p)
     }
 }
 

@@ -1,11 +1,8 @@
-//! Tensors from nothing: constants, ranges, identity matrices, random values, and Rust
-//! arrays.
+//! Tensors from nothing: constants, ranges, identity matrices and Rust arrays.
 //!
 //! Constants, ranges and `eye` are graph nodes (`Const`, `Index`), so they hold no host
-//! data and fuse into whatever consumes them. Random tensors are drawn on the host from one
-//! process-wide generator (see [`Tensor::manual_seed`]).
-
-use std::sync::{Mutex, PoisonError};
+//! data and fuse into whatever consumes them. Random tensors are in `random.rs`, drawn on
+//! the device the same way.
 
 use tessel_graph::Op;
 use tessel_shape::{BinaryOp, DType, Scalar, ScalarKind, Shape, TernaryOp};
@@ -15,50 +12,6 @@ use crate::element::Element;
 use crate::tensor::Tensor;
 use tessel_runtime::Device;
 use tessel_runtime::{Error, Result};
-
-/// PyTorch's default CPU generator seed, so an unseeded process is reproducible too.
-const DEFAULT_SEED: u64 = 67_280_421_310_721;
-
-/// The process-wide generator behind [`Tensor::rand`] and [`Tensor::randn`].
-static GENERATOR: Mutex<SplitMix64> = Mutex::new(SplitMix64::new(DEFAULT_SEED));
-
-/// `SplitMix64` (Steele, Lea and Flood, 2014): a counter-based generator whose output is a
-/// bijective mix of a Weyl sequence, so every seed gives a full-period stream.
-struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    const fn new(seed: u64) -> Self {
-        SplitMix64 { state: seed }
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform `f64` in `[0, 1)` with 53 random bits.
-    fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-}
-
-/// A uniform value in `[0, 1)` of a float dtype, from `digits` random significand bits so
-/// it is exact in the dtype and never rounds up to 1.
-fn uniform(rng: &mut SplitMix64, dtype: DType) -> Scalar {
-    let digits = match dtype {
-        DType::F16 => 11,
-        DType::BF16 => 8,
-        DType::F32 => 24,
-        _ => 53,
-    };
-    let x = (rng.next_u64() >> (64 - digits)) as f64 / (1u64 << digits) as f64;
-    Scalar::F64(x).cast(dtype)
-}
 
 impl Tensor {
     /// A tensor of `shape` filled with `value` converted to `dtype` (`torch.full`), on the
@@ -231,125 +184,6 @@ impl Tensor {
         let col = Tensor::record_on(Device::default(), Op::Index(1), DType::I64, shape);
         row.raw_binary(BinaryOp::Eq, &col).cast_to(DType::F32)
     }
-
-    /// Sets the seed of the process-wide generator behind [`Tensor::rand`] and
-    /// [`Tensor::randn`] (`torch.manual_seed`).
-    ///
-    /// A seed fixes the sequence of values the process draws from then on: the same seed
-    /// followed by the same calls, in the same order, gives the same tensors. Threads share
-    /// the generator, so concurrent draws interleave in whatever order they run. A process
-    /// that never seeds starts from PyTorch's default seed, so it is reproducible too (but
-    /// its values differ from PyTorch's, whose generator is another).
-    ///
-    /// ```
-    /// # use tessel_tensor::{DType, Tensor};
-    /// # fn main() -> tessel_tensor::Result<()> {
-    /// Tensor::manual_seed(42);
-    /// let a = Tensor::rand([3], DType::F32)?.to_vec::<f32>()?;
-    /// Tensor::manual_seed(42);
-    /// let b = Tensor::rand([3], DType::F32)?.to_vec::<f32>()?;
-    /// assert_eq!(a, b);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn manual_seed(seed: u64) {
-        *GENERATOR.lock().unwrap_or_else(PoisonError::into_inner) = SplitMix64::new(seed);
-    }
-
-    /// Values drawn uniformly from `[0, 1)` (`torch.rand`), for a float `dtype`. Every
-    /// value is a multiple of `2^-p` for the dtype's significand width `p`, so none rounds
-    /// up to 1.
-    ///
-    /// ```
-    /// # use tessel_tensor::{DType, Tensor};
-    /// # fn main() -> tessel_tensor::Result<()> {
-    /// let u = Tensor::rand([2, 3], DType::F32)?.to_vec::<f32>()?;
-    /// assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
-    /// assert!(Tensor::rand([2], DType::I32).is_err());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn rand(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
-        random(shape.into(), dtype, "rand", |rng, n, push| {
-            for _ in 0..n {
-                push(uniform(rng, dtype));
-            }
-        })
-    }
-
-    /// Values drawn from the standard normal distribution (`torch.randn`), for a float
-    /// `dtype`, by the Box-Muller transform in `f64`, rounded once to `dtype`.
-    ///
-    /// ```
-    /// # use tessel_tensor::{DType, Tensor};
-    /// # fn main() -> tessel_tensor::Result<()> {
-    /// let z = Tensor::randn([1000], DType::F64)?.to_vec::<f64>()?;
-    /// let mean = z.iter().sum::<f64>() / 1000.0;
-    /// assert!(mean.abs() < 0.2);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn randn(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
-        random(shape.into(), dtype, "randn", |rng, n, push| {
-            for k in (0..n).step_by(2) {
-                // u1 in (0, 1], so the log is finite.
-                let u1 = 1.0 - rng.next_f64();
-                let u2 = rng.next_f64();
-                let r = (-2.0 * u1.ln()).sqrt();
-                let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
-                push(Scalar::F64(r * cos).cast(dtype));
-                if k + 1 < n {
-                    push(Scalar::F64(r * sin).cast(dtype));
-                }
-            }
-        })
-    }
-}
-
-/// A host tensor of `shape` whose `numel` values `draw(generator, numel, push)` pushes.
-fn random(
-    shape: Shape,
-    dtype: DType,
-    op: &'static str,
-    draw: impl FnOnce(&mut SplitMix64, usize, &mut dyn FnMut(Scalar)),
-) -> Result<Tensor> {
-    if !dtype.is_float() {
-        return Err(Error::UnsupportedDType {
-            op,
-            dtype,
-            hint: "random values are drawn as floats; use a float dtype (f16, bf16, f32, f64) and .cast() the result",
-        });
-    }
-    let Some(dims) = shape.as_usizes() else {
-        return Err(Error::InvalidArgument {
-            op,
-            reason: format!("random tensors need a concrete shape, got {shape}"),
-        });
-    };
-    let size = dtype.size_bytes();
-    let Some((numel, total)) = dims
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .and_then(|n| Some((n, n.checked_mul(size)?)))
-    else {
-        return Err(Error::InvalidArgument {
-            op,
-            reason: format!(
-                "shape {shape} holds more elements of {dtype} than the host can address"
-            ),
-        });
-    };
-    let mut bytes = Vec::new();
-    bytes
-        .try_reserve_exact(total)
-        .map_err(|_| tessel_runtime::out_of_host_memory(total))?;
-    let mut push = |s: Scalar| bytes.extend_from_slice(&s.to_bits().to_le_bytes()[..size]);
-    draw(
-        &mut GENERATOR.lock().unwrap_or_else(PoisonError::into_inner),
-        numel,
-        &mut push,
-    );
-    Ok(Tensor::from_bytes(bytes, dtype, shape))
 }
 
 fn arange_error(

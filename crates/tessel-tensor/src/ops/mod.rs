@@ -12,6 +12,7 @@ pub(crate) mod movement;
 mod operators;
 mod padding;
 mod pool;
+mod random;
 pub(crate) mod reduce;
 mod scan;
 mod scatter;

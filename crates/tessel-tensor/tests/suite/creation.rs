@@ -301,6 +301,134 @@ fn random() -> Result<()> {
         Tensor::randn([0, 3], DType::F32)?.to_vec::<f32>()?,
         Vec::<f32>::new()
     );
+    philox_values_and_dropout()
+}
+
+/// Philox4x32-10 (Salmon et al. 2011), written out here from the paper, independently of
+/// the library: word `word` of counter `(i, stream)` under key `seed`.
+fn philox(seed: u64, stream: u64, i: u64, word: usize) -> u32 {
+    let mut c = [
+        i as u32,
+        (i >> 32) as u32,
+        stream as u32,
+        (stream >> 32) as u32,
+    ];
+    let mut k = [seed as u32, (seed >> 32) as u32];
+    for round in 0..10 {
+        if round > 0 {
+            k = [
+                k[0].wrapping_add(0x9E37_79B9),
+                k[1].wrapping_add(0xBB67_AE85),
+            ];
+        }
+        let p0 = 0xD251_1F53u64 * u64::from(c[0]);
+        let p1 = 0xCD9E_8D57u64 * u64::from(c[2]);
+        c = [
+            (p1 >> 32) as u32 ^ c[1] ^ k[0],
+            p1 as u32,
+            (p0 >> 32) as u32 ^ c[3] ^ k[1],
+            p0 as u32,
+        ];
+    }
+    c[word]
+}
+
+/// The documented values: each draw is the next stream after `manual_seed`, and element
+/// `i` is a fixed function of its Philox words, on every backend (rand exactly).
+fn philox_values_and_dropout() -> Result<()> {
+    const SEED: u64 = 0x0123_4567_89ab_cdef;
+    let u24 = |w: u32| f64::from(w >> 8) / 16_777_216.0;
+    Tensor::manual_seed(SEED);
+    // Stream 0: f32 uniforms, the top 24 bits of word 0.
+    let got = common::read(&Tensor::rand([3, 37], DType::F32)?);
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(*g, u24(philox(SEED, 0, i as u64, 0)), "rand f32 at {i}");
+    }
+    // Stream 1: bf16 uniforms, the top 8 bits.
+    let got = common::read(&Tensor::rand([300], DType::BF16)?);
+    for (i, g) in got.iter().enumerate() {
+        let want = f64::from(philox(SEED, 1, i as u64, 0) >> 24) / 256.0;
+        assert_eq!(*g, want, "rand bf16 at {i}");
+    }
+    // Stream 2: normals from words 0 and 1, by Box-Muller.
+    let got = common::read(&Tensor::randn([1000], DType::F32)?);
+    for (i, g) in got.iter().enumerate() {
+        let (u1, u2) = (
+            u24(philox(SEED, 2, i as u64, 0)),
+            u24(philox(SEED, 2, i as u64, 1)),
+        );
+        let want = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        assert!(
+            (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "randn f32 at {i}: {g} vs {want}"
+        );
+    }
+    if common::on_device([DType::F64]).len() == 1 {
+        // Stream 3: f64 uniforms from 27 + 26 bits of words 0 and 1.
+        let got = common::read(&Tensor::rand([500], DType::F64)?);
+        for (i, g) in got.iter().enumerate() {
+            let (a, b) = (
+                philox(SEED, 3, i as u64, 0) >> 5,
+                philox(SEED, 3, i as u64, 1) >> 6,
+            );
+            let want = (f64::from(a) * 67_108_864.0 + f64::from(b)) / 9_007_199_254_740_992.0;
+            assert_eq!(*g, want, "rand f64 at {i}");
+        }
+    }
+    // Dropout: kept where word 0 >= round(p 2^32), scaled by 1 / (1 - p) in the dtype.
+    Tensor::manual_seed(SEED);
+    let mut rng = Rng::new(5);
+    let values = common::random(&mut rng, DType::F32, 4096, common::DEFAULT);
+    let x = common::tensor(DType::F32, &values, &[64, 64]);
+    x.realize()?;
+    let threshold = (0.3f64 * 4_294_967_296.0).round() as u32;
+    let scale = (1.0 / 0.7f64) as f32;
+    for (draw, stream) in [(0, 0u64), (1, 1)] {
+        let y = x.dropout(0.3)?;
+        let report = y.realize()?;
+        if draw == 1 {
+            // A new draw is a new key for the same plan: nothing is prepared again.
+            assert_eq!(
+                report.kernels_prepared(),
+                0,
+                "second dropout draw: {report:?}"
+            );
+        }
+        let got = common::read(&y);
+        let mut kept = 0;
+        for (i, (g, v)) in got.iter().zip(&values).enumerate() {
+            let want = if philox(SEED, stream, i as u64, 0) >= threshold {
+                kept += 1;
+                f64::from(*v as f32 * scale)
+            } else {
+                0.0
+            };
+            assert_eq!(*g, want, "dropout draw {draw} at {i}");
+        }
+        assert!(
+            (kept as f64 / 4096.0 - 0.7).abs() < 0.05,
+            "kept {kept} of 4096"
+        );
+    }
+    // Its gradient is the same mask, scaled.
+    Tensor::manual_seed(SEED);
+    let g = tessel_tensor::grad(&x.dropout(0.3)?.sum_all()?, &[&x])?.remove(0);
+    for (i, g) in common::read(&g).iter().enumerate() {
+        let want = if philox(SEED, 0, i as u64, 0) >= threshold {
+            f64::from(scale)
+        } else {
+            0.0
+        };
+        assert_eq!(*g, want, "dropout gradient at {i}");
+    }
+    for p in [-0.1, 1.5, f64::NAN] {
+        common::assert_err(
+            &format!("dropout p = {p}"),
+            x.dropout(p),
+            |e| matches!(e, Error::InvalidArgument { op: "dropout", .. }),
+            &["[0, 1]"],
+        );
+    }
     Ok(())
 }
 
