@@ -56,7 +56,7 @@ use tessel_ir::codegen::{self, CodegenError};
 use tessel_ir::handles::{check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
-    ProgramOrigin, VendorOp, handles, interp, verify,
+    ProgramOrigin, VendorOp, handles, interp,
 };
 use tessel_shape::Bindings;
 
@@ -558,11 +558,7 @@ impl Backend for CpuBackend {
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
         self.check_device(device)?;
         // Verify first: an invalid kernel is reported the same way with or without a compiler.
-        verify(kernel).map_err(|e| BackendError::Compile {
-            kernel: kernel.name.clone(),
-            code: kernel.to_string(),
-            log: e.to_string(),
-        })?;
+        let kernel = &tessel_ir::backend::prepare(kernel)?;
         let native = match self.compiler() {
             None => None,
             Some(compiler) => {

@@ -133,7 +133,7 @@ use tessel_ir::codegen::{self, CUDA, CodegenError};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
-    ProgramOrigin, VendorOp, VendorProgram, verify,
+    ProgramOrigin, VendorOp, VendorProgram,
 };
 use tessel_shape::Bindings;
 
@@ -792,11 +792,7 @@ impl Backend for CudaBackend {
 
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
         let dev = self.device(device)?;
-        verify(kernel).map_err(|e| BackendError::Compile {
-            kernel: kernel.name.clone(),
-            code: kernel.to_string(),
-            log: e.to_string(),
-        })?;
+        let kernel = &tessel_ir::backend::prepare(kernel)?;
         let source = render(kernel)?;
         let entry = codegen::entry_name(kernel);
         let (module, origin) = self.module(dev, &kernel.name, &entry, &source)?;

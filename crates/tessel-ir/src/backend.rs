@@ -200,7 +200,10 @@ pub trait Backend: Send + Sync {
     /// Device to device: copies the first `bytes` of `src` into `dst` (same device).
     fn copy(&self, src: BufferId, dst: BufferId, bytes: usize) -> Result<(), BackendError>;
 
-    /// Compiles a verified kernel for device `device`.
+    /// Compiles a kernel for device `device`. Every backend verifies it and compiles it
+    /// through [`prepare`]: an access the verifier cannot prove in bounds is guarded (a
+    /// load outside its memory reads zeros, a store outside is dropped), so no kernel,
+    /// hand-written ones included, can reach memory it does not own.
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError>;
 
     /// Launches a program; may return before it finishes.
@@ -265,4 +268,18 @@ pub trait Backend: Send + Sync {
         let _ = device;
         String::new()
     }
+}
+
+/// What every backend compiles instead of `kernel`: the kernel verified, with each access
+/// the verifier cannot prove in bounds guarded ([`crate::passes::guard`]). A kernel that
+/// fails verification is a [`BackendError::Compile`] naming it, with its text and the
+/// verifier's message. Launches bind the prepared kernel's parameters (guards may read
+/// dims that only buffer lengths named, appended as parameters).
+pub fn prepare(kernel: &Kernel) -> Result<Kernel, BackendError> {
+    let defs = crate::verify(kernel).map_err(|e| BackendError::Compile {
+        kernel: kernel.name.clone(),
+        code: kernel.to_string(),
+        log: e.to_string(),
+    })?;
+    Ok(crate::passes::guard(kernel, &defs).0)
 }

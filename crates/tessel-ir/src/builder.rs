@@ -66,6 +66,15 @@ impl KernelBuilder {
         }
     }
 
+    /// An empty body with `kernel`'s name, parameters and grid, for passes that rebuild a
+    /// kernel through the builder.
+    pub(crate) fn with_signature(kernel: &Kernel) -> Self {
+        let mut kb = KernelBuilder::new(&kernel.name);
+        kb.kernel.params.clone_from(&kernel.params);
+        kb.kernel.grid = kernel.grid.clone();
+        kb
+    }
+
     /// Declares the next buffer parameter.
     pub fn buffer(&mut self, name: &str, dtype: DType, len: impl Into<Dim>, access: Access) -> Buf {
         self.kernel.params.push(Param::Buffer {

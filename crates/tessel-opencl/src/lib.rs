@@ -107,7 +107,7 @@ use tessel_ir::codegen::{OPENCL, OPENCL_NO_FP64};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
     Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
-    ProgramOrigin, verify,
+    ProgramOrigin,
 };
 use tessel_shape::Bindings;
 
@@ -550,11 +550,7 @@ impl Backend for OpenClBackend {
 
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
         let dev = self.device(device)?;
-        verify(kernel).map_err(|e| BackendError::Compile {
-            kernel: kernel.name.clone(),
-            code: kernel.to_string(),
-            log: e.to_string(),
-        })?;
+        let kernel = &tessel_ir::backend::prepare(kernel)?;
         let source = render(dev, kernel)?;
         programs::check_limits(dev, kernel)?;
         let (built, origin) = self.built(device, dev, &kernel.name, &source)?;

@@ -699,6 +699,46 @@ impl Conformance<'_> {
         );
     }
 
+    /// A hand-written kernel whose indices are data (far outside, negative, at the edge):
+    /// loads outside a buffer read zeros and stores outside are dropped, on every backend,
+    /// instead of touching memory the kernel does not own.
+    pub fn unproven_accesses_are_guarded(&self) {
+        let label = self.label();
+        let mut kb = KernelBuilder::new("data_indexed");
+        let src = kb.buffer("src", DType::I32, 4, Access::Read);
+        let idx = kb.buffer("idx", DType::I32, 8, Access::Read);
+        let out = kb.buffer("out", DType::I32, 8, Access::Write);
+        let hits = kb.buffer("hits", DType::I32, 4, Access::Write);
+        kb.grid([1, 1, 1], [8, 1, 1]);
+        let i = kb.local_id(0, DType::I32);
+        let j = kb.load(idx, i);
+        let v = kb.load(src, j);
+        kb.store(out, i, v);
+        kb.store(hits, j, i);
+        let kernel = kb.build().unwrap();
+        let ints = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let indices = [3, -1, 4, 0, i32::MAX, 2, i32::MIN, 1 << 28];
+        let got = self
+            .execute(
+                &kernel,
+                &[
+                    ints(&[10, 11, 12, 13]),
+                    ints(&indices),
+                    ints(&[7; 8]),
+                    ints(&[-5; 4]),
+                ],
+                &Bindings::new(),
+            )
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let read = |b: &[u8]| -> Vec<i32> {
+            b.chunks(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        assert_eq!(read(&got[2]), [13, 0, 0, 10, 0, 12, 0, 0], "{label}: loads");
+        assert_eq!(read(&got[3]), [3, -5, 5, 0], "{label}: stores");
+    }
+
     /// Writes at offsets, reads of a tail, copies (also onto itself), range checks, empty
     /// buffers, use after free, huge allocations, out-of-range devices, and a plausible
     /// device description.

@@ -184,6 +184,7 @@ macro_rules! conformance_tests {
             kernels_failing_verification_are_compile_errors,
             any_kernel_name_compiles,
             too_small_buffers_are_rejected,
+            unproven_accesses_are_guarded,
             memory_and_transfers_are_checked,
         );
     };

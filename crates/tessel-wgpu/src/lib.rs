@@ -481,6 +481,7 @@ impl Backend for WgpuBackend {
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
         let dev = self.device(device)?;
         dev.check()?;
+        let kernel = &tessel_ir::backend::prepare(kernel)?;
         if kernel.grid.local.iter().all(|l| l.as_const().is_some()) {
             let shader = render(dev, kernel)?;
             return self.compile_shader(device, kernel, shader);

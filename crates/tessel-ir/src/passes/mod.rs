@@ -9,6 +9,8 @@
 //!   reads, empty blocks);
 //! - [`licm`]: loop-invariant code motion of pure instructions out of `Range`s;
 //! - [`unroll`]: full unrolling of small constant `Range`s;
+//! - [`guard`]: accesses the verifier cannot prove in bounds made safe (loads outside read
+//!   zeros, stores outside are dropped), run by every backend before it compiles;
 //! - [`vectorize`]: scalar loads and stores of consecutive elements merged into vector
 //!   accesses (run by the dialects that read vectors in one instruction, not by `optimize`);
 //! - [`optimize`]: the standard pipeline of all of them.
@@ -26,6 +28,7 @@
 mod cse;
 mod dce;
 mod fold;
+mod guard;
 mod licm;
 mod unroll;
 mod vectorize;
@@ -33,6 +36,7 @@ mod vectorize;
 pub use self::cse::cse;
 pub use self::dce::dce;
 pub use self::fold::fold;
+pub use self::guard::guard;
 pub use self::licm::licm;
 pub use self::unroll::unroll;
 pub(crate) use self::vectorize::multiples;
