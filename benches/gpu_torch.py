@@ -168,6 +168,15 @@ for dtype, tag in [(torch.bfloat16, "bf16"), (torch.float32, "f32")]:
         except Exception as e:
             print(f"torch.compile unavailable: {e}")
 
+# Device random numbers (gpu.rs's dropout and randn rows): bytes read + written.
+dn = 8 * 512 * 768
+dx = torch.rand(dn, device=dev) * 2 - 1
+for dtype, tag, size in [(torch.float32, "f32", 4), (torch.bfloat16, "bf16", 2)]:
+    xd = dx.to(dtype)
+    rows.append((f"dropout p=0.1 {tag} [8,512,768]", time_ms(lambda: F.dropout(xd, 0.1, training=True)), 2 * size * dn, "GB/s"))
+rows.append(("randn f32 [16M]", time_ms(lambda: torch.randn(16_777_216, device=dev)), 4 * 16_777_216, "GB/s"))
+del dx
+
 # Causal SDPA over GPT-2 small's heads (gpu.rs's sdpa rows): PyTorch's flash kernel in
 # bf16, its memory-efficient kernel in f32.
 sq = [torch.rand(8, 12, 512, 64, device=dev) * 2 - 1 for _ in range(3)]

@@ -428,6 +428,37 @@ fn workloads(scale: usize) -> Vec<Workload> {
                 Ok(values)
             },
         },
+        // Device random numbers: Philox bits computed in the kernel that uses them.
+        Workload {
+            name: "dropout p=0.1 f32 [8,512,768]",
+            unit: "GB/s",
+            amount: 2.0 * 4.0 * (8 * 512 * 768 / scale) as f64,
+            inputs: vec![vec![8 * 512 * 768 / scale]],
+            dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| x[0].dropout(0.1),
+        },
+        Workload {
+            name: "dropout p=0.1 bf16 [8,512,768]",
+            unit: "GB/s",
+            amount: 2.0 * 2.0 * (8 * 512 * 768 / scale) as f64,
+            inputs: vec![vec![8 * 512 * 768 / scale]],
+            dtype: DType::BF16,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| x[0].dropout(0.1),
+        },
+        Workload {
+            name: "randn f32 [16M]",
+            unit: "GB/s",
+            amount: 4.0 * (16_777_216 / scale) as f64,
+            inputs: vec![vec![16_777_216 / scale]],
+            dtype: DType::F32,
+            init: Init::Unit,
+            f32_matmul: Float32MatmulPrecision::Highest,
+            run: |x| x[0].randn_like(),
+        },
         sdpa_workload("sdpa causal fwd f32 [8,12,512,64]", DType::F32, scale),
         sdpa_workload("sdpa causal fwd bf16 [8,12,512,64]", DType::BF16, scale),
         // DESIGN.md's target: a transformer block forward faster than PyTorch eager.

@@ -11,10 +11,13 @@
 //! into a leaf in place and drops its children, so the graph never grows with history.
 
 use std::fmt;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use tessel_ir::AtomicOp;
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
+
+use crate::custom::CustomKernel;
 
 /// A node in the graph.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -125,6 +128,10 @@ pub enum Op {
     /// The key is an operand rather than a payload so that a new draw (a new stream) is
     /// new data for the same plan. The node's dtype is `u32`.
     Random(NodeId, u8),
+    /// `Custom(kernel, inputs)`: a hand-written kernel ([`CustomKernel`]) whose buffer
+    /// parameters are the inputs' values (row-major) then the node's, in order. It runs as
+    /// written, as a kernel of its own.
+    Custom(Arc<CustomKernel>, Box<[NodeId]>),
 }
 
 /// The longest row an [`Op::Argsort`] sorts: its keys and positions fit a workgroup's
@@ -150,6 +157,7 @@ impl Op {
             | Op::Reduce(_, a, _) => vec![*a],
             Op::Binary(_, a, b) | Op::Gather(a, b, _) | Op::Scatter(_, a, b, _) => vec![*a, *b],
             Op::Ternary(_, a, b, c) => vec![*a, *b, *c],
+            Op::Custom(_, inputs) => inputs.to_vec(),
         }
     }
 
@@ -183,11 +191,20 @@ impl Op {
             }
             Op::Argsort(keys) => Op::Argsort(f(*keys)),
             Op::Random(key, word) => Op::Random(f(*key), *word),
+            Op::Custom(call, inputs) => {
+                Op::Custom(Arc::clone(call), inputs.iter().map(|&c| f(c)).collect())
+            }
             Op::Scatter(op, index, src, axis) => {
                 let index = f(*index);
                 Op::Scatter(*op, index, f(*src), *axis)
             }
         }
+    }
+
+    /// Whether the op always runs as a kernel of its own, never fused into a reader: a
+    /// scatter runs over its sources, a sort over its rows, a custom kernel as written.
+    pub fn runs_alone(&self) -> bool {
+        matches!(self, Op::Scatter(..) | Op::Argsort(_) | Op::Custom(..))
     }
 
     /// Whether the op only moves elements (its value at a coordinate is the operand's value
@@ -227,6 +244,7 @@ impl Op {
             Op::Scatter(AtomicOp::Max, ..) => "scatter_max",
             Op::Argsort(_) => "argsort",
             Op::Random(..) => "random",
+            Op::Custom(..) => "custom",
         }
     }
 }

@@ -121,6 +121,7 @@ fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {
     match op {
         Op::Leaf(_) | Op::Const(_) | Op::Index(_) => op.clone(),
         Op::Random(key, word) => Op::Random(f(key), *word),
+        Op::Custom(call, inputs) => Op::Custom(Arc::clone(call), inputs.iter().map(&f).collect()),
         Op::Unary(u, a) => Op::Unary(*u, f(a)),
         Op::Binary(b, x, y) => Op::Binary(*b, f(x), f(y)),
         Op::Ternary(t, x, y, z) => Op::Ternary(*t, f(x), f(y), f(z)),
@@ -259,9 +260,8 @@ fn row_statistics(
             let Some((last, outer)) = shape.dims().split_last() else {
                 return false;
             };
-            // Scatters and sorts run as kernels of their own, never fused into a reader.
             !targets.contains(m)
-                && !matches!(graph.node(*m).op, Op::Scatter(..) | Op::Argsort(_))
+                && !graph.node(*m).op.runs_alone()
                 && last.as_const() == Some(1)
                 && consumers.get(m).is_some_and(|cs| {
                     cs.iter().all(|&c| {
@@ -402,9 +402,7 @@ fn build(
                     && !separate.contains(m)
                     && !written_by.contains_key(m)
                     && graph.node(*m).shape == graph.node(root).shape
-                    // A scatter runs over its sources, not over its output's elements; a
-                    // sort over its rows.
-                    && !matches!(graph.node(*m).op, Op::Scatter(..) | Op::Argsort(_))
+                    && !graph.node(*m).op.runs_alone()
             })
             .collect();
         let lowered = loop {
@@ -448,7 +446,7 @@ fn build(
             written_by.insert(w, kernels.len());
         }
         let mut lowered = lowered;
-        if !matches!(graph.node(root).op, Op::Scatter(..) | Op::Argsort(_)) {
+        if !graph.node(root).op.runs_alone() {
             let context = context.get_or_insert_with(|| {
                 (Arc::new(materialized.clone()), Arc::new(leaf_slot.clone()))
             });
@@ -663,9 +661,7 @@ fn choose_materialized(
         // earlier layer's output again.
         // A scatter's kernel runs over its sources, adding into its own buffer; a sort's
         // over its rows, in local memory.
-        if matches!(node.op, Op::Scatter(..) | Op::Argsort(_))
-            || (shared && (ops >= share_from || loads.len() >= SHARED_LOADS))
-        {
+        if node.op.runs_alone() || (shared && (ops >= share_from || loads.len() >= SHARED_LOADS)) {
             out.insert(n);
         }
         inline_ops.insert(n, if out.contains(&n) { 0 } else { ops });
@@ -673,6 +669,14 @@ fn choose_materialized(
         inline_loads.insert(n, if read_whole { vec![n] } else { loads });
         // A reduction read at other coordinates than its own would be recomputed per
         // element read: broadcast (`Expand`) or gathered.
+        // A custom kernel reads its inputs as row-major buffers.
+        if let Op::Custom(_, inputs) = &node.op {
+            for &c in inputs {
+                if !matches!(graph.node(c).op, Op::Leaf(_)) {
+                    out.insert(c);
+                }
+            }
+        }
         if let Op::Expand(child) | Op::Gather(child, ..) | Op::Random(child, _) = node.op
             && has_reduce[&child]
         {

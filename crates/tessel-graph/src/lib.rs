@@ -1,5 +1,6 @@
 //! Tessel's lazy tensor graph and the kernelizer that fuses it into kernel IR.
 //!
+//! - [`custom`]: hand-written kernels as graph nodes ([`CustomKernel`]).
 //! - [`egraph`]: every equivalent form of a value in one class ([`EGraph`]), rewrites as
 //!   data ([`Rewrite`], [`rules()`]), saturation within an [`egraph::Budget`], and
 //!   extraction of the cheapest form back into a graph ([`simplify()`]), and of several
@@ -25,6 +26,7 @@
 //! device: it produces `tessel_ir::Kernel`s and a schedule of buffer slots.
 
 mod attention;
+pub mod custom;
 pub mod egraph;
 mod epilogue;
 pub mod extract;
@@ -38,6 +40,7 @@ pub mod tune;
 pub mod vendor;
 
 pub use attention::find_attention;
+pub use custom::CustomKernel;
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{ARGSORT_ROW_MAX, Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{

@@ -136,6 +136,9 @@ pub(crate) fn lower_kernel(
     if let Op::Argsort(keys) = graph.node(root).op {
         return sort::lower_argsort_kernel(graph, root, keys, materialized, leaf_slot);
     }
+    if let Op::Custom(..) = graph.node(root).op {
+        return crate::custom::lower_custom_kernel(graph, root, leaf_slot);
+    }
     let lanes = if mode == Mode::Serial {
         None
     } else {
@@ -315,7 +318,7 @@ fn upcast(
             continue;
         }
         let op = &graph.node(n).op;
-        if matches!(op, Op::Reduce(..) | Op::Scatter(..) | Op::Argsort(_)) {
+        if matches!(op, Op::Reduce(..)) || op.runs_alone() {
             return None;
         }
         stack.extend(op.children());

@@ -303,7 +303,7 @@ impl Walk<'_> {
                 self.visit(*index, coords, masked, data, false);
                 self.visit(*src, coords, masked, true, false);
             }
-            Op::Scatter(..) | Op::Argsort(_) => {}
+            Op::Scatter(..) | Op::Argsort(_) | Op::Custom(..) => {}
             op if op.is_movement() => {
                 let (child, mapped) = map_coords(self.graph, op, &node.shape.clone(), coords);
                 self.visit(child, &mapped, masked, data, false);

@@ -229,6 +229,9 @@ impl Tape {
             | Op::Random(..)
             | Op::Bitcast(_)
             | Op::Argsort(_) => vec![],
+            Op::Custom(call, inputs) => {
+                custom_vjp(call, inputs, &|n| self.tensor(n).clone(), out, g)?
+            }
             Op::Unary(op, a) => unary_vjp(*op, self.tensor(*a), out, g)
                 .map(|d| vec![(*a, d)])
                 .unwrap_or_default(),
@@ -736,4 +739,58 @@ fn unshrink(g: &Tensor, ranges: &[(Dim, Dim)], input: &Shape) -> Result<Tensor> 
         }
     }
     Ok(t)
+}
+
+/// The gradients a custom kernel's backward gives its inputs, checked against them.
+fn custom_vjp(
+    call: &tessel_graph::CustomKernel,
+    inputs: &[NodeId],
+    tensor: &dyn Fn(NodeId) -> Tensor,
+    out: &Tensor,
+    g: &Tensor,
+) -> Result<Vec<(NodeId, Tensor)>> {
+    let name = &call.kernel().name;
+    let Some(backward) = call
+        .extra()
+        .and_then(|e| e.downcast_ref::<crate::ops::Backward>())
+    else {
+        return Err(Error::InvalidArgument {
+            op: "grad",
+            reason: format!(
+                "the custom kernel `{name}` has no backward; give it one with \
+                 CustomOp::with_backward, or detach its output"
+            ),
+        });
+    };
+    let xs: Vec<Tensor> = inputs.iter().map(|&n| tensor(n)).collect();
+    let grads = (backward.0)(&xs, out, g)?;
+    if grads.len() != xs.len() {
+        return Err(Error::InvalidArgument {
+            op: "grad",
+            reason: format!(
+                "the backward of custom kernel `{name}` gave {} gradients for {} inputs",
+                grads.len(),
+                xs.len()
+            ),
+        });
+    }
+    let mut out = Vec::new();
+    for (k, (x, dx)) in xs.iter().zip(grads).enumerate() {
+        let Some(dx) = dx else { continue };
+        if dx.shape() != x.shape() || dx.dtype() != x.dtype() {
+            return Err(Error::InvalidArgument {
+                op: "grad",
+                reason: format!(
+                    "the backward of custom kernel `{name}` gave input {k} a gradient of \
+                     shape {} and dtype {}, but the input is {} of {}",
+                    dx.shape(),
+                    dx.dtype(),
+                    x.shape(),
+                    x.dtype()
+                ),
+            });
+        }
+        out.push((inputs[k], dx));
+    }
+    Ok(out)
 }

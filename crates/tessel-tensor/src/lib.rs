@@ -24,8 +24,8 @@ pub use autograd::grad;
 pub use determinism::{are_deterministic_algorithms_enabled, use_deterministic_algorithms};
 pub use element::Element;
 pub use ops::{
-    Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, Operand, Padding, PoolOptions,
-    ScalarOperand,
+    Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, CustomBackward, CustomOp, Operand,
+    Padding, PoolOptions, ScalarOperand,
 };
 pub use safetensors::{SafetensorsFile, load_safetensors, save_safetensors};
 pub use tensor::Tensor;

@@ -35,12 +35,13 @@
 //! created on.
 
 pub use tessel_tensor::{
-    BackendError, Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, DType, Device,
-    DeviceInfo, DeviceKind, Dim, Element, Error, Features, Float32MatmulPrecision, Operand,
-    PLAN_CACHE_LIMIT, Padding, PoolOptions, RealizeReport, Result, RuntimeStats, ScalarOperand,
-    Shape, Tensor, Tuning, Var, are_deterministic_algorithms_enabled, autocast, autocast_dtype,
-    bf16, f16, float32_matmul_precision, inspect, set_float32_matmul_precision, set_placement,
-    set_tuning, stats, tuning, use_deterministic_algorithms,
+    BackendError, Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, CustomBackward,
+    CustomOp, DType, Device, DeviceInfo, DeviceKind, Dim, Element, Error, Features,
+    Float32MatmulPrecision, Operand, PLAN_CACHE_LIMIT, Padding, PoolOptions, RealizeReport, Result,
+    RuntimeStats, ScalarOperand, Shape, Tensor, Tuning, Var, are_deterministic_algorithms_enabled,
+    autocast, autocast_dtype, bf16, f16, float32_matmul_precision, inspect,
+    set_float32_matmul_precision, set_placement, set_tuning, stats, tuning,
+    use_deterministic_algorithms,
 };
 
 /// GPT-2, BERT, Llama and ResNet from Hugging Face and torchvision files; generation.

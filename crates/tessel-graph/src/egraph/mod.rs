@@ -567,7 +567,7 @@ impl EGraph {
         match node.op() {
             Op::Const(value) => value_clear(*value),
             Op::Index(_) | Op::Argsort(_) => true,
-            Op::Leaf(_) | Op::Bitcast(_) | Op::Random(..) => false,
+            Op::Leaf(_) | Op::Bitcast(_) | Op::Random(..) | Op::Custom(..) => false,
             Op::Unary(op, a) => match op {
                 UnaryOp::Exp | UnaryOp::Exp2 | UnaryOp::Abs => true,
                 // sqrt(+0) = +0, 1/+0 = +inf; sqrt(-0) = -0 is excluded by the operand.

@@ -313,6 +313,7 @@ fn folded(egraph: &EGraph, node: &ENode) -> Option<Scalar> {
         | Op::Const(_)
         | Op::Index(_)
         | Op::Random(..)
+        | Op::Custom(..)
         | Op::Reduce(..)
         | Op::Gather(..)
         | Op::Scatter(..)

@@ -3,6 +3,7 @@
 
 mod conv;
 mod creation;
+mod custom;
 mod einsum;
 mod elementwise;
 mod indexing;
@@ -19,6 +20,8 @@ mod scatter;
 mod sort;
 
 pub use conv::{Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, Padding};
+pub(crate) use custom::Backward;
+pub use custom::{CustomBackward, CustomOp};
 pub use elementwise::Operand;
 pub(crate) use indexing::verify_pending_indices;
 pub use pool::PoolOptions;

@@ -13,6 +13,7 @@ mod autograd;
 mod common;
 mod conv;
 mod creation;
+mod custom;
 mod devices;
 mod dynamic;
 mod einsum;
