@@ -18,6 +18,7 @@ use tessel_ir::AtomicOp;
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use crate::custom::CustomKernel;
+use crate::random::Words;
 
 /// A node in the graph.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -122,12 +123,12 @@ pub enum Op {
     /// the keys', its dtype an integer one. A row is sorted in local memory by one
     /// workgroup.
     Argsort(NodeId),
-    /// `Random(key, word)`: random bits. At row-major position `i`, word `word` (0..4) of
-    /// the Philox4x32-10 block of counter `(i, stream)` under `seed` (see [`crate::Philox`]), where
-    /// `key` is a `u32` vector of 4 elements, `[seed_lo, seed_hi, stream_lo, stream_hi]`.
-    /// The key is an operand rather than a payload so that a new draw (a new stream) is
-    /// new data for the same plan. The node's dtype is `u32`.
-    Random(NodeId, u8),
+    /// `Random(key, words)`: random bits. At row-major position `i`, the word [`Words`]
+    /// picks of the Philox4x32-10 block of counter `(⌊i / group⌋, stream)` under `seed`
+    /// (see [`crate::random`]), where `key` is a `u32` vector of 4 elements, `[seed_lo,
+    /// seed_hi, stream_lo, stream_hi]`. The key is an operand rather than a payload so that
+    /// a new draw (a new stream) is new data for the same plan. The node's dtype is `u32`.
+    Random(NodeId, Words),
     /// `Custom(kernel, inputs)`: a hand-written kernel ([`CustomKernel`]) whose buffer
     /// parameters are the inputs' values (row-major) then the node's, in order. It runs as
     /// written, as a kernel of its own.

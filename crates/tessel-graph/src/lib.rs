@@ -48,7 +48,7 @@ pub use kernelize::{
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature,
     views_to_split,
 };
-pub use random::Philox;
+pub use random::{Philox, Words};
 pub use spec::{KernelSpec, ScheduleError, SpecAccess};
 pub use tessel_ir::AtomicOp;
 pub use tune::{Knobs, Search};

@@ -656,7 +656,7 @@ impl Lowerer<'_> {
                     self.kb.cast(c, node.dtype)
                 }
             }
-            Op::Random(key, word) => {
+            Op::Random(key, words) => {
                 let mut k = Vec::with_capacity(4);
                 for j in 0..4 {
                     k.push(self.eval_node(*key, &[Expr::constant(j)], false)?);
@@ -666,9 +666,11 @@ impl Lowerer<'_> {
                     .zip(node.shape.contiguous_strides())
                     .map(|(&c, s)| c * s)
                     .sum();
-                let flat = self.ix(flat);
-                crate::random::emit(&mut self.kb, flat, [k[0], k[1], k[2], k[3]])
-                    [usize::from(*word)]
+                let group = i64::from(words.group());
+                let block = self.ix(flat.floor_div(group));
+                let lane = self.ix(flat - flat.floor_div(group) * group);
+                let key = [k[0], k[1], k[2], k[3]];
+                crate::random::emit_word(&mut self.kb, (block, lane, self.idx), key, *words)
             }
             Op::Unary(op, a) => {
                 let a = self.eval_node(*a, coords, false)?;

@@ -26,21 +26,57 @@ const ROUNDS: u32 = 10;
 /// random value in each of its consumers costs, for the kernelizer's sharing decision.
 pub(crate) const OPS: usize = 120;
 
-/// One word of one draw's bits, for computing them on the host.
+/// Which Philox word each element of an [`crate::Op::Random`] node takes: element `i`
+/// takes word `base + step · (i mod group)` of the block at counter `⌊i / group⌋`. Groups of
+/// 2 or 4 elements share one block, so a kernel computing consecutive outputs computes each
+/// block once (its copies merge), instead of once per element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Words {
+    group: u8,
+    step: u8,
+    base: u8,
+}
+
+impl Words {
+    /// One word per element of its own block: word `w`.
+    pub const fn single(w: u8) -> Words {
+        Words::new(1, 1, w)
+    }
+
+    /// Words `base + step · (i mod group)`; `group` is 1, 2 or 4 and every word named is
+    /// below 4 (checked in debug builds: the callers are this crate's users' internals).
+    pub const fn new(group: u8, step: u8, base: u8) -> Words {
+        debug_assert!(matches!(group, 1 | 2 | 4) && base + step * (group - 1) < 4);
+        Words { group, step, base }
+    }
+
+    /// How many consecutive elements share a block.
+    pub const fn group(&self) -> u8 {
+        self.group
+    }
+
+    /// The counter of element `i`'s block and its word.
+    pub fn of(&self, i: u64) -> (u64, usize) {
+        let group = u64::from(self.group);
+        let m = (i % group) as u8;
+        (i / group, usize::from(self.base + self.step * m))
+    }
+}
+
+/// One draw's bits, for computing them on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Philox {
     /// The key.
     pub seed: u64,
     /// The upper half of the counter: one per draw, so draws under one seed never overlap.
     pub stream: u64,
-    /// Which of the block's four output words (0..4).
-    pub word: u8,
 }
 
 impl Philox {
-    /// The value at row-major position `index`.
-    pub fn at(&self, index: u64) -> u32 {
-        philox4x32_10(counter(index, self.stream), key(self.seed))[usize::from(self.word)]
+    /// Element `index` of a random node taking `words`.
+    pub fn at(&self, words: Words, index: u64) -> u32 {
+        let (block, word) = words.of(index);
+        philox4x32_10(counter(block, self.stream), key(self.seed))[word]
     }
 
     /// The key operand of [`crate::Op::Random`] for this draw:
@@ -81,10 +117,30 @@ pub fn philox4x32_10(mut ctr: [u32; 4], mut key: [u32; 2]) -> [u32; 4] {
     ctr
 }
 
+/// Emits the word `words` gives element `index` (an integer value), from the block at
+/// counter `block` (`index / group`, computed by the caller so that its copies merge) and
+/// `lane` (`index mod group`), both of the integer dtype `index`.
+pub(crate) fn emit_word(
+    kb: &mut KernelBuilder,
+    (block, lane, index): (Value, Value, DType),
+    key: [Value; 4],
+    words: Words,
+) -> Value {
+    let block = emit(kb, block, key);
+    let word = |j: u8| block[usize::from(words.base + words.step * j)];
+    let mut value = word(words.group - 1);
+    for j in (0..words.group - 1).rev() {
+        let j_value = kb.constant_as(i64::from(j), index);
+        let here = kb.binary(BinaryOp::Eq, lane, j_value);
+        value = kb.select(here, word(j), value);
+    }
+    value
+}
+
 /// Emits the four Philox words for the row-major position `index` (a non-negative
 /// integer value of any dtype) under `key` (four `u32` values: seed low and high words,
 /// stream low and high words) into `kb`.
-pub(crate) fn emit(kb: &mut KernelBuilder, index: Value, key: [Value; 4]) -> [Value; 4] {
+fn emit(kb: &mut KernelBuilder, index: Value, key: [Value; 4]) -> [Value; 4] {
     let wide = kb.cast(index, DType::U64);
     let shift = kb.constant(Scalar::U64(32));
     let i_lo = kb.cast(wide, DType::U32);

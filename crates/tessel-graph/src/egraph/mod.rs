@@ -162,7 +162,7 @@ impl fmt::Display for ENode {
             Op::Leaf(leaf) => write!(f, "leaf {}", leaf.0),
             Op::Const(value) => write!(f, "const {value}"),
             Op::Index(axis) => write!(f, "index {axis}"),
-            Op::Random(_, word) => write!(f, "random word {word}"),
+            Op::Random(_, words) => write!(f, "random {words:?}"),
             Op::Permute(_, perm) => write!(f, "permute {perm:?}"),
             Op::Pad(_, pads, value) => {
                 f.write_str("pad [")?;

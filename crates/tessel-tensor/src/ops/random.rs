@@ -11,7 +11,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use tessel_graph::{Op, Philox};
+use tessel_graph::{Op, Philox, Words};
 use tessel_runtime::{Device, Error, Result};
 use tessel_shape::{BinaryOp, DType, Scalar, Shape, UnaryOp};
 
@@ -42,12 +42,15 @@ const fn digits(dtype: DType) -> u32 {
     }
 }
 
-/// Philox words for `uniforms` uniforms of `dtype` (two per f64 uniform).
-fn words(dtype: DType, uniforms: u8) -> u8 {
-    if dtype == DType::F64 {
-        2 * uniforms
-    } else {
-        uniforms
+/// Which Philox words the bits of `uniforms` uniforms of `dtype` take (see [`Words`]): a
+/// uniform takes one word (two for f64). Elements share blocks where they can: four
+/// elements per block for one word each, two for two words each; a normal's two uniforms
+/// take all four words of its own block in f64.
+fn layout(dtype: DType, uniforms: u8) -> Vec<Words> {
+    match (dtype == DType::F64, uniforms) {
+        (false, 1) => vec![Words::new(4, 1, 0)],
+        (false, _) | (true, 1) => vec![Words::new(2, 2, 0), Words::new(2, 2, 1)],
+        (true, _) => (0..4).map(Words::single).collect(),
     }
 }
 
@@ -80,8 +83,9 @@ impl Tensor {
     /// Values drawn uniformly from `[0, 1)` (`torch.rand`), for a float `dtype`, on the
     /// default device. Every value is a multiple of `2^-p` for the dtype's significand width
     /// `p` (53 for f64, 24 for f32, 11 for f16, 8 for bf16), so none rounds up to 1; the
-    /// value at position `i` is the top `p` bits of Philox word 0 (f64: words 0 and 1) of
-    /// counter `i` in the draw's stream, identical on every backend.
+    /// value at position `i` is the top `p` bits of word `i mod 4` of the Philox block at
+    /// counter `⌊i / 4⌋` in the draw's stream (f64: 27 and 26 bits of words `2 (i mod 2)`
+    /// and `2 (i mod 2) + 1` of block `⌊i / 2⌋`), identical on every backend.
     ///
     /// ```
     /// # use tessel_tensor::{DType, Tensor};
@@ -99,15 +103,17 @@ impl Tensor {
             &shape.into(),
             dtype,
             "rand",
-            words(dtype, 1),
+            &layout(dtype, 1),
         )?;
         Ok(uniform(&bits, 0, dtype))
     }
 
     /// Values drawn from the standard normal distribution (`torch.randn`), for a float
     /// `dtype`, on the default device: the Box-Muller transform `sqrt(-2 ln(1 - u1))
-    /// cos(2π u2)` of two uniforms from one Philox block, in f32 (f64 for f64), rounded once
-    /// to `dtype`. Backends agree to the last few ulps of their `log`, `sqrt` and `cos`.
+    /// cos(2π u2)` of two uniforms, in f32 (f64 for f64), rounded once to `dtype`. In f32,
+    /// `u1` and `u2` are the top 24 bits of words `2 (i mod 2)` and `2 (i mod 2) + 1` of
+    /// the block at counter `⌊i / 2⌋`; in f64 they take all four words of block `i`.
+    /// Backends agree to the last few ulps of their `log`, `sqrt` and `cos`.
     ///
     /// ```
     /// # use tessel_tensor::{DType, Tensor};
@@ -125,7 +131,7 @@ impl Tensor {
             &shape.into(),
             dtype,
             "randn",
-            words(dtype, 2),
+            &layout(dtype, 2),
         )?;
         Ok(normal(&bits, dtype))
     }
@@ -134,13 +140,13 @@ impl Tensor {
     /// (`torch.rand_like`). See [`Tensor::rand`].
     pub fn rand_like(&self) -> Result<Tensor> {
         float_dtype("rand_like", self.dtype())?;
-        let words = words(self.dtype(), 1);
+        let words = layout(self.dtype(), 1);
         let bits = draw(
             &self.device(),
             self.shape(),
             self.dtype(),
             "rand_like",
-            words,
+            &words,
         )?;
         Ok(uniform(&bits, 0, self.dtype()))
     }
@@ -149,21 +155,22 @@ impl Tensor {
     /// (`torch.randn_like`). See [`Tensor::randn`].
     pub fn randn_like(&self) -> Result<Tensor> {
         float_dtype("randn_like", self.dtype())?;
-        let words = words(self.dtype(), 2);
+        let words = layout(self.dtype(), 2);
         let bits = draw(
             &self.device(),
             self.shape(),
             self.dtype(),
             "randn_like",
-            words,
+            &words,
         )?;
         Ok(normal(&bits, self.dtype()))
     }
 
     /// Each element zeroed with probability `p` and the rest scaled by `1 / (1 - p)`
-    /// (`torch.nn.functional.dropout` in training). An element is kept when its Philox
-    /// word is at least `round(p · 2³²)`: the mask is computed inside the kernel that
-    /// consumes it, on the tensor's device, and never stored. Differentiable in `self`.
+    /// (`torch.nn.functional.dropout` in training). Element `i` is kept when word `i mod 4`
+    /// of the Philox block at counter `⌊i / 4⌋` is at least `round(p · 2³²)`: the mask is
+    /// computed inside the kernel that consumes it, on the tensor's device, and never
+    /// stored. Differentiable in `self`.
     ///
     /// ```
     /// # use tessel_tensor::{DType, Tensor};
@@ -195,7 +202,8 @@ impl Tensor {
         if p == 1.0 {
             return self * 0.0;
         }
-        let bits = draw(&self.device(), self.shape(), DType::U32, "dropout", 1)?.remove(0);
+        let words = [Words::new(4, 1, 0)];
+        let bits = draw(&self.device(), self.shape(), DType::U32, "dropout", &words)?.remove(0);
         // p < 1, so the threshold is below 2^32.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let threshold = (p * 4_294_967_296.0).round() as u32;
@@ -224,14 +232,15 @@ fn float_dtype(op: &'static str, dtype: DType) -> Result<()> {
     }
 }
 
-/// `words` tensors of Philox bits (u32) of `shape` on `device`, from one draw, after
-/// checking that `dtype` (what the bits become) can hold `shape` (concrete, and countable).
+/// One tensor of Philox bits (u32) of `shape` on `device` per entry of `words`, from one
+/// draw, after checking that `dtype` (what the bits become) can hold `shape` (concrete, and
+/// countable).
 fn draw(
     device: &Device,
     shape: &Shape,
     dtype: DType,
     op: &'static str,
-    words: u8,
+    words: &[Words],
 ) -> Result<Vec<Tensor>> {
     let Some(dims) = shape.as_usizes() else {
         return Err(Error::InvalidArgument {
@@ -253,28 +262,29 @@ fn draw(
         });
     };
     let (seed, stream) = next_draw();
-    let philox = |word| Philox { seed, stream, word };
+    let philox = Philox { seed, stream };
     if device.supports(DType::U64) {
-        let key: Vec<u8> = philox(0)
+        let key: Vec<u8> = philox
             .key_operand()
             .iter()
             .flat_map(|w| w.to_le_bytes())
             .collect();
         let key = Tensor::from_bytes_on(key, DType::U32, Shape::from([4]), *device);
-        return Ok((0..words)
-            .map(|word| key.record(Op::Random(key.node(), word), DType::U32, shape.clone()))
+        return Ok(words
+            .iter()
+            .map(|&w| key.record(Op::Random(key.node(), w), DType::U32, shape.clone()))
             .collect());
     }
     // The same bits, computed here.
-    (0..words)
-        .map(|word| {
+    words
+        .iter()
+        .map(|&w| {
             let bytes = numel * 4;
             let mut host = Vec::new();
             host.try_reserve_exact(bytes)
                 .map_err(|_| tessel_runtime::out_of_host_memory(bytes))?;
-            let p = philox(word);
             for i in 0..numel as u64 {
-                host.extend_from_slice(&p.at(i).to_le_bytes());
+                host.extend_from_slice(&philox.at(w, i).to_le_bytes());
             }
             Ok(Tensor::from_bytes_on(
                 host,

@@ -333,29 +333,46 @@ fn philox(seed: u64, stream: u64, i: u64, word: usize) -> u32 {
     c[word]
 }
 
+/// Word `base + step (i mod group)` of the block at counter `i / group`: the layouts the
+/// random ops document.
+fn word(seed: u64, stream: u64, i: u64, (group, step, base): (u64, u64, u64)) -> u32 {
+    philox(
+        seed,
+        stream,
+        i / group,
+        (base + step * (i % group)) as usize,
+    )
+}
+
 /// The documented values: each draw is the next stream after `manual_seed`, and element
 /// `i` is a fixed function of its Philox words, on every backend (rand exactly).
 fn philox_values_and_dropout() -> Result<()> {
     const SEED: u64 = 0x0123_4567_89ab_cdef;
     let u24 = |w: u32| f64::from(w >> 8) / 16_777_216.0;
     Tensor::manual_seed(SEED);
-    // Stream 0: f32 uniforms, the top 24 bits of word 0.
+    // Stream 0: f32 uniforms, the top 24 bits of word i mod 4 of block i / 4.
     let got = common::read(&Tensor::rand([3, 37], DType::F32)?);
     for (i, g) in got.iter().enumerate() {
-        assert_eq!(*g, u24(philox(SEED, 0, i as u64, 0)), "rand f32 at {i}");
+        assert_eq!(
+            *g,
+            u24(word(SEED, 0, i as u64, (4, 1, 0))),
+            "rand f32 at {i}"
+        );
     }
     // Stream 1: bf16 uniforms, the top 8 bits.
     let got = common::read(&Tensor::rand([300], DType::BF16)?);
     for (i, g) in got.iter().enumerate() {
-        let want = f64::from(philox(SEED, 1, i as u64, 0) >> 24) / 256.0;
+        let want = f64::from(word(SEED, 1, i as u64, (4, 1, 0)) >> 24) / 256.0;
         assert_eq!(*g, want, "rand bf16 at {i}");
     }
-    // Stream 2: normals from words 0 and 1, by Box-Muller.
+    // Stream 2: normals by Box-Muller from words 2 (i mod 2) and 2 (i mod 2) + 1 of block
+    // i / 2.
     let got = common::read(&Tensor::randn([1000], DType::F32)?);
     for (i, g) in got.iter().enumerate() {
+        let i = i as u64;
         let (u1, u2) = (
-            u24(philox(SEED, 2, i as u64, 0)),
-            u24(philox(SEED, 2, i as u64, 1)),
+            u24(word(SEED, 2, i, (2, 2, 0))),
+            u24(word(SEED, 2, i, (2, 2, 1))),
         );
         let want = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
         assert!(
@@ -364,18 +381,20 @@ fn philox_values_and_dropout() -> Result<()> {
         );
     }
     if common::on_device([DType::F64]).len() == 1 {
-        // Stream 3: f64 uniforms from 27 + 26 bits of words 0 and 1.
+        // Stream 3: f64 uniforms from 27 + 26 bits of the same two words.
         let got = common::read(&Tensor::rand([500], DType::F64)?);
         for (i, g) in got.iter().enumerate() {
+            let i = i as u64;
             let (a, b) = (
-                philox(SEED, 3, i as u64, 0) >> 5,
-                philox(SEED, 3, i as u64, 1) >> 6,
+                word(SEED, 3, i, (2, 2, 0)) >> 5,
+                word(SEED, 3, i, (2, 2, 1)) >> 6,
             );
             let want = (f64::from(a) * 67_108_864.0 + f64::from(b)) / 9_007_199_254_740_992.0;
             assert_eq!(*g, want, "rand f64 at {i}");
         }
     }
-    // Dropout: kept where word 0 >= round(p 2^32), scaled by 1 / (1 - p) in the dtype.
+    // Dropout: kept where the word is at least round(p 2^32), scaled by 1 / (1 - p) in
+    // the dtype.
     Tensor::manual_seed(SEED);
     let mut rng = Rng::new(5);
     let values = common::random(&mut rng, DType::F32, 4096, common::DEFAULT);
@@ -397,7 +416,7 @@ fn philox_values_and_dropout() -> Result<()> {
         let got = common::read(&y);
         let mut kept = 0;
         for (i, (g, v)) in got.iter().zip(&values).enumerate() {
-            let want = if philox(SEED, stream, i as u64, 0) >= threshold {
+            let want = if word(SEED, stream, i as u64, (4, 1, 0)) >= threshold {
                 kept += 1;
                 f64::from(*v as f32 * scale)
             } else {
@@ -414,7 +433,7 @@ fn philox_values_and_dropout() -> Result<()> {
     Tensor::manual_seed(SEED);
     let g = tessel_tensor::grad(&x.dropout(0.3)?.sum_all()?, &[&x])?.remove(0);
     for (i, g) in common::read(&g).iter().enumerate() {
-        let want = if philox(SEED, 0, i as u64, 0) >= threshold {
+        let want = if word(SEED, 0, i as u64, (4, 1, 0)) >= threshold {
             f64::from(scale)
         } else {
             0.0
