@@ -51,6 +51,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuEventCreate",
     "cuEventRecord",
     "cuEventSynchronize",
+    "cuEventQuery",
     "cuEventElapsedTime_v2",
     "cuEventDestroy_v2",
     "cuGetErrorString",
@@ -530,6 +531,17 @@ impl Event {
         ctx.bind()?;
         // SAFETY: the event is live.
         unsafe { cu::event::synchronize(self.0) }
+    }
+
+    /// Whether the work before the event's record is done (without waiting).
+    pub(crate) fn is_done(&self, ctx: &Context) -> Result<bool, DriverError> {
+        ctx.bind()?;
+        // SAFETY: the event is live.
+        match unsafe { cu::event::query(self.0) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Milliseconds from `self` to `end`, both recorded and complete.

@@ -8,7 +8,7 @@
 //! when an allocation fails (then the allocation is retried once) or on
 //! [`CudaBackend::trim`](crate::CudaBackend::trim).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use cudarc::driver::result::DriverError;
 
@@ -96,14 +96,28 @@ impl Pool {
 /// chunks of this size.
 pub(crate) const STAGING_BYTES: usize = 16 << 20;
 
+/// Writes of at most this many bytes go through [`Staging`]'s ring of small slots.
+const SMALL_WRITE: usize = 64 << 10;
+
+/// Slots of the small-write ring (4 MiB of pinned memory at most).
+const SMALL_SLOTS: usize = 64;
+
 /// Pinned memory through which host data is copied to the device, so that a write returns
 /// as soon as its data is staged: the copy to the device runs on the stream, in order with
 /// launches, and the staging buffer is reused once the copy's event completes.
+///
+/// Small writes (a random draw's key, a scalar, indices) take a slot of a ring whose copy
+/// has completed, so a write waits for the device only when every slot is in flight: with
+/// one buffer, each write would wait for the copy before it, and so for every kernel queued
+/// before that copy.
 #[derive(Default)]
 pub(crate) struct Staging {
     buffer: Option<Pinned>,
     /// Recorded after the last copy out of `buffer`.
     pending: Option<Event>,
+    /// Small slots, least recently used first, each with the event recorded after its
+    /// last copy.
+    small: VecDeque<(Pinned, Event)>,
 }
 
 impl Staging {
@@ -116,6 +130,9 @@ impl Staging {
         dst: u64,
         data: &[u8],
     ) -> Result<(), DriverError> {
+        if !data.is_empty() && data.len() <= SMALL_WRITE {
+            return self.write_small(ctx, stream, dst, data);
+        }
         for (k, chunk) in data.chunks(STAGING_BYTES).enumerate() {
             let at = dst + (k * STAGING_BYTES) as u64;
             // The buffer may still be read by the previous copy.
@@ -152,8 +169,61 @@ impl Staging {
         Ok(())
     }
 
+    /// A small write through a ring slot whose copy is done, a new slot, or (all in flight)
+    /// the least recently used one once its copy is done.
+    fn write_small(
+        &mut self,
+        ctx: &Context,
+        stream: &Stream,
+        dst: u64,
+        data: &[u8],
+    ) -> Result<(), DriverError> {
+        let mut free = None;
+        for (k, (_, event)) in self.small.iter().enumerate() {
+            if event.is_done(ctx)? {
+                free = Some(k);
+                break;
+            }
+        }
+        let (mut buffer, event) = match free {
+            Some(k) => self.small.remove(k).expect("k indexes the ring"),
+            None if self.small.len() < SMALL_SLOTS => {
+                let made = Pinned::new(ctx, SMALL_WRITE).and_then(|buffer| {
+                    Event::new(ctx, false).map(|event| (buffer, event))
+                });
+                match made {
+                    Ok(slot) => slot,
+                    Err(e) => {
+                        tracing::debug!(
+                            "tessel-cuda: no pinned staging memory ({e}); copying from pageable memory"
+                        );
+                        return ffi::copy_to_device_and_wait(ctx, stream, dst, data);
+                    }
+                }
+            }
+            None => {
+                let (buffer, event) = self.small.pop_front().expect("the ring is full");
+                if let Err(e) = event.synchronize(ctx) {
+                    self.small.push_back((buffer, event));
+                    return Err(e);
+                }
+                (buffer, event)
+            }
+        };
+        buffer.fill(data);
+        let queued = ffi::copy_to_device(ctx, stream, dst, &buffer, data.len())
+            .and_then(|()| event.record(ctx, stream));
+        self.small.push_back((buffer, event));
+        queued
+    }
+
     /// Waits for the pending copy and frees the pinned memory (the owner's drop).
     pub(crate) fn clear(&mut self, ctx: &Context) {
+        for (mut buffer, event) in std::mem::take(&mut self.small) {
+            let _ = event.synchronize(ctx);
+            event.destroy(ctx);
+            buffer.free(ctx);
+        }
         if let Some(event) = self.pending.take() {
             let _ = event.synchronize(ctx);
             event.destroy(ctx);
