@@ -188,9 +188,8 @@ impl Staging {
         let (mut buffer, event) = match free {
             Some(k) => self.small.remove(k).expect("k indexes the ring"),
             None if self.small.len() < SMALL_SLOTS => {
-                let made = Pinned::new(ctx, SMALL_WRITE).and_then(|buffer| {
-                    Event::new(ctx, false).map(|event| (buffer, event))
-                });
+                let made = Pinned::new(ctx, SMALL_WRITE)
+                    .and_then(|buffer| Event::new(ctx, false).map(|event| (buffer, event)));
                 match made {
                     Ok(slot) => slot,
                     Err(e) => {

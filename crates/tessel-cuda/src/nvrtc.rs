@@ -217,19 +217,61 @@ pub(crate) fn cache_key(source: &str, options: &[String], nvrtc: (i32, i32), dri
     hash.finish()
 }
 
-/// The cached CUBIN of `key` in `dir`, if present.
+/// Bytes after a cached CUBIN: its length (u64) and its `Fnv128` checksum (u128), little
+/// endian. The driver finds an image's length in its ELF header, so a truncated or damaged
+/// file must never reach it: one that does not match its trailer is not loaded.
+const TRAILER: usize = 24;
+
+/// The cached CUBIN of `key` in `dir`, if present and whole (its trailer matches).
 pub(crate) fn read_cached(dir: &Path, key: u128) -> Option<Vec<u8>> {
-    fs::read(dir.join(format!("{key:032x}.cubin"))).ok()
+    let path = dir.join(format!("{key:032x}.cubin"));
+    let mut file = fs::read(&path).ok()?;
+    let verified = verify_trailer(&file);
+    if verified.is_none() {
+        tracing::debug!(
+            "tessel-cuda: the cached kernel {} is damaged ({} bytes); compiling it again",
+            path.display(),
+            file.len()
+        );
+        return None;
+    }
+    file.truncate(file.len() - TRAILER);
+    Some(file)
 }
 
-/// Stores a CUBIN (and its source, for whoever debugs the kernel) under `key`. Writes go to
+/// `Some(())` when `file` ends in the trailer of the bytes before it.
+fn verify_trailer(file: &[u8]) -> Option<()> {
+    let body_len = file.len().checked_sub(TRAILER)?;
+    let (body, trailer) = file.split_at(body_len);
+    let len = u64::from_le_bytes(trailer[..8].try_into().ok()?);
+    let sum = u128::from_le_bytes(trailer[8..].try_into().ok()?);
+    (len == body_len as u64 && sum == checksum(body) && body_len > 0).then_some(())
+}
+
+fn checksum(bytes: &[u8]) -> u128 {
+    let mut hash = Fnv128::new();
+    hash.bytes(bytes);
+    hash.finish()
+}
+
+/// `cubin` followed by its trailer: what the cache stores.
+fn with_trailer(cubin: &[u8]) -> Vec<u8> {
+    let mut file = Vec::with_capacity(cubin.len() + TRAILER);
+    file.extend_from_slice(cubin);
+    file.extend_from_slice(&(cubin.len() as u64).to_le_bytes());
+    file.extend_from_slice(&checksum(cubin).to_le_bytes());
+    file
+}
+
+/// Stores a CUBIN with its trailer (and its source, for whoever debugs the kernel) under
+/// `key`. Writes go to
 /// a uniquely named file that is then renamed, so a concurrent reader sees either nothing or
 /// the whole file. Failures only cost a later recompile, so they are logged, not returned.
 pub(crate) fn write_cached(dir: &Path, key: u128, cubin: &[u8], source: &str) {
     let unique = temp_suffix();
     let result = fs::create_dir_all(dir).and_then(|()| {
         let temp = dir.join(format!("{key:032x}.{unique}"));
-        fs::write(&temp, cubin)?;
+        fs::write(&temp, with_trailer(cubin))?;
         fs::rename(&temp, dir.join(format!("{key:032x}.cubin"))).inspect_err(|_| {
             let _ = fs::remove_file(&temp);
         })?;
@@ -247,7 +289,33 @@ pub(crate) fn write_cached(dir: &Path, key: u128, cubin: &[u8], source: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_key, find_in, options};
+    use super::{TRAILER, cache_key, find_in, options, read_cached, with_trailer, write_cached};
+
+    #[test]
+    fn damaged_cache_entries_are_not_loaded() {
+        let dir = std::env::temp_dir().join(format!("tessel-cuda-trailer-{}", std::process::id()));
+        let cubin: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        write_cached(&dir, 7, &cubin, "source");
+        assert_eq!(read_cached(&dir, 7).as_deref(), Some(&cubin[..]));
+        let path = dir.join(format!("{:032x}.cubin", 7u128));
+        let whole = with_trailer(&cubin);
+        let mut flipped = whole.clone();
+        flipped[500] ^= 1;
+        for (case, bytes) in [
+            ("empty", Vec::new()),
+            ("garbage", b"not a cubin at all, and long enough".to_vec()),
+            ("truncated", whole[..700].to_vec()),
+            ("no trailer", cubin.clone()),
+            ("one bit flipped", flipped),
+            ("an empty image", with_trailer(&[])),
+            ("the trailer alone", whole[whole.len() - TRAILER..].to_vec()),
+        ] {
+            std::fs::write(&path, bytes).unwrap();
+            assert_eq!(read_cached(&dir, 7), None, "{case}");
+        }
+        assert_eq!(read_cached(&dir, 8), None, "missing");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn keys_cover_every_input() {

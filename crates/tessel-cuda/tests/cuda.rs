@@ -170,7 +170,7 @@ fn modules_are_cached_in_memory_and_on_disk() {
     assert_eq!(stats.compiles, 1, "{stats:?}");
     assert!(stats.memory_hits >= 1, "{stats:?}");
     drop(first);
-    let second = CudaBackend::with_config(config);
+    let second = CudaBackend::with_config(config.clone());
     let program = second.compile(0, &kernel).unwrap();
     assert_eq!((second.stats().compiles, second.stats().disk_hits), (0, 1));
     // 1000 values in 16 workgroups of 64: one partial sum per workgroup.
@@ -186,6 +186,33 @@ fn modules_are_cached_in_memory_and_on_disk() {
     let total: f32 = tessel_testkit::f32_values(&out).iter().sum();
     assert_eq!(total, 499_500.0);
     drop(second);
+    // A cached CUBIN that is empty or garbage is compiled again and overwritten, so the
+    // instance after that loads it from disk again: the cache heals by itself.
+    for (case, bytes) in [("empty", &b""[..]), ("garbage", &b"not a cubin at all"[..])] {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "cubin") {
+                std::fs::write(&path, bytes).unwrap();
+            }
+        }
+        let healing = CudaBackend::with_config(config.clone());
+        healing.compile(0, &kernel).unwrap();
+        let stats = healing.stats();
+        assert_eq!(
+            (stats.compiles, stats.disk_hits),
+            (1, 0),
+            "{case}: {stats:?}"
+        );
+        drop(healing);
+        let healed = CudaBackend::with_config(config.clone());
+        healed.compile(0, &kernel).unwrap();
+        let stats = healed.stats();
+        assert_eq!(
+            (stats.compiles, stats.disk_hits),
+            (0, 1),
+            "{case}: {stats:?}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
