@@ -14,16 +14,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxHashMap;
 use tessel_ir::Kernel;
+use tessel_shape::Shape;
 
 use crate::graph::{Graph, LeafId, NodeId, Op};
 use crate::kernelize::{KernelizeError, ScheduledKernel, Slot};
 use crate::lower::Lowering;
 
 /// A user's kernel, and what the tensor layer attached to it (a backward function, opaque
-/// here). Two are equal when their kernels are and they carry the same attachment.
+/// here). Two are equal when their kernels and output layouts are, and they carry the same
+/// attachment.
 pub struct CustomKernel {
     kernel: Kernel,
-    /// A hash of the kernel's text, for `Hash`.
+    /// The shapes of several outputs the node holds one after another (their kernel
+    /// parameters merged into one, see `tessel_ir::passes::merge_buffers`); empty when the
+    /// node is the kernel's one output.
+    outputs: Box<[Shape]>,
+    /// A hash of the kernel's text and the layout, for `Hash`.
     fingerprint: u128,
     /// An attachment and its identity.
     extra: Option<(u64, Arc<dyn Any + Send + Sync>)>,
@@ -34,18 +40,43 @@ impl CustomKernel {
     /// function there; each attachment gets its own identity).
     pub fn new(kernel: Kernel, extra: Option<Arc<dyn Any + Send + Sync>>) -> CustomKernel {
         static NEXT: AtomicU64 = AtomicU64::new(1);
+        let extra = extra.map(|e| (NEXT.fetch_add(1, Ordering::Relaxed), e));
+        CustomKernel::build(kernel, Box::new([]), extra)
+    }
+
+    /// `kernel` (this one's with its outputs merged) holding `outputs` one after another,
+    /// with this one's attachment and its identity.
+    pub fn with_outputs(&self, kernel: Kernel, outputs: Vec<Shape>) -> CustomKernel {
+        CustomKernel::build(kernel, outputs.into(), self.extra.clone())
+    }
+
+    fn build(
+        kernel: Kernel,
+        outputs: Box<[Shape]>,
+        extra: Option<(u64, Arc<dyn Any + Send + Sync>)>,
+    ) -> CustomKernel {
         let mut hash = tessel_ir::cache::Fnv128::new();
-        hash.bytes(kernel.to_string().as_bytes());
+        hash.field(kernel.to_string().as_bytes());
+        for shape in &outputs {
+            hash.field(shape.to_string().as_bytes());
+        }
         CustomKernel {
             fingerprint: hash.finish(),
             kernel,
-            extra: extra.map(|e| (NEXT.fetch_add(1, Ordering::Relaxed), e)),
+            outputs,
+            extra,
         }
     }
 
     /// The kernel.
     pub fn kernel(&self) -> &Kernel {
         &self.kernel
+    }
+
+    /// The shapes of the outputs the node holds one after another, or none when the node
+    /// is the one output.
+    pub fn outputs(&self) -> &[Shape] {
+        &self.outputs
     }
 
     /// The attachment given to [`CustomKernel::new`].
@@ -60,7 +91,9 @@ impl CustomKernel {
 
 impl PartialEq for CustomKernel {
     fn eq(&self, other: &Self) -> bool {
-        self.identity() == other.identity() && self.kernel == other.kernel
+        self.identity() == other.identity()
+            && self.kernel == other.kernel
+            && self.outputs == other.outputs
     }
 }
 

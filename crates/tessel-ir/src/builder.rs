@@ -69,8 +69,13 @@ impl KernelBuilder {
     /// An empty body with `kernel`'s name, parameters and grid, for passes that rebuild a
     /// kernel through the builder.
     pub(crate) fn with_signature(kernel: &Kernel) -> Self {
+        Self::with_params(kernel, kernel.params.clone())
+    }
+
+    /// An empty body with `kernel`'s name and grid and the parameters `params`.
+    pub(crate) fn with_params(kernel: &Kernel, params: Vec<Param>) -> Self {
         let mut kb = KernelBuilder::new(&kernel.name);
-        kb.kernel.params.clone_from(&kernel.params);
+        kb.kernel.params = params;
         kb.kernel.grid = kernel.grid.clone();
         kb
     }

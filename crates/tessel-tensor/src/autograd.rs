@@ -763,7 +763,15 @@ fn custom_vjp(
         });
     };
     let xs: Vec<Tensor> = inputs.iter().map(|&n| tensor(n)).collect();
-    let grads = (backward.0)(&xs, out, g)?;
+    let (outs, gs) = if call.outputs().is_empty() {
+        (vec![out.clone()], vec![g.clone()])
+    } else {
+        (
+            crate::ops::split_outputs(out, call.outputs()),
+            crate::ops::split_outputs(g, call.outputs()),
+        )
+    };
+    let grads = (backward.0)(&xs, &outs, &gs)?;
     if grads.len() != xs.len() {
         return Err(Error::InvalidArgument {
             op: "grad",

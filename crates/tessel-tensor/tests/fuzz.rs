@@ -2,7 +2,8 @@
 //! random tensors (every dtype, ranks 0 to 8, empty and size-1 dims, bad axes, sizes past
 //! any memory), each result realized and read back. A call may return `Err`; it may not
 //! panic, abort the process or hang. Broadcast `add`, `sub`, `mul` and `maximum` results on
-//! exact dtypes are spot-checked against `f64`.
+//! exact dtypes are spot-checked against `f64`, and so are `abs`/`neg`/`relu`/`round`,
+//! `sum`/`max` over axes, `permute`, `transpose` and `flip`.
 //!
 //! The campaign runs in child processes (this test binary again, running only
 //! [`fuzz_child`]), so an abort is caught and attributed to the call that caused it: each
@@ -220,6 +221,135 @@ fn spot_check(
     Ok(())
 }
 
+/// Row-major coordinates of element `flat` of `dims`.
+fn coords(dims: &[usize], mut flat: usize) -> Vec<usize> {
+    let mut c = vec![0; dims.len()];
+    for k in (0..dims.len()).rev() {
+        c[k] = flat % dims[k];
+        flat /= dims[k];
+    }
+    c
+}
+
+/// The row-major position of `c` in `dims`.
+fn position(dims: &[usize], c: &[usize]) -> usize {
+    c.iter().zip(dims).fold(0, |at, (&i, &d)| at * d + i)
+}
+
+/// An axis argument as the op normalizes it, if it is valid for `rank`.
+fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
+    let r = rank.max(1) as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    (0..r).contains(&a).then_some(a as usize)
+}
+
+/// Checks an elementwise unary result against `f` in f64, exactly, on exact dtypes.
+fn spot_check_unary(x: &Tensor, out: &Tensor, f: fn(f64) -> f64) -> tessel_tensor::Result<()> {
+    if out.dtype() != x.dtype() {
+        return Ok(());
+    }
+    let (Some(xs), Some(got)) = (exact_values(x)?, exact_values(out)?) else {
+        return Ok(());
+    };
+    for (i, (g, v)) in got.iter().zip(&xs).enumerate() {
+        let want = f(*v);
+        assert!(
+            *g == want || (g.is_nan() && want.is_nan()),
+            "wrong result: element {i} is {g}, want {want} ({} {:?})",
+            x.dtype(),
+            x.dims()
+        );
+    }
+    Ok(())
+}
+
+/// Checks a movement result exactly: element `c` of `out` is `x` at `source(c)`.
+fn spot_check_moved(
+    x: &Tensor,
+    out: &Tensor,
+    source: &dyn Fn(&[usize]) -> Vec<usize>,
+) -> tessel_tensor::Result<()> {
+    let (Some(xs), Some(got)) = (exact_values(x)?, exact_values(out)?) else {
+        return Ok(());
+    };
+    let (xd, od) = (x.dims(), out.dims());
+    for (i, g) in got.iter().enumerate() {
+        let want = xs[position(&xd, &source(&coords(&od, i)))];
+        assert!(
+            *g == want || (g.is_nan() && want.is_nan()),
+            "wrong result: element {i} of {od:?} is {g}, want {want} (moved from {xd:?})"
+        );
+    }
+    Ok(())
+}
+
+/// Checks `sum` or `max` over `axes` (kept or not): integer sums and every max exactly,
+/// f32/f64 sums within `n` roundings of the sum of magnitudes.
+fn spot_check_reduce(
+    x: &Tensor,
+    out: &Tensor,
+    axes: &[i64],
+    keep: bool,
+    max: bool,
+) -> tessel_tensor::Result<()> {
+    let rank = x.dims().len();
+    let mut reduced: Vec<usize> = axes.iter().filter_map(|&a| norm_axis(a, rank)).collect();
+    reduced.sort_unstable();
+    reduced.dedup();
+    if axes.is_empty() || reduced.len() != axes.len() || rank == 0 || x.numel() == 0 {
+        return Ok(());
+    }
+    let (Some(xs), Some(got)) = (exact_values(x)?, exact_values(out)?) else {
+        return Ok(());
+    };
+    let xd = x.dims();
+    let kept: Vec<usize> = (0..rank).filter(|k| !reduced.contains(k)).collect();
+    let od: Vec<usize> = if keep {
+        (0..rank)
+            .map(|k| if reduced.contains(&k) { 1 } else { xd[k] })
+            .collect()
+    } else {
+        kept.iter().map(|&k| xd[k]).collect()
+    };
+    assert!(
+        od == out.dims(),
+        "wrong shape: {xd:?} reduced over {axes:?} (keep {keep}) is {:?}, want {od:?}",
+        out.dims()
+    );
+    let n = got.len();
+    let mut want = vec![if max { f64::NEG_INFINITY } else { 0.0 }; n];
+    let mut magnitude = vec![0.0f64; n];
+    for (i, v) in xs.iter().enumerate() {
+        let c = coords(&xd, i);
+        let oc: Vec<usize> = if keep {
+            (0..rank)
+                .map(|k| if reduced.contains(&k) { 0 } else { c[k] })
+                .collect()
+        } else {
+            kept.iter().map(|&k| c[k]).collect()
+        };
+        let at = position(&od, &oc);
+        want[at] = if max { want[at].max(*v) } else { want[at] + v };
+        magnitude[at] += v.abs();
+    }
+    let float = x.dtype().is_float();
+    let count = (xs.len() / n.max(1)) as f64;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let allowed = if float && !max {
+            count * magnitude[i] * 2f64.powi(-23)
+        } else {
+            0.0
+        };
+        assert!(
+            (g - w).abs() <= allowed || (g.is_nan() && w.is_nan()),
+            "wrong result: {} over {axes:?} of {xd:?} {}: element {i} is {g}, want {w}",
+            if max { "max" } else { "sum" },
+            x.dtype()
+        );
+    }
+    Ok(())
+}
+
 /// Reads `t` back when it is small enough to hold (a result past memory must be an `Err`
 /// from the read, which is what reading a huge one checks).
 fn consume(t: &Tensor) -> tessel_tensor::Result<()> {
@@ -252,16 +382,30 @@ fn call(rng: &mut Rng, log: &mut impl Write) -> tessel_tensor::Result<()> {
             _ => vec![Tensor::linspace(0.0, rng.scalar(), rng.size())],
         },
         // Elementwise, unary and casts.
-        1 => vec![match rng.below(8) {
-            0 => x.abs()?,
-            1 => x.neg()?,
-            2 => x.relu(),
-            3 => x.sigmoid(),
-            4 => x.cast(rng.dtype()),
-            5 => x.bitcast(rng.dtype())?,
-            6 => x.softplus(rng.scalar(), rng.scalar())?,
-            _ => x.round()?,
-        }],
+        1 => {
+            let op = rng.below(8);
+            let out = match op {
+                0 => x.abs()?,
+                1 => x.neg()?,
+                2 => x.relu(),
+                3 => x.sigmoid(),
+                4 => x.cast(rng.dtype()),
+                5 => x.bitcast(rng.dtype())?,
+                6 => x.softplus(rng.scalar(), rng.scalar())?,
+                _ => x.round()?,
+            };
+            let exact: Option<fn(f64) -> f64> = match op {
+                0 => Some(f64::abs),
+                1 => Some(|v| -v),
+                2 => Some(|v| v.max(0.0)),
+                7 => Some(f64::round_ties_even),
+                _ => None,
+            };
+            if let Some(f) = exact {
+                spot_check_unary(&x, &out, f)?;
+            }
+            vec![out]
+        }
         // Elementwise, binary with broadcasting.
         2 => {
             let other_shape = if rng.chance(50) {
@@ -301,9 +445,17 @@ fn call(rng: &mut Rng, log: &mut impl Write) -> tessel_tensor::Result<()> {
             let axes: Vec<i64> = (0..rng.below(3)).map(|_| rng.axis(rank)).collect();
             let keep = rng.chance(50);
             vec![match rng.below(8) {
-                0 => x.sum(&axes, keep)?,
+                0 => {
+                    let out = x.sum(&axes, keep)?;
+                    spot_check_reduce(&x, &out, &axes, keep, false)?;
+                    out
+                }
                 1 => x.mean(&axes, keep)?,
-                2 => x.max(&axes, keep)?,
+                2 => {
+                    let out = x.max(&axes, keep)?;
+                    spot_check_reduce(&x, &out, &axes, keep, true)?;
+                    out
+                }
                 3 => x.prod(&axes, keep)?,
                 4 => x.argmax(rng.axis(rank), keep)?,
                 5 => x.var(&axes, keep)?,
@@ -324,15 +476,50 @@ fn call(rng: &mut Rng, log: &mut impl Write) -> tessel_tensor::Result<()> {
                 }
                 1 => {
                     let perm: Vec<i64> = (0..rank).map(|_| rng.axis(rank)).collect();
-                    vec![x.permute(&perm)?]
+                    let out = x.permute(&perm)?;
+                    let axes: Vec<usize> =
+                        perm.iter().filter_map(|&p| norm_axis(p, rank)).collect();
+                    if axes.len() == rank {
+                        spot_check_moved(&x, &out, &|c| {
+                            let mut src = vec![0; rank];
+                            for (k, &p) in axes.iter().enumerate() {
+                                src[p] = c[k];
+                            }
+                            src
+                        })?;
+                    }
+                    vec![out]
                 }
-                2 => vec![x.transpose(a, b)?],
+                2 => {
+                    let out = x.transpose(a, b)?;
+                    if let (Some(a), Some(b)) = (norm_axis(a, rank), norm_axis(b, rank))
+                        && rank > 0
+                    {
+                        spot_check_moved(&x, &out, &|c| {
+                            let mut src = c.to_vec();
+                            src.swap(a, b);
+                            src
+                        })?;
+                    }
+                    vec![out]
+                }
                 3 => vec![x.narrow(a, rng.axis(3), rng.axis(3))?],
                 4 => {
                     let sizes: Vec<i64> = (0..rank).map(|_| rng.size() as i64).collect();
                     vec![x.expand(&sizes)?]
                 }
-                5 => vec![x.flip(&[a])?],
+                5 => {
+                    let out = x.flip(&[a])?;
+                    let dims = x.dims();
+                    if let Some(k) = norm_axis(a, rank).filter(|_| rank > 0) {
+                        spot_check_moved(&x, &out, &|c| {
+                            let mut src = c.to_vec();
+                            src[k] = dims[k] - 1 - c[k];
+                            src
+                        })?;
+                    }
+                    vec![out]
+                }
                 6 => {
                     let reps: Vec<usize> = (0..rank).map(|_| rng.size()).collect();
                     vec![x.repeat(&reps)?]

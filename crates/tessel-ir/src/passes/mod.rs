@@ -11,6 +11,8 @@
 //! - [`unroll`]: full unrolling of small constant `Range`s;
 //! - [`guard`]: accesses the verifier cannot prove in bounds made safe (loads outside read
 //!   zeros, stores outside are dropped), run by every backend before it compiles;
+//! - [`merge_buffers`]: several buffer parameters made one, each access shifted by the
+//!   lengths before its own (a kernel's several outputs as one graph value);
 //! - [`vectorize`]: scalar loads and stores of consecutive elements merged into vector
 //!   accesses (run by the dialects that read vectors in one instruction, not by `optimize`);
 //! - [`optimize`]: the standard pipeline of all of them.
@@ -30,6 +32,7 @@ mod dce;
 mod fold;
 mod guard;
 mod licm;
+mod merge;
 mod unroll;
 mod vectorize;
 
@@ -38,6 +41,7 @@ pub use self::dce::dce;
 pub use self::fold::fold;
 pub use self::guard::guard;
 pub use self::licm::licm;
+pub use self::merge::merge_buffers;
 pub use self::unroll::unroll;
 pub(crate) use self::vectorize::multiples;
 pub use self::vectorize::vectorize;

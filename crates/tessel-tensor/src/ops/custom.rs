@@ -17,10 +17,11 @@ use tessel_shape::{DType, Expr, Shape, Var};
 
 use crate::tensor::Tensor;
 
-/// The backward of a custom kernel: given the inputs, the output and the output's gradient,
-/// each input's gradient (`None` for an input that gets none, such as indices).
+/// The backward of a custom kernel: given the inputs, the outputs and the outputs'
+/// gradients (zeros for an output the loss does not reach), each input's gradient (`None`
+/// for an input that gets none, such as indices).
 pub type CustomBackward =
-    dyn Fn(&[Tensor], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
+    dyn Fn(&[Tensor], &[Tensor], &[Tensor]) -> Result<Vec<Option<Tensor>>> + Send + Sync;
 
 /// What a custom node carries for autograd.
 pub(crate) struct Backward(pub(crate) Box<CustomBackward>);
@@ -44,7 +45,7 @@ pub(crate) struct Backward(pub(crate) Box<CustomBackward>);
 /// let v = kb.add(v, v);
 /// kb.store(out, i, v);
 /// let twice = CustomOp::new(kb.build().unwrap())?
-///     .with_backward(|_inputs, _out, g| Ok(vec![Some((g * 2.0)?)]));
+///     .with_backward(|_inputs, _outputs, g| Ok(vec![Some((&g[0] * 2.0)?)]));
 /// let x = Tensor::from([1.0f32, 2.0, 3.0, 4.0]);
 /// let y = twice.apply(&[&x], [4], DType::F32)?;
 /// let g = tessel_tensor::grad(&y.sum_all()?, &[&x])?.remove(0);
@@ -73,12 +74,12 @@ impl CustomOp {
     }
 
     /// The same kernel with `backward` as its vector-Jacobian product: called with the
-    /// inputs, the output and the output's gradient, it returns one gradient per input (of
-    /// the input's shape and dtype) or `None`.
+    /// inputs, the outputs and the outputs' gradients, it returns one gradient per input
+    /// (of the input's shape and dtype) or `None`.
     #[must_use]
     pub fn with_backward(
         self,
-        backward: impl Fn(&[Tensor], &Tensor, &Tensor) -> Result<Vec<Option<Tensor>>>
+        backward: impl Fn(&[Tensor], &[Tensor], &[Tensor]) -> Result<Vec<Option<Tensor>>>
         + Send
         + Sync
         + 'static,
@@ -106,7 +107,19 @@ impl CustomOp {
         shape: impl Into<Shape>,
         dtype: DType,
     ) -> Result<Tensor> {
-        let shape = shape.into();
+        Ok(self.apply_many(inputs, &[(shape.into(), dtype)])?.remove(0))
+    }
+
+    /// The kernel run on `inputs`, giving one output per entry of `outputs` (their buffer
+    /// parameters follow the inputs', in order; see [`CustomOp::apply`] for the rules).
+    /// Several outputs share a dtype and an access: the kernel writes them into one buffer
+    /// (`tessel_ir::passes::merge_buffers`) of which each output is a view, so realizing
+    /// them together runs the kernel once.
+    pub fn apply_many(
+        &self,
+        inputs: &[&Tensor],
+        outputs: &[(Shape, DType)],
+    ) -> Result<Vec<Tensor>> {
         let kernel = self.call.kernel();
         let device = inputs.first().map_or_else(Device::default, |t| t.device());
         for t in inputs {
@@ -135,12 +148,16 @@ impl CustomOp {
             op: "custom",
             reason: format!("kernel `{}`: {reason}", kernel.name),
         };
-        if buffers.len() != inputs.len() + 1 {
+        if outputs.is_empty() {
+            return Err(wrong("a kernel call needs at least one output".into()));
+        }
+        if buffers.len() != inputs.len() + outputs.len() {
             return Err(wrong(format!(
-                "it has {} buffer parameters, but {} inputs and one output need {}",
+                "it has {} buffer parameters, but {} inputs and {} outputs need {}",
                 buffers.len(),
                 inputs.len(),
-                inputs.len() + 1
+                outputs.len(),
+                inputs.len() + outputs.len()
             )));
         }
         let expect = |k: usize, what: &str, want: (DType, Expr), access_ok: bool| {
@@ -166,18 +183,19 @@ impl CustomOp {
             let what = format!("input {k} (shape {})", t.shape());
             expect(k, &what, (t.dtype(), numel), buffers[k].3 == Access::Read)?;
         }
-        let out_access = buffers[inputs.len()].3;
-        expect(
-            inputs.len(),
-            &format!("output (shape {shape})"),
-            (dtype, shape.numel()),
-            matches!(out_access, Access::Write | Access::Accumulate),
-        )?;
-        for var in kernel
-            .dim_vars()
-            .into_iter()
-            .chain(shape.iter().flat_map(|d| d.vars()))
-        {
+        for (k, (shape, dtype)) in outputs.iter().enumerate() {
+            let at = inputs.len() + k;
+            expect(
+                at,
+                &format!("output {k} (shape {shape})"),
+                (*dtype, shape.numel()),
+                matches!(buffers[at].3, Access::Write | Access::Accumulate),
+            )?;
+        }
+        let out_vars = outputs
+            .iter()
+            .flat_map(|(s, _)| s.iter().flat_map(|d| d.vars()));
+        for var in kernel.dim_vars().into_iter().chain(out_vars) {
             if !vars.contains(&var) {
                 return Err(wrong(format!(
                     "`{var}` is not a dynamic dim of any input, so nothing gives it a value \
@@ -185,15 +203,41 @@ impl CustomOp {
                 )));
             }
         }
-        let op = Op::Custom(
-            Arc::clone(&self.call),
-            inputs.iter().map(|t| t.node()).collect(),
-        );
-        Ok(match inputs.split_first() {
-            Some((first, rest)) => first.record_with(rest, op, dtype, shape),
-            None => Tensor::record_on(device, op, dtype, shape),
-        })
+        let nodes: Box<[_]> = inputs.iter().map(|t| t.node()).collect();
+        let record = |call: Arc<CustomKernel>, shape: Shape, dtype: DType| {
+            let op = Op::Custom(call, nodes.clone());
+            match inputs.split_first() {
+                Some((first, rest)) => first.record_with(rest, op, dtype, shape),
+                None => Tensor::record_on(device, op, dtype, shape),
+            }
+        };
+        if let [(shape, dtype)] = outputs {
+            return Ok(vec![record(Arc::clone(&self.call), shape.clone(), *dtype)]);
+        }
+        let merged =
+            tessel_ir::passes::merge_buffers(kernel, inputs.len(), outputs.len(), "outputs")
+                .map_err(|e| wrong(format!("its outputs cannot share one buffer: {e}")))?;
+        let shapes: Vec<Shape> = outputs.iter().map(|(s, _)| s.clone()).collect();
+        let total: Expr = shapes.iter().map(Shape::numel).sum();
+        let call = Arc::new(self.call.with_outputs(merged, shapes.clone()));
+        let all = record(call, Shape::new(vec![total]), outputs[0].1);
+        Ok(split_outputs(&all, &shapes))
     }
+}
+
+/// The outputs a merged custom node holds one after another, as views of it.
+pub(crate) fn split_outputs(all: &Tensor, shapes: &[Shape]) -> Vec<Tensor> {
+    let mut start = Expr::constant(0);
+    shapes
+        .iter()
+        .map(|shape| {
+            let n = shape.numel();
+            let flat =
+                super::movement::shrink(all, vec![(start, Expr::constant(1))], Shape::new(vec![n]));
+            start += n;
+            flat.record(Op::Reshape(flat.node()), flat.dtype(), shape.clone())
+        })
+        .collect()
 }
 
 impl Tensor {

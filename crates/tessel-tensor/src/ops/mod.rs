@@ -20,7 +20,7 @@ mod scatter;
 mod sort;
 
 pub use conv::{Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, Padding};
-pub(crate) use custom::Backward;
+pub(crate) use custom::{Backward, split_outputs};
 pub use custom::{CustomBackward, CustomOp};
 pub use elementwise::Operand;
 pub(crate) use indexing::verify_pending_indices;

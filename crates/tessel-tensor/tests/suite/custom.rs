@@ -121,7 +121,7 @@ fn gradients_flow_through_a_user_backward() -> Result<()> {
     let sq = kb.mul(v, v);
     kb.store(out, i, sq);
     let square = CustomOp::new(kb.build().unwrap())?
-        .with_backward(|xs, _out, g| Ok(vec![Some(((&xs[0] * 2.0)? * g)?)]));
+        .with_backward(|xs, _out, g| Ok(vec![Some(((&xs[0] * 2.0)? * &g[0])?)]));
     if common::on_device([DType::F64]).is_empty() {
         return Ok(());
     }
@@ -260,5 +260,77 @@ fn misuse_is_an_error_naming_the_kernel() -> Result<()> {
         CustomOp::new(kb.finish_unverified()),
         Err(Error::InvalidArgument { op: "custom", .. })
     ));
+    Ok(())
+}
+
+#[test]
+fn a_kernel_with_two_outputs_writes_both() -> Result<()> {
+    // a[i] = x[i] + 1 over 6 elements; b[j] = x[j] * x[j + 3] over 3.
+    let mut kb = KernelBuilder::new("two_outputs");
+    let x = kb.buffer("x", DType::F32, 6, Access::Read);
+    let a = kb.buffer("a", DType::F32, 6, Access::Write);
+    let b = kb.buffer("b", DType::F32, 3, Access::Write);
+    kb.grid([1, 1, 1], [6, 1, 1]);
+    let i = kb.local_id(0, DType::I32);
+    let v = kb.load(x, i);
+    let one = kb.constant(1.0f32);
+    let inc = kb.add(v, one);
+    kb.store(a, i, inc);
+    let three = kb.constant(3i32);
+    let low = kb.lt(i, three);
+    kb.if_(low, |kb| {
+        let j = kb.add(i, three);
+        let w = kb.load(x, j);
+        let p = kb.mul(v, w);
+        kb.store(b, i, p);
+    });
+    // d a / d x = 1; d b_j / d x_j = x_{j+3}, d b_j / d x_{j+3} = x_j.
+    let op = CustomOp::new(kb.build().unwrap())?.with_backward(|xs, _outs, g| {
+        let x = &xs[0];
+        let (lo, hi) = (x.narrow(0, 0, 3)?, x.narrow(0, 3, 3)?);
+        let db = Tensor::cat(&[&(&g[1] * &hi)?, &(&g[1] * &lo)?], 0)?;
+        Ok(vec![Some((&g[0].reshape(&[6])? + &db)?)])
+    });
+    let data = values(9, 6);
+    let xt = common::tensor(DType::F32, &data, &[6]);
+    let outs = op.apply_many(
+        &[&xt],
+        &[([2, 3].into(), DType::F32), ([3].into(), DType::F32)],
+    )?;
+    assert_eq!((outs[0].dims(), outs[1].dims()), (vec![2, 3], vec![3]));
+    let w = values(10, 3);
+    let loss = ((outs[0].sum_all()? * 0.5)?
+        + (&outs[1] * &common::tensor(DType::F32, &w, &[3]))?.sum_all()?)?;
+    let g = common::read(&tessel_tensor::grad(&loss, &[&xt])?.remove(0));
+    Tensor::realize_all(&[&outs[0], &outs[1]])?;
+    let x32: Vec<f32> = data.iter().map(|v| *v as f32).collect();
+    let want_a: Vec<f64> = x32.iter().map(|v| f64::from(v + 1.0)).collect();
+    let want_b: Vec<f64> = (0..3).map(|j| f64::from(x32[j] * x32[j + 3])).collect();
+    assert_eq!(common::read(&outs[0]), want_a);
+    assert_eq!(common::read(&outs[1]), want_b);
+    for k in 0..6 {
+        let want = 0.5
+            + if k < 3 {
+                w[k] * data[k + 3]
+            } else {
+                w[k - 3] * data[k - 3]
+            };
+        assert!(
+            (g[k] - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "d/dx[{k}]: {} vs {want}",
+            g[k]
+        );
+    }
+    // Outputs of different dtypes cannot share a buffer.
+    assert_err(
+        "outputs of two dtypes",
+        op.apply_many(
+            &[&xt],
+            &[([6].into(), DType::F32), ([3].into(), DType::F16)],
+        )
+        .map(|mut v| v.remove(0)),
+        |e| matches!(e, Error::InvalidArgument { op: "custom", .. }),
+        &["two_outputs", "`b`", "f16"],
+    );
     Ok(())
 }
