@@ -35,6 +35,7 @@ pub(crate) fn host(threads: usize) -> DeviceInfo {
             // f16/bf16 are stored as such but computed in f32.
             f16: false,
             f64: true,
+            f64_math: true,
             int64: true,
             subgroup_size: None,
             matrix_units: false,

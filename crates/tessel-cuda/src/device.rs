@@ -230,6 +230,7 @@ fn set_up(index: usize, ordinal: usize, driver_version: i32) -> Result<CudaDevic
             // Kernels compute f16 in float, and every CUDA GPU converts f16 natively.
             f16: true,
             f64: true,
+            f64_math: true,
             int64: true,
             subgroup_size: Some(get(Attr::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?),
             // Tensor cores arrived with Volta (sm_70).

@@ -34,6 +34,9 @@ pub struct Features {
     pub f16: bool,
     /// f64 arithmetic.
     pub f64: bool,
+    /// Transcendental functions (`exp`, `log`, `sin`, ...) on f64, beyond its arithmetic:
+    /// WGSL (SPIR-V's `GLSL.std.450`) defines them for 32-bit floats only.
+    pub f64_math: bool,
     /// 64-bit integers (`i64`, `u64`): values and buffers.
     pub int64: bool,
     /// The subgroup (warp, SIMD) width, if subgroup operations are available.

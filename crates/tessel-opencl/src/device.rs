@@ -335,6 +335,7 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
             // as the reference does) and store it with `vload_half`/`vstore_half`.
             f16: has("cl_khr_fp16"),
             f64,
+            f64_math: f64,
             // 64-bit integers are core OpenCL C.
             int64: true,
             // Subgroup sizes are a per-kernel query, and no kernel uses subgroups yet.

@@ -408,6 +408,7 @@ fn open(c: &Candidate) -> Result<GpuDevice, String> {
             // conversions) as 64-bit integers, so doubles need both features.
             f64: has(wgpu::Features::SHADER_F64) && has(wgpu::Features::SHADER_INT64),
             int64: has(wgpu::Features::SHADER_INT64),
+            f64_math: false,
             subgroup_size,
             matrix_units: false,
             // WGSL lets an implementation flush f32 subnormals (NVIDIA's Vulkan driver

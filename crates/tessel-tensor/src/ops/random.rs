@@ -125,15 +125,7 @@ impl Tensor {
     /// # }
     /// ```
     pub fn randn(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
-        float_dtype("randn", dtype)?;
-        let bits = draw(
-            &Device::default(),
-            &shape.into(),
-            dtype,
-            "randn",
-            &layout(dtype, 2),
-        )?;
-        Ok(normal(&bits, dtype))
+        normal_on(&Device::default(), &shape.into(), dtype, "randn")
     }
 
     /// Uniform values in `[0, 1)` of this tensor's shape and float dtype, on its device
@@ -154,16 +146,7 @@ impl Tensor {
     /// Standard normal values of this tensor's shape and float dtype, on its device
     /// (`torch.randn_like`). See [`Tensor::randn`].
     pub fn randn_like(&self) -> Result<Tensor> {
-        float_dtype("randn_like", self.dtype())?;
-        let words = layout(self.dtype(), 2);
-        let bits = draw(
-            &self.device(),
-            self.shape(),
-            self.dtype(),
-            "randn_like",
-            &words,
-        )?;
-        Ok(normal(&bits, self.dtype()))
+        normal_on(&self.device(), self.shape(), self.dtype(), "randn_like")
     }
 
     /// Each element zeroed with probability `p` and the rest scaled by `1 / (1 - p)`
@@ -219,6 +202,39 @@ impl Tensor {
     }
 }
 
+/// Standard normal values of `shape` and `dtype` on `device`: on the device where it can
+/// take an f64 `log` and `cos` (f32 always can), else computed here from the same bits by
+/// the same formula (f64 on a wgpu adapter: WGSL has no f64 transcendentals).
+fn normal_on(device: &Device, shape: &Shape, dtype: DType, op: &'static str) -> Result<Tensor> {
+    float_dtype(op, dtype)?;
+    let on_device = dtype != DType::F64 || device.info().is_ok_and(|i| i.features.f64_math);
+    if on_device {
+        let bits = draw(device, shape, dtype, op, &layout(dtype, 2))?;
+        return Ok(normal(&bits, dtype));
+    }
+    let numel = count(shape, dtype, op)?;
+    let (seed, stream) = next_draw();
+    let philox = Philox { seed, stream };
+    let bytes = numel * 8;
+    let mut host = Vec::new();
+    host.try_reserve_exact(bytes)
+        .map_err(|_| tessel_runtime::out_of_host_memory(bytes))?;
+    // The device formula: 27 + 26 bits of two words per uniform, words 0..4 of block `i`.
+    let uniform = |i: u64, w: u8| {
+        let (hi, lo) = (
+            philox.at(Words::single(w), i) >> 5,
+            philox.at(Words::single(w + 1), i) >> 6,
+        );
+        f64::from(hi) * 2f64.powi(-27) + f64::from(lo) * 2f64.powi(-53)
+    };
+    for i in 0..numel as u64 {
+        let (u1, u2) = (uniform(i, 0), uniform(i, 2));
+        let z = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        host.extend_from_slice(&z.to_le_bytes());
+    }
+    Ok(Tensor::from_bytes_on(host, dtype, shape.clone(), *device))
+}
+
 /// Checks that random values can be drawn as `dtype`.
 fn float_dtype(op: &'static str, dtype: DType) -> Result<()> {
     if dtype.is_float() {
@@ -242,25 +258,7 @@ fn draw(
     op: &'static str,
     words: &[Words],
 ) -> Result<Vec<Tensor>> {
-    let Some(dims) = shape.as_usizes() else {
-        return Err(Error::InvalidArgument {
-            op,
-            reason: format!("random tensors need a concrete shape, got {shape}"),
-        });
-    };
-    let Some(numel) = dims
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .filter(|&n| n.checked_mul(dtype.size_bytes().max(4)).is_some())
-        .filter(|&n| i64::try_from(n).is_ok())
-    else {
-        return Err(Error::InvalidArgument {
-            op,
-            reason: format!(
-                "shape {shape} holds more elements of {dtype} than the host can address"
-            ),
-        });
-    };
+    let numel = count(shape, dtype, op)?;
     let (seed, stream) = next_draw();
     let philox = Philox { seed, stream };
     if device.supports(DType::U64) {
@@ -294,6 +292,27 @@ fn draw(
             ))
         })
         .collect()
+}
+
+/// The element count of a concrete `shape` whose elements of `dtype` (and 32-bit words) the
+/// host can address.
+fn count(shape: &Shape, dtype: DType, op: &'static str) -> Result<usize> {
+    let Some(dims) = shape.as_usizes() else {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("random tensors need a concrete shape, got {shape}"),
+        });
+    };
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n.checked_mul(dtype.size_bytes().max(4)).is_some())
+        .filter(|&n| i64::try_from(n).is_ok())
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            reason: format!(
+                "shape {shape} holds more elements of {dtype} than the host can address"
+            ),
+        })
 }
 
 /// `bits >> shift` as a float of `dtype`, times `scale`.
