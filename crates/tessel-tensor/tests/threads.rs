@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use tessel_tensor::{DType, Result, Tensor};
+use tessel_tensor::{Result, Tensor};
 
 /// Each thread builds `(x * k + w).relu().sum(-1)` from its own data and a weight shared
 /// by all, realizes it over and over (new data every round, so plans replay and buffers
