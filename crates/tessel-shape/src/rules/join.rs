@@ -122,9 +122,13 @@ fn const_dim(op: &'static str, shape: &Shape, a: usize) -> Result<i64, ShapeErro
     }
 }
 
+/// The most pieces one `split` or `chunk` returns: each is a tensor (a graph node and a
+/// handle, a few hundred bytes), so 2²⁴ of them already hold gigabytes, and making more
+/// would take minutes before any memory ran out.
+const MAX_PIECES: usize = 1 << 24;
+
 /// `split_size`-sized pieces of `len` (the last one smaller), as `torch.split` cuts them;
-/// an error where the list of pieces cannot be held in memory (a dim of 2⁶⁰ in pieces of
-/// one).
+/// an error past [`MAX_PIECES`] (a dim of 2⁶⁰ in pieces of one).
 fn pieces(
     op: &'static str,
     shape: &Shape,
@@ -136,6 +140,9 @@ fn pieces(
     }
     let count = (len / split_size + i64::from(len % split_size != 0)).max(1);
     let last = len - split_size * (count - 1);
+    if count as usize > MAX_PIECES {
+        return Err(too_many(op, shape, count as usize));
+    }
     let mut out = Vec::new();
     out.try_reserve_exact(count as usize).map_err(|_| {
         invalid(
@@ -150,6 +157,17 @@ fn pieces(
     ));
     out.push(Dim::constant(last));
     Ok(out)
+}
+
+fn too_many(op: &'static str, shape: &Shape, count: usize) -> ShapeError {
+    invalid(
+        op,
+        shape,
+        format!(
+            "{count} pieces are more than the {MAX_PIECES} tensors one call returns; take the \
+             pieces you need with `narrow`"
+        ),
+    )
 }
 
 /// `torch.split(tensor, split_size, axis)`: the sizes along `axis` of the pieces.
@@ -234,7 +252,10 @@ pub fn chunk(shape: &Shape, axis: i64, chunks: usize) -> Result<Vec<Dim>, ShapeE
     }
     let n = to_i64(OP, shape, "chunk count", chunks)?;
     if len == 0 {
-        // `chunks` empty pieces, as PyTorch gives; a count past memory is an error.
+        // `chunks` empty pieces, as PyTorch gives; too many is an error.
+        if chunks > MAX_PIECES {
+            return Err(too_many(OP, shape, chunks));
+        }
         let mut out = Vec::new();
         out.try_reserve_exact(chunks).map_err(|_| {
             invalid(

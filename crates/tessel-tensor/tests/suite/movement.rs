@@ -467,6 +467,24 @@ fn split_split_sizes_chunk() -> Result<()> {
         |e| matches!(e, Error::Shape(_)),
         &["chunk", "positive"],
     );
+    // Pieces past 2^24 are an error at once, not minutes of recording tensors (an empty
+    // tensor with a dim of 6·10^18 split in pieces of 2^20 hung the fuzzer).
+    let huge = Tensor::zeros([6_148_914_691_236_517_205usize, 0], DType::F32);
+    for (what, res) in [
+        ("split", huge.split(1 << 20, 0)),
+        (
+            "chunk",
+            Tensor::zeros([0usize], DType::F32).chunk(1 << 40, 0),
+        ),
+    ] {
+        assert_err(
+            what,
+            res.map(|mut v| v.remove(0)),
+            |e| matches!(e, Error::Shape(_)),
+            &[what, "16777216", "narrow"],
+        );
+    }
+    assert_eq!(Tensor::zeros([0usize], DType::F32).chunk(3, 0)?.len(), 3);
     Ok(())
 }
 
