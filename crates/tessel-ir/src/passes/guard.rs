@@ -20,7 +20,7 @@ use crate::builder::KernelBuilder;
 use crate::kernel::{Inst, Kernel, Mem, Param, Value};
 use crate::verify::{Def, unproven_accesses};
 
-/// `kernel` (verified, with `defs` from [`crate::verify`]) with every access the verifier
+/// `kernel` (verified, with `defs` from [`crate::verify()`]) with every access the verifier
 /// cannot prove in bounds guarded, and the number of accesses guarded.
 pub fn guard(kernel: &Kernel, defs: &[Def]) -> (Kernel, usize) {
     let unproven = unproven_accesses(kernel, defs);
