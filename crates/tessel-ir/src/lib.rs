@@ -14,6 +14,7 @@
 //! nothing about any particular device: backends depend on it, never the reverse.
 
 pub mod backend;
+mod bounds;
 pub mod builder;
 pub mod cache;
 pub mod codegen;

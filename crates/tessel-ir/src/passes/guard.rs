@@ -16,9 +16,10 @@
 
 use tessel_shape::{BinaryOp, DType, Expr, Scalar};
 
+use crate::bounds::unproven_accesses;
 use crate::builder::KernelBuilder;
 use crate::kernel::{Inst, Kernel, Mem, Param, Value};
-use crate::verify::{Def, unproven_accesses};
+use crate::verify::Def;
 
 /// `kernel` (verified, with `defs` from [`crate::verify()`]) with every access the verifier
 /// cannot prove in bounds guarded, and the number of accesses guarded.
