@@ -429,26 +429,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
             },
         },
         // Device random numbers: Philox bits computed in the kernel that uses them.
-        Workload {
-            name: "dropout p=0.1 f32 [8,512,768]",
-            unit: "GB/s",
-            amount: 2.0 * 4.0 * (8 * 512 * 768 / scale) as f64,
-            inputs: vec![vec![8 * 512 * 768 / scale]],
-            dtype: DType::F32,
-            init: Init::Unit,
-            f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].dropout(0.1),
-        },
-        Workload {
-            name: "dropout p=0.1 bf16 [8,512,768]",
-            unit: "GB/s",
-            amount: 2.0 * 2.0 * (8 * 512 * 768 / scale) as f64,
-            inputs: vec![vec![8 * 512 * 768 / scale]],
-            dtype: DType::BF16,
-            init: Init::Unit,
-            f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].dropout(0.1),
-        },
+        dropout_workload("dropout p=0.1 f32 [8,512,768]", DType::F32, scale),
+        dropout_workload("dropout p=0.1 bf16 [8,512,768]", DType::BF16, scale),
         Workload {
             name: "randn f32 [16M]",
             unit: "GB/s",
@@ -465,6 +447,21 @@ fn workloads(scale: usize) -> Vec<Workload> {
         block_workload("transformer block fwd f32 [8,512,768]", DType::F32, scale),
         block_workload("transformer block fwd bf16 [8,512,768]", DType::BF16, scale),
     ]
+}
+
+/// `dropout(0.1)` over `8·512·768 / scale` elements of `dtype`: bytes read and written.
+fn dropout_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
+    let n = 8 * 512 * 768 / scale;
+    Workload {
+        name,
+        unit: "GB/s",
+        amount: 2.0 * dtype.size_bytes() as f64 * n as f64,
+        inputs: vec![vec![n]],
+        dtype,
+        init: Init::Unit,
+        f32_matmul: Float32MatmulPrecision::Highest,
+        run: |x| x[0].dropout(0.1),
+    }
 }
 
 /// The GPT-2-small [`block`] on `8 / scale` sequences of 512 tokens, inputs in `dtype`.

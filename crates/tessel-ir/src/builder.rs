@@ -123,6 +123,21 @@ impl KernelBuilder {
         };
     }
 
+    /// Appends `inst` like [`KernelBuilder::push`], opening and closing the builder's
+    /// scopes at `Range`/`If` and their ends, for passes that replay a kernel's
+    /// instructions (so expressions lowered inside a block are not reused after it).
+    pub(crate) fn push_scoped(&mut self, inst: Inst) -> Value {
+        match inst {
+            Inst::Range { start, end } => self.begin_range(start, end),
+            Inst::If(cond) => self.begin_if(cond),
+            Inst::EndRange(_) | Inst::EndIf(_) => {
+                self.close_scope();
+                self.push(inst)
+            }
+            other => self.push(other),
+        }
+    }
+
     /// Appends an instruction and returns its value.
     pub fn push(&mut self, inst: Inst) -> Value {
         self.kernel.insts.push(inst);

@@ -37,19 +37,7 @@ pub fn guard(kernel: &Kernel, defs: &[Def]) -> (Kernel, usize) {
             next.next();
             guarded(&mut kb, kernel, defs, &renamed, i)
         } else {
-            match renamed {
-                Inst::Range { start, end } => kb.begin_range(start, end),
-                Inst::EndRange(var) => {
-                    kb.end_range(var);
-                    Value(u32::MAX)
-                }
-                Inst::If(cond) => kb.begin_if(cond),
-                Inst::EndIf(open) => {
-                    kb.end_if(open);
-                    Value(u32::MAX)
-                }
-                other => kb.push(other),
-            }
+            kb.push_scoped(renamed)
         };
         map.push(new);
     }

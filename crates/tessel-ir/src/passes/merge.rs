@@ -73,16 +73,6 @@ pub fn merge_buffers(
     for (i, inst) in kernel.insts.iter().enumerate() {
         let renamed = inst.map_operands(|v| map[v.index()]);
         let new = match renamed {
-            Inst::Range { start, end } => kb.begin_range(start, end),
-            Inst::EndRange(var) => {
-                kb.end_range(var);
-                Value(u32::MAX)
-            }
-            Inst::If(cond) => kb.begin_if(cond),
-            Inst::EndIf(open) => {
-                kb.end_if(open);
-                Value(u32::MAX)
-            }
             Inst::DimParam(p) => kb.push(Inst::DimParam(moved[p].0)),
             Inst::Load {
                 mem: Mem::Global(p),
@@ -114,7 +104,7 @@ pub fn merge_buffers(
                     value,
                 })
             }
-            other => kb.push(other),
+            other => kb.push_scoped(other),
         };
         map.push(new);
     }
