@@ -6,8 +6,8 @@
 
 use tessel_cuda::CudaBackend;
 use tessel_ir::{Attention, AttentionMask, Backend, VendorOp};
-use tessel_shape::{Bindings, DType, Dim, Scalar, Var};
-use tessel_testkit::{Rng, decode, encode};
+use tessel_shape::{Bindings, DType, Dim, Var};
+use tessel_testkit::{attention_op, check_attention};
 
 /// The devices that run the kernel, or none after a skip line.
 fn devices(cuda: &CudaBackend, test: &str) -> Vec<usize> {
@@ -23,38 +23,9 @@ fn devices(cuda: &CudaBackend, test: &str) -> Vec<usize> {
     found
 }
 
-/// An attention over `batch` pairs of `l` queries and `s` keys of `e` elements, each
-/// operand batched unless its flag in `shared` says one matrix serves every pair.
-fn attention(
-    dtype: DType,
-    [batch, l, s, e]: [i64; 4],
-    causal: bool,
-    shared: [bool; 2],
-) -> Attention {
-    let stride = |one: bool, rows: i64| Dim::from(if one { 0 } else { rows * e });
-    Attention {
-        dtype,
-        batch: batch.into(),
-        l: l.into(),
-        s: s.into(),
-        e: e.into(),
-        ev: e.into(),
-        q_batch_stride: (l * e).into(),
-        k_batch_stride: stride(shared[0], s),
-        v_batch_stride: stride(shared[1], s),
-        kv_group: 1.into(),
-        scale: Scalar::F32(1.0 / (e as f32).sqrt()),
-        causal,
-        mask: None,
-    }
-}
-
-/// Runs `op`'s fused program on `device` with `dims` on seeded random operands in
-/// `[-2, 2)` and checks every output element against the `f64` reference (from the
-/// operands as rounded to the dtype): within `2e-5` in `f32`; in half precision the
-/// probabilities are rounded before the second product and the output once, so within
-/// `2⁻⁸` (bf16) or `2⁻¹¹` (f16) relative to the largest value, twice. The output starts
-/// as NaN, so an element left unwritten fails. `false` when the device has no program.
+/// Runs `op`'s fused program on `device` with `dims` against the `f64` reference
+/// ([`check_attention`], `f32` within `2e-5` of the largest value); `false` when the device
+/// has no program.
 fn check(cuda: &CudaBackend, device: usize, op: &Attention, dims: &Bindings) -> bool {
     let programs = cuda
         .vendor(device, &VendorOp::Attention(op.clone()))
@@ -63,71 +34,7 @@ fn check(cuda: &CudaBackend, device: usize, op: &Attention, dims: &Bindings) -> 
         return false;
     };
     assert_eq!(programs.len(), 1);
-    let sizes = op.sizes(dims).unwrap();
-    let counts = sizes.min_elements();
-    let mut rng = Rng(0xa77e ^ (sizes.l * 1009 + sizes.s * 31 + sizes.e) as u64);
-    let mut values = |n: usize| -> Vec<f64> {
-        let raw: Vec<f64> = (0..n).map(|_| 2.0 * rng.unit()).collect();
-        decode(op.dtype, &encode(op.dtype, &raw))
-    };
-    let (q, k, v) = (values(counts[0]), values(counts[1]), values(counts[2]));
-    // Mask values in [-2, 2), every seventh the mask dtype's lowest (a hidden key).
-    let mask_dtype = op.mask.as_ref().map(|m| m.dtype);
-    let mask: Vec<f64> = match mask_dtype {
-        Some(dtype) => {
-            let raw: Vec<f64> = (0..sizes.mask_elements())
-                .map(|i| {
-                    let x = 2.0 * rng.unit();
-                    if i % 7 == 3 {
-                        dtype.min_value().to_f64()
-                    } else {
-                        x
-                    }
-                })
-                .collect();
-            decode(dtype, &encode(dtype, &raw))
-        }
-        None => Vec::new(),
-    };
-    let size = op.dtype.size_bytes();
-    let mut data: Vec<(DType, &[f64])> = vec![(op.dtype, &q), (op.dtype, &k), (op.dtype, &v)];
-    if let Some(dtype) = mask_dtype {
-        data.push((dtype, &mask));
-    }
-    let mut ids: Vec<_> = data
-        .iter()
-        .map(|(dtype, values)| {
-            let id = cuda
-                .alloc(device, values.len().max(1) * dtype.size_bytes())
-                .unwrap();
-            cuda.write(id, 0, &encode(*dtype, values)).unwrap();
-            id
-        })
-        .collect();
-    let out = cuda.alloc(device, counts[3].max(1) * size).unwrap();
-    cuda.write(out, 0, &encode(op.dtype, &vec![f64::NAN; counts[3]]))
-        .unwrap();
-    ids.push(out);
-    cuda.launch(program.program, &ids, dims).unwrap();
-    let mut bytes = vec![0u8; counts[3] * size];
-    cuda.read(out, 0, &mut bytes).unwrap();
-    let got = decode(op.dtype, &bytes);
-    let want = op.reference(&sizes, [&q, &k, &v, &mask]);
-    let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
-    let allowed = match op.dtype {
-        DType::BF16 => 2.0 * 2f64.powi(-8) * largest,
-        DType::F16 => 2.0 * 2f64.powi(-11) * largest,
-        _ => 2e-5 * largest,
-    };
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(
-            (g - w).abs() <= allowed,
-            "{op} with {sizes:?}: element {i} is {g}, want {w} (tolerance {allowed})"
-        );
-    }
-    for id in ids {
-        cuda.free(id).unwrap();
-    }
+    check_attention(cuda, device, program.program, op, dims, 2e-5);
     cuda.release(program.program).unwrap();
     true
 }
@@ -147,7 +54,7 @@ fn fused_attention_matches_the_reference() {
         for dtype in [DType::BF16, DType::F16, DType::F32] {
             for (sizes, shared) in shapes {
                 for causal in [false, true] {
-                    let op = attention(dtype, sizes, causal, shared);
+                    let op = attention_op(dtype, sizes, causal, shared);
                     assert!(check(&cuda, device, &op, &Bindings::new()), "{op}");
                 }
             }
@@ -156,13 +63,13 @@ fn fused_attention_matches_the_reference() {
         assert!(check(
             &cuda,
             device,
-            &attention(DType::BF16, [2, 77, 77, 128], true, [false; 2]),
+            &attention_op(DType::BF16, [2, 77, 77, 128], true, [false; 2]),
             &Bindings::new()
         ));
         assert!(!check(
             &cuda,
             device,
-            &attention(DType::F32, [2, 77, 77, 128], true, [false; 2]),
+            &attention_op(DType::F32, [2, 77, 77, 128], true, [false; 2]),
             &Bindings::new()
         ));
     }
@@ -175,7 +82,7 @@ fn grouped_query_heads_share_keys_and_values() {
     let test = "grouped_query_heads_share_keys_and_values";
     for device in devices(&cuda, test) {
         for (dtype, group) in [(DType::BF16, 2), (DType::F32, 3)] {
-            let mut op = attention(dtype, [6, 40, 70, 32], true, [false; 2]);
+            let mut op = attention_op(dtype, [6, 40, 70, 32], true, [false; 2]);
             op.kv_group = group.into();
             assert!(check(&cuda, device, &op, &Bindings::new()), "{op}");
         }
@@ -200,7 +107,7 @@ fn additive_masks_are_read_with_their_strides() {
         ] {
             for strides in layouts {
                 for causal in [false, true] {
-                    let mut op = attention(dtype, [2 * heads, l, s, 32], causal, [false; 2]);
+                    let mut op = attention_op(dtype, [2 * heads, l, s, 32], causal, [false; 2]);
                     op.mask = Some(AttentionMask {
                         dtype: mask_dtype,
                         heads: heads.into(),
@@ -221,7 +128,7 @@ fn one_fused_program_serves_every_length() {
     let t = Var::new("t", 1, 4096).unwrap();
     for device in devices(&cuda, test) {
         for dtype in [DType::BF16, DType::F32] {
-            let mut op = attention(dtype, [3, 1, 1, 64], true, [false; 2]);
+            let mut op = attention_op(dtype, [3, 1, 1, 64], true, [false; 2]);
             op.l = t.into();
             op.s = t.into();
             op.q_batch_stride = Dim::from(t) * Dim::constant(64);

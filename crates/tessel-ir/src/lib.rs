@@ -8,11 +8,13 @@
 //!   launch-argument checks every backend shares.
 //! - [`handles`]: [`Handles`], the table of live buffers or programs every backend keeps,
 //!   with the device and byte-range checks they share.
+//! - [`attention`]: the portable fused attention kernel.
 //! - [`cache`]: the key hash and temporary-file names of the on-disk kernel caches.
 //!
 //! **Architecture Invariant:** `tessel-ir` knows nothing about graphs or tensors, and
 //! nothing about any particular device: backends depend on it, never the reverse.
 
+pub mod attention;
 pub mod backend;
 mod bounds;
 pub mod builder;

@@ -49,6 +49,7 @@ use tessel_graph::{
     kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with,
     materialized_for, signature, views_to_split,
 };
+use tessel_ir::attention::attention_kernel;
 use tessel_ir::cache::Fnv128;
 use tessel_ir::{Backend, BackendError, Kernel, ProgramId, ProgramOrigin, VendorOp};
 use tessel_shape::{DType, Dim};
@@ -240,6 +241,9 @@ pub(crate) struct Candidate {
     cooperative: bool,
     /// A kernel whose launch shapes are searched: which kernel, and which shape this is.
     pub(crate) tuning: Option<TuneTag>,
+    /// A portable kernel standing in for the routine of candidate `k`: compiled for a
+    /// device only where its backend offers no program for that routine.
+    stands_in_for: Option<usize>,
 }
 
 impl Candidate {
@@ -298,8 +302,8 @@ impl Partitions {
             h.field(c.work.text().as_bytes());
             h.field(
                 format!(
-                    "{:?} {:?} {} {} {}",
-                    c.args, c.writes, c.default, c.for_routine, c.cooperative
+                    "{:?} {:?} {} {} {} {:?}",
+                    c.args, c.writes, c.default, c.for_routine, c.cooperative, c.stands_in_for
                 )
                 .as_bytes(),
             );
@@ -463,9 +467,40 @@ pub(crate) fn partition(
                     for_routine: true,
                     cooperative: false,
                     tuning: None,
+                    stands_in_for: None,
                 };
-                if !parts.candidates.iter().any(|c| c.same_as(&candidate)) {
-                    parts.candidates.push(candidate);
+                if parts.candidates.iter().any(|c| c.same_as(&candidate)) {
+                    continue;
+                }
+                let portable = match &m.op {
+                    VendorOp::Attention(op) => {
+                        let lens: Vec<Dim> = m
+                            .operands
+                            .iter()
+                            .chain([&w])
+                            .map(|&n| graph.node(n).shape.numel())
+                            .collect();
+                        attention_kernel(op, &lens)
+                            .inspect_err(|why| {
+                                tracing::trace!(target: "tessel::plan", "no portable kernel for {op}: {why}");
+                            })
+                            .ok()
+                    }
+                    VendorOp::Matmul(_) => None,
+                };
+                let (args, writes) = (candidate.args.clone(), candidate.writes.clone());
+                parts.candidates.push(candidate);
+                if let Some(kernel) = portable {
+                    parts.candidates.push(Candidate {
+                        work: Work::Kernel(kernel),
+                        args,
+                        writes,
+                        default: false,
+                        for_routine: true,
+                        cooperative: false,
+                        tuning: None,
+                        stands_in_for: Some(parts.candidates.len() - 1),
+                    });
                 }
             }
         }
@@ -598,6 +633,7 @@ fn add_schedule(
             for_routine: origin == Origin::Routine,
             cooperative: origin == Origin::Cooperative,
             tuning: None,
+            stands_in_for: None,
         };
         if parts.candidates.iter().any(|c| c.same_as(&candidate)) {
             continue;
@@ -618,6 +654,7 @@ fn add_schedule(
                 default: false,
                 for_routine: candidate.for_routine,
                 cooperative: candidate.cooperative,
+                stands_in_for: None,
                 tuning: Some(TuneTag {
                     kernel,
                     group,
@@ -726,6 +763,8 @@ pub(crate) fn compile(
         let (device, backend) = out.devices[d].clone();
         // Routines are asked for first: without one, the alternative partition is pointless.
         let mut any_vendor = false;
+        // Routines the backend offers programs for (their portable stand-ins are skipped).
+        let mut offered: FxHashSet<usize> = FxHashSet::default();
         let mut built = Vec::new();
         let wanted = |i: usize| only.is_none_or(|o| o.binary_search(&(i, d)).is_ok());
         for (i, c) in out.candidates.iter().enumerate() {
@@ -737,7 +776,10 @@ pub(crate) fn compile(
             }
             match backend.vendor(device.ordinal, op) {
                 Ok(programs) => {
-                    any_vendor |= !programs.is_empty();
+                    if !programs.is_empty() {
+                        any_vendor = true;
+                        offered.insert(i);
+                    }
                     built.extend(programs.into_iter().map(|p| (i, p.program, p.variant)));
                 }
                 Err(e) => {
@@ -745,6 +787,12 @@ pub(crate) fn compile(
                 }
             }
         }
+        let stand_in = |c: &Candidate| c.stands_in_for.is_some_and(|r| !offered.contains(&r));
+        any_vendor |= out
+            .candidates
+            .iter()
+            .enumerate()
+            .any(|(i, c)| wanted(i) && stand_in(c));
         let mut deferred: Vec<(usize, &Kernel)> = Vec::new();
         let wanted: Vec<(usize, &Kernel)> = out
             .candidates
@@ -753,6 +801,7 @@ pub(crate) fn compile(
             .filter_map(|(i, c)| match &c.work {
                 Work::Kernel(kernel)
                     if wanted(i)
+                        && (c.stands_in_for.is_none() || only.is_some() || stand_in(c))
                         && (only.is_some() || c.default || !c.for_routine || any_vendor)
                         && (!c.cooperative || cooperative_workgroups(device)) =>
                 {

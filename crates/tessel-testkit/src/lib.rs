@@ -64,6 +64,7 @@
 //! denies, or the backend's [`Tolerance::may_refuse`] allows it. Any other error, and any
 //! wrong result, fails the test.
 
+mod attention;
 mod checks;
 mod data;
 mod flush;
@@ -75,6 +76,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tessel_ir::{Backend, BackendError, DeviceInfo, Kernel, interp};
 use tessel_shape::{Bindings, DType};
 
+pub use attention::{attention_op, check_attention};
 pub use data::{Rng, add_in_rust, agrees, decode, encode, f32_bytes, f32_values, random_elements};
 pub use flush::{agrees_flushed, flush_subnormals, flushable};
 pub use ops::Op;
@@ -186,6 +188,7 @@ macro_rules! conformance_tests {
             too_small_buffers_are_rejected,
             unproven_accesses_are_guarded,
             memory_and_transfers_are_checked,
+            fused_attention_matches_the_reference,
         );
     };
     ($run:expr; $($check:ident),+ $(,)?) => {

@@ -1,0 +1,311 @@
+//! The portable fused attention kernel: an [`Attention`] written in the kernel IR, so every
+//! backend (and the interpreter) runs `softmax(scale·q kᵀ [+ mask] [causal]) v` without
+//! storing the `[l, s]` scores.
+//!
+//! A backend with a faster kernel of its own offers it through
+//! [`Backend::vendor`](crate::Backend::vendor); the planner compiles this one for devices
+//! that offer none, and measures it against the unfused composition like any candidate.
+//!
+//! One invocation owns one query row; a workgroup owns [`ROWS`] consecutive rows of one
+//! (batch, head) pair and walks the keys in tiles that its invocations copy into local
+//! memory together (as `f32`, so half-precision operands are converted once per tile).
+//! Each row keeps its query and its output accumulators in registers and the softmax
+//! online: per tile, the scores go to registers, the running max grows by the tile's max,
+//! the sum and accumulators are rescaled once, then each key's weight adds its value row.
+//! All arithmetic is `f32`. A causal workgroup stops at the last key its last row sees.
+//!
+//! Semantics match the composition: a key hidden from a query (causal, or a `-inf` mask)
+//! weighs 0; a row whose every key is hidden is `0 / 0 = NaN`, as `softmax` of a row of
+//! `-inf` is.
+
+use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
+
+use crate::builder::{Buf, KernelBuilder};
+use crate::kernel::{Access, Kernel, Mem, Param, Value};
+use crate::vendor::Attention;
+
+/// Query rows per workgroup (one per invocation).
+pub const ROWS: usize = 32;
+
+/// Largest `e + ev` the kernel keeps in registers; longer heads use the composition.
+const MAX_HEAD: usize = 512;
+
+/// Local memory per workgroup the key and value tiles may fill: 16 KiB, the least every
+/// backend offers (WebGPU's default limit).
+const TILE_BYTES: usize = 16 << 10;
+
+/// The kernel computing `op`, its buffer parameters `[q, k, v, mask (when the op has
+/// one), out]` declared with the element counts `lens` (those of the buffers the launch
+/// binds, in the same order). `Err` says why there is none: head dims that are not
+/// constants or are longer than the registers hold, operands that are not floats.
+pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> {
+    let (Some(e), Some(ev)) = (op.e.as_const(), op.ev.as_const()) else {
+        return Err(format!(
+            "head dims {} and {} are not constants",
+            op.e, op.ev
+        ));
+    };
+    if e < 1 || ev < 1 || (e + ev) as usize > MAX_HEAD {
+        return Err(format!("head dims {e} + {ev} outside 2..={MAX_HEAD}"));
+    }
+    if !op.dtype.is_float() || op.mask.as_ref().is_some_and(|m| !m.dtype.is_float()) {
+        return Err(format!("{op}: operands and mask must be floats"));
+    }
+    let want = 4 + usize::from(op.mask.is_some());
+    if lens.len() != want {
+        return Err(format!(
+            "{want} buffer lengths needed, {} given",
+            lens.len()
+        ));
+    }
+    let (e, ev) = (e as usize, ev as usize);
+    let keys = (TILE_BYTES / 4 / (e + ev)).clamp(1, 32);
+    let keys = 1 << keys.ilog2();
+    let idx = if lens.iter().all(|n| n.bounds().hi < i64::from(i32::MAX)) {
+        DType::I32
+    } else {
+        DType::I64
+    };
+    let f32 = DType::F32;
+
+    let mut kb = KernelBuilder::new("attention");
+    let q = kb.buffer("q", op.dtype, lens[0], Access::Read);
+    let k = kb.buffer("k", op.dtype, lens[1], Access::Read);
+    let v = kb.buffer("v", op.dtype, lens[2], Access::Read);
+    let mask = op
+        .mask
+        .as_ref()
+        .map(|m| (kb.buffer("mask", m.dtype, lens[3], Access::Read), m));
+    let out = kb.buffer("out", op.dtype, lens[lens.len() - 1], Access::Write);
+    kb.grid(
+        [op.l.ceil_div(ROWS as i64), op.batch, Dim::constant(1)],
+        [ROWS, 1, 1],
+    );
+
+    let c = |kb: &mut KernelBuilder, x: usize| kb.constant_as(x as i64, idx);
+    let neg_inf = kb.constant(Scalar::F32(f32::NEG_INFINITY));
+    let zero = kb.constant(Scalar::F32(0.0));
+    let scale = kb.constant(Scalar::F32(op.scale.to_f64() as f32));
+    let group = kb.group_id(0, idx);
+    let rows = c(&mut kb, ROWS);
+    let row0 = kb.mul(group, rows);
+    let lid = kb.local_id(0, idx);
+    let i = kb.add(row0, lid);
+    let pair = kb.group_id(1, idx);
+    let kv_group = kb.expr(op.kv_group, idx);
+    let kv_pair = kb.div(pair, kv_group);
+    let (l, s) = (kb.expr(op.l, idx), kb.expr(op.s, idx));
+    let row_valid = kb.lt(i, l);
+
+    // The row's query (zeros past `l`: such rows only help copy tiles).
+    let q_row = kb.reg(f32, e);
+    let q_stride = kb.expr(op.q_batch_stride, idx);
+    let q_base = kb.mul(pair, q_stride);
+    let (e_v, ev_v) = (c(&mut kb, e), c(&mut kb, ev));
+    let q_base = kb.ternary(TernaryOp::MulAdd, i, e_v, q_base);
+    let (zero_i, e_end) = (c(&mut kb, 0), c(&mut kb, e));
+    kb.range(zero_i, e_end, |kb, d| {
+        kb.store(q_row, d, zero);
+        kb.if_(row_valid, |kb| {
+            let at = kb.add(q_base, d);
+            let x = load_f32(kb, q, at);
+            kb.store(q_row, d, x);
+        });
+    });
+    // Running max, sum, and the output accumulators.
+    let stats = kb.reg(f32, 2);
+    let (first, second) = (c(&mut kb, 0), c(&mut kb, 1));
+    kb.store(stats, first, neg_inf);
+    kb.store(stats, second, zero);
+    let acc = kb.reg(f32, ev);
+    let ev_end = c(&mut kb, ev);
+    kb.range(zero_i, ev_end, |kb, x| kb.store(acc, x, zero));
+
+    let k_tile = kb.local(f32, keys * e);
+    let v_tile = kb.local(f32, keys * ev);
+    let key_end = if op.causal {
+        let last = kb.add(row0, rows);
+        kb.binary(BinaryOp::Min, last, s)
+    } else {
+        s
+    };
+    let keys_v = c(&mut kb, keys);
+    let one = c(&mut kb, 1);
+    let tiles = kb.add(key_end, keys_v);
+    let tiles = kb.sub(tiles, one);
+    let tiles = kb.div(tiles, keys_v);
+    let (k_stride, v_stride) = (
+        kb.expr(op.k_batch_stride, idx),
+        kb.expr(op.v_batch_stride, idx),
+    );
+    let k_base = kb.mul(kv_pair, k_stride);
+    let v_base = kb.mul(kv_pair, v_stride);
+    let mask_at = mask.map(|(buf, m)| {
+        let heads = kb.expr(m.heads, idx);
+        let [so, sh, si, sj] = m.strides.map(|st| kb.expr(st, idx));
+        let outer = kb.div(pair, heads);
+        let head = kb.rem(pair, heads);
+        let base = kb.mul(outer, so);
+        let base = kb.ternary(TernaryOp::MulAdd, head, sh, base);
+        let base = kb.ternary(TernaryOp::MulAdd, i, si, base);
+        (buf, base, sj)
+    });
+
+    kb.range(zero_i, tiles, |kb, t| {
+        let j0 = kb.mul(t, keys_v);
+        copy_tile(kb, k_tile, k, (k_base, j0, s), (keys, e), idx);
+        copy_tile(kb, v_tile, v, (v_base, j0, s), (keys, ev), idx);
+        kb.barrier();
+
+        // Scores of this tile, and their max.
+        let scores = kb.reg(f32, keys);
+        let tile_max = kb.reg(f32, 1);
+        kb.store(tile_max, first, neg_inf);
+        let keys_end = c(kb, keys);
+        kb.range(zero_i, keys_end, |kb, jj| {
+            let dot = kb.reg(f32, 1);
+            kb.store(dot, first, zero);
+            let row = kb.mul(jj, e_v);
+            kb.range(zero_i, e_end, |kb, d| {
+                let (x, at) = (kb.load(q_row, d), kb.add(row, d));
+                let y = kb.load(k_tile, at);
+                let sum = kb.load(dot, first);
+                let sum = kb.ternary(TernaryOp::MulAdd, x, y, sum);
+                kb.store(dot, first, sum);
+            });
+            let dot = kb.load(dot, first);
+            let score = kb.mul(dot, scale);
+            let j = kb.add(j0, jj);
+            let mut visible = kb.lt(j, s);
+            let score = match mask_at {
+                Some((buf, base, sj)) => {
+                    let added = kb.reg(f32, 1);
+                    kb.store(added, first, zero);
+                    let readable = kb.binary(BinaryOp::And, visible, row_valid);
+                    kb.if_(readable, |kb| {
+                        let at = kb.ternary(TernaryOp::MulAdd, j, sj, base);
+                        let m = load_f32(kb, buf, at);
+                        kb.store(added, first, m);
+                    });
+                    let added = kb.load(added, first);
+                    kb.add(score, added)
+                }
+                None => score,
+            };
+            if op.causal {
+                let seen = kb.binary(BinaryOp::Le, j, i);
+                visible = kb.binary(BinaryOp::And, visible, seen);
+            }
+            let score = kb.select(visible, score, neg_inf);
+            kb.store(scores, jj, score);
+            let m = kb.load(tile_max, first);
+            let m = kb.binary(BinaryOp::Max, m, score);
+            kb.store(tile_max, first, m);
+        });
+
+        // The online softmax step: rescale by the grown max, then add the tile's weights.
+        let old = kb.load(stats, first);
+        let grown = kb.load(tile_max, first);
+        let new = kb.binary(BinaryOp::Max, old, grown);
+        // While every key so far is hidden the max is `-inf`: weights are then 0, not NaN.
+        let none_seen = kb.binary(BinaryOp::Eq, new, neg_inf);
+        let shift = kb.select(none_seen, zero, new);
+        let lost = kb.sub(old, shift);
+        let rescale = kb.unary(UnaryOp::Exp, lost);
+        kb.store(stats, first, new);
+        let sum = kb.load(stats, second);
+        let sum = kb.mul(sum, rescale);
+        kb.store(stats, second, sum);
+        kb.range(zero_i, ev_end, |kb, x| {
+            let a = kb.load(acc, x);
+            let a = kb.mul(a, rescale);
+            kb.store(acc, x, a);
+        });
+        kb.range(zero_i, keys_end, |kb, jj| {
+            let score = kb.load(scores, jj);
+            let lifted = kb.sub(score, shift);
+            let weight = kb.unary(UnaryOp::Exp, lifted);
+            let sum = kb.load(stats, second);
+            let sum = kb.add(sum, weight);
+            kb.store(stats, second, sum);
+            let row = kb.mul(jj, ev_v);
+            kb.range(zero_i, ev_end, |kb, x| {
+                let at = kb.add(row, x);
+                let value = kb.load(v_tile, at);
+                let a = kb.load(acc, x);
+                let a = kb.ternary(TernaryOp::MulAdd, weight, value, a);
+                kb.store(acc, x, a);
+            });
+        });
+        kb.barrier();
+    });
+
+    kb.if_(row_valid, |kb| {
+        let sum = kb.load(stats, second);
+        let l_ev = kb.mul(l, ev_v);
+        let base = kb.mul(pair, l_ev);
+        let base = kb.ternary(TernaryOp::MulAdd, i, ev_v, base);
+        kb.range(zero_i, ev_end, |kb, x| {
+            let a = kb.load(acc, x);
+            let y = kb.div(a, sum);
+            let y = if op.dtype == DType::F32 {
+                y
+            } else {
+                kb.cast(y, op.dtype)
+            };
+            let at = kb.add(base, x);
+            kb.store(out, at, y);
+        });
+    });
+    kb.build().map_err(|e| e.to_string())
+}
+
+/// Loads element `at` of `buf` as `f32`.
+fn load_f32(kb: &mut KernelBuilder, buf: Buf, at: Value) -> Value {
+    let x = kb.load(buf, at);
+    let (Param::Buffer { dtype, .. } | Param::Dim { dtype, .. }) = kb.kernel().params[buf.0];
+    if dtype == DType::F32 {
+        x
+    } else {
+        kb.cast(x, DType::F32)
+    }
+}
+
+/// Copies rows `j0..j0 + rows` of `width` elements, starting at element `base` of `src`,
+/// into `tile` as `f32`, the workgroup's invocations sharing the elements; rows at or past
+/// `len` read as zeros.
+fn copy_tile(
+    kb: &mut KernelBuilder,
+    tile: Mem,
+    src: Buf,
+    (base, j0, len): (Value, Value, Value),
+    (rows, width): (usize, usize),
+    idx: DType,
+) {
+    let total = rows * width;
+    let zero_i = kb.constant_as(0, idx);
+    let steps = kb.constant_as(total.div_ceil(ROWS) as i64, idx);
+    let (lid, stride) = (kb.local_id(0, idx), kb.constant_as(ROWS as i64, idx));
+    let (width_v, total_v) = (
+        kb.constant_as(width as i64, idx),
+        kb.constant_as(total as i64, idx),
+    );
+    let zero = kb.constant(Scalar::F32(0.0));
+    kb.range(zero_i, steps, |kb, step| {
+        let at = kb.ternary(TernaryOp::MulAdd, step, stride, lid);
+        let inside = kb.lt(at, total_v);
+        kb.if_(inside, |kb| {
+            kb.store(tile, at, zero);
+            let row = kb.div(at, width_v);
+            let col = kb.rem(at, width_v);
+            let j = kb.add(j0, row);
+            let present = kb.lt(j, len);
+            kb.if_(present, |kb| {
+                let from = kb.ternary(TernaryOp::MulAdd, j, width_v, base);
+                let from = kb.add(from, col);
+                let x = load_f32(kb, src, from);
+                kb.store(tile, at, x);
+            });
+        });
+    });
+}

@@ -1,0 +1,210 @@
+//! Fused attention against [`Attention::reference`] in `f64`: [`check_attention`] for any
+//! program that runs an [`Attention`] (a backend's own kernel or the portable one), and the
+//! conformance check of the portable kernel ([`tessel_ir::attention`]).
+
+use tessel_ir::attention::attention_kernel;
+use tessel_ir::{Attention, AttentionMask, Backend, ProgramId};
+use tessel_shape::{Bindings, DType, Dim, Scalar, Var};
+
+use crate::{Conformance, Rng, decode, encode};
+
+/// An attention over `batch` pairs of `l` queries and `s` keys of `e` elements, each of
+/// `k` and `v` batched unless its flag in `shared` says one matrix serves every pair.
+pub fn attention_op(
+    dtype: DType,
+    [batch, l, s, e]: [i64; 4],
+    causal: bool,
+    shared: [bool; 2],
+) -> Attention {
+    let stride = |one: bool, rows: i64| Dim::from(if one { 0 } else { rows * e });
+    Attention {
+        dtype,
+        batch: batch.into(),
+        l: l.into(),
+        s: s.into(),
+        e: e.into(),
+        ev: e.into(),
+        q_batch_stride: (l * e).into(),
+        k_batch_stride: stride(shared[0], s),
+        v_batch_stride: stride(shared[1], s),
+        kv_group: 1.into(),
+        scale: Scalar::F32(1.0 / (e as f32).sqrt()),
+        causal,
+        mask: None,
+    }
+}
+
+/// Runs `program` (which computes `op`, buffers `[q, k, v, mask?, out]`) on `device` with
+/// `dims` on seeded random operands in `[-2, 2)` (every seventh mask value the mask dtype's
+/// lowest: a hidden key) and checks every output element against the `f64` reference from
+/// the operands as rounded to the dtype: within `f32_tolerance` relative to the largest
+/// value in `f32`; in half precision the probabilities may be rounded before the second
+/// product and the output once, so within `2⁻⁸` (bf16) or `2⁻¹¹` (f16) relative to the
+/// largest value, twice. The output starts as NaN, so an element left unwritten fails.
+pub fn check_attention(
+    backend: &dyn Backend,
+    device: usize,
+    program: ProgramId,
+    op: &Attention,
+    dims: &Bindings,
+    f32_tolerance: f64,
+) {
+    let name = backend.name();
+    let sizes = op.sizes(dims).unwrap();
+    let counts = sizes.min_elements();
+    let mut rng = Rng(0xa77e ^ (sizes.l * 1009 + sizes.s * 31 + sizes.e) as u64);
+    let mut values = |n: usize| -> Vec<f64> {
+        let raw: Vec<f64> = (0..n).map(|_| 2.0 * rng.unit()).collect();
+        decode(op.dtype, &encode(op.dtype, &raw))
+    };
+    let (q, k, v) = (values(counts[0]), values(counts[1]), values(counts[2]));
+    let mask_dtype = op.mask.as_ref().map(|m| m.dtype);
+    let mask: Vec<f64> = match mask_dtype {
+        Some(dtype) => {
+            let raw: Vec<f64> = (0..sizes.mask_elements())
+                .map(|i| {
+                    let x = 2.0 * rng.unit();
+                    if i % 7 == 3 {
+                        dtype.min_value().to_f64()
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            decode(dtype, &encode(dtype, &raw))
+        }
+        None => Vec::new(),
+    };
+    let size = op.dtype.size_bytes();
+    let mut data: Vec<(DType, &[f64])> = vec![(op.dtype, &q), (op.dtype, &k), (op.dtype, &v)];
+    if let Some(dtype) = mask_dtype {
+        data.push((dtype, &mask));
+    }
+    let mut ids: Vec<_> = data
+        .iter()
+        .map(|(dtype, values)| {
+            let id = backend
+                .alloc(device, values.len().max(1) * dtype.size_bytes())
+                .unwrap();
+            backend.write(id, 0, &encode(*dtype, values)).unwrap();
+            id
+        })
+        .collect();
+    let out = backend.alloc(device, counts[3].max(1) * size).unwrap();
+    backend
+        .write(out, 0, &encode(op.dtype, &vec![f64::NAN; counts[3]]))
+        .unwrap();
+    ids.push(out);
+    backend
+        .launch(program, &ids, dims)
+        .unwrap_or_else(|e| panic!("{name}: {op}: {e}"));
+    let mut bytes = vec![0u8; counts[3] * size];
+    backend.read(out, 0, &mut bytes).unwrap();
+    let got = decode(op.dtype, &bytes);
+    let want = op.reference(&sizes, [&q, &k, &v, &mask]);
+    let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+    let allowed = match op.dtype {
+        DType::BF16 => 2.0 * 2f64.powi(-8) * largest,
+        DType::F16 => 2.0 * 2f64.powi(-11) * largest,
+        _ => f32_tolerance * largest,
+    };
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= allowed,
+            "{name}: {op} with {sizes:?}: element {i} is {g}, want {w} (tolerance {allowed})"
+        );
+    }
+    for id in ids {
+        backend.free(id).unwrap();
+    }
+}
+
+impl Conformance<'_> {
+    /// The portable fused attention kernel ([`attention_kernel`]) against the `f64`
+    /// reference: odd lengths (no multiple of a tile), more queries than keys and the
+    /// reverse, causal or not, `k`/`v` shared by every pair, grouped-query heads, additive
+    /// masks broadcast over heads and queries (BERT's padding mask) or full, a dynamic
+    /// length served by one program, in `f32`, `bf16` and `f16` (refusals of a half dtype
+    /// the device lacks are skips). `f32` within `1e-4` of the largest value (the
+    /// transcendentals' tolerance).
+    pub fn fused_attention_matches_the_reference(&self) {
+        // Compiled once, checked at each of `runs`' bindings.
+        let run_at = |op: &Attention, runs: &[Bindings]| {
+            let kernel = attention_kernel(op, &portable_lens(op, &runs[0]))
+                .unwrap_or_else(|e| panic!("{op}: {e}"));
+            let dtypes: Vec<DType> = [op.dtype]
+                .into_iter()
+                .chain(op.mask.as_ref().map(|m| m.dtype))
+                .collect();
+            let program = match self.backend().compile(self.device(), &kernel) {
+                Ok(p) => p,
+                Err(e) => return self.refused(&op.to_string(), None, &dtypes, &e),
+            };
+            for dims in runs {
+                check_attention(self.backend(), self.device(), program, op, dims, 1e-4);
+            }
+            self.ok(self.backend().release(program), "release");
+        };
+        let run = |op: &Attention, dims: &Bindings| run_at(op, std::slice::from_ref(dims));
+        let none = Bindings::new();
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for (sizes, shared, causal) in [
+                ([3, 37, 53, 16], [false, false], true),
+                ([2, 70, 45, 16], [false, true], false),
+                ([1, 1, 33, 8], [true, true], false),
+            ] {
+                run(&attention_op(dtype, sizes, causal, shared), &none);
+            }
+        }
+        // Grouped-query heads: pairs 3g..3g + 2 read keys and values g.
+        let mut op = attention_op(DType::F32, [6, 21, 40, 8], true, [false; 2]);
+        op.kv_group = 3.into();
+        run(&op, &none);
+        // Masks: [batch, 1, 1, s] broadcast over heads and queries, and a full one.
+        let (heads, l, s) = (3i64, 19i64, 27i64);
+        for (strides, dtype) in [([s, 0, 0, 1], DType::F32), ([0, l * s, s, 1], DType::BF16)] {
+            let mut op = attention_op(DType::F32, [2 * heads, l, s, 8], false, [false; 2]);
+            op.mask = Some(AttentionMask {
+                dtype,
+                heads: heads.into(),
+                strides: strides.map(Dim::from),
+            });
+            run(&op, &none);
+        }
+        // One program, a dynamic length.
+        let t = Var::new("t", 1, 4096).unwrap();
+        let mut op = attention_op(DType::F32, [2, 1, 1, 16], true, [false; 2]);
+        op.l = t.into();
+        op.s = t.into();
+        op.q_batch_stride = Dim::from(t) * Dim::constant(16);
+        op.k_batch_stride = op.q_batch_stride;
+        op.v_batch_stride = op.q_batch_stride;
+        let runs: Vec<Bindings> = [1, 40, 100].map(|n| [(t, n)].into_iter().collect()).into();
+        run_at(&op, &runs);
+    }
+}
+
+/// The element counts `[q, k, v, mask?, out]` of `op`'s buffers, symbolic where `op` is
+/// (contiguous operands; the mask's count as evaluated at `dims`).
+fn portable_lens(op: &Attention, dims: &Bindings) -> Vec<Dim> {
+    let matrices = |stride: Dim, rows: Dim, width: Dim, count: Dim| {
+        if stride == Dim::constant(0) {
+            rows * width
+        } else {
+            count * stride
+        }
+    };
+    let pairs = op.batch;
+    let kv = pairs / op.kv_group;
+    let mut lens = vec![
+        matrices(op.q_batch_stride, op.l, op.e, pairs),
+        matrices(op.k_batch_stride, op.s, op.e, kv),
+        matrices(op.v_batch_stride, op.s, op.ev, kv),
+    ];
+    if op.mask.is_some() {
+        let count = op.sizes(dims).unwrap().mask_elements().max(1);
+        lens.push(count.into());
+    }
+    lens.push(pairs * op.l * op.ev);
+    lens
+}
