@@ -153,8 +153,8 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
 
     kb.range(zero_i, tiles, |kb, t| {
         let j0 = kb.mul(t, keys_v);
-        copy_tile(kb, k_tile, k, (k_base, j0, s), (keys, e), idx);
-        copy_tile(kb, v_tile, v, (v_base, j0, s), (keys, ev), idx);
+        copy_tile(kb, k_tile, k, (k_base, j0, s), (keys, e), true, idx);
+        copy_tile(kb, v_tile, v, (v_base, j0, s), (keys, ev), false, idx);
         kb.barrier();
 
         // Scores of this tile, and their max.
@@ -162,18 +162,22 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
         let tile_max = kb.reg(f32, 1);
         kb.store(tile_max, first, neg_inf);
         let keys_end = c(kb, keys);
-        kb.range(zero_i, keys_end, |kb, jj| {
-            let dot = kb.reg(f32, 1);
-            kb.store(dot, first, zero);
-            let row = kb.mul(jj, e_v);
-            kb.range(zero_i, e_end, |kb, d| {
-                let (x, at) = (kb.load(q_row, d), kb.add(row, d));
+        // Dot products with the keys' elements outermost: the inner loop runs over keys
+        // (contiguous in the transposed tile, independent sums a CPU compiler vectorizes).
+        kb.range(zero_i, keys_end, |kb, jj| kb.store(scores, jj, zero));
+        kb.range(zero_i, e_end, |kb, d| {
+            let x = kb.load(q_row, d);
+            let row = kb.mul(d, keys_end);
+            kb.range(zero_i, keys_end, |kb, jj| {
+                let at = kb.add(row, jj);
                 let y = kb.load(k_tile, at);
-                let sum = kb.load(dot, first);
+                let sum = kb.load(scores, jj);
                 let sum = kb.ternary(TernaryOp::MulAdd, x, y, sum);
-                kb.store(dot, first, sum);
+                kb.store(scores, jj, sum);
             });
-            let dot = kb.load(dot, first);
+        });
+        kb.range(zero_i, keys_end, |kb, jj| {
+            let dot = kb.load(scores, jj);
             let score = kb.mul(dot, scale);
             let j = kb.add(j0, jj);
             let mut visible = kb.lt(j, s);
@@ -273,13 +277,14 @@ fn load_f32(kb: &mut KernelBuilder, buf: Buf, at: Value) -> Value {
 
 /// Copies rows `j0..j0 + rows` of `width` elements, starting at element `base` of `src`,
 /// into `tile` as `f32`, the workgroup's invocations sharing the elements; rows at or past
-/// `len` read as zeros.
+/// `len` read as zeros; `transposed`: element `(row, col)` goes to `col·rows + row`.
 fn copy_tile(
     kb: &mut KernelBuilder,
     tile: Mem,
     src: Buf,
     (base, j0, len): (Value, Value, Value),
     (rows, width): (usize, usize),
+    transposed: bool,
     idx: DType,
 ) {
     let total = rows * width;
@@ -295,16 +300,22 @@ fn copy_tile(
         let at = kb.ternary(TernaryOp::MulAdd, step, stride, lid);
         let inside = kb.lt(at, total_v);
         kb.if_(inside, |kb| {
-            kb.store(tile, at, zero);
             let row = kb.div(at, width_v);
             let col = kb.rem(at, width_v);
+            let to = if transposed {
+                let rows = kb.constant_as(rows as i64, idx);
+                kb.ternary(TernaryOp::MulAdd, col, rows, row)
+            } else {
+                at
+            };
+            kb.store(tile, to, zero);
             let j = kb.add(j0, row);
             let present = kb.lt(j, len);
             kb.if_(present, |kb| {
                 let from = kb.ternary(TernaryOp::MulAdd, j, width_v, base);
                 let from = kb.add(from, col);
                 let x = load_f32(kb, src, from);
-                kb.store(tile, at, x);
+                kb.store(tile, to, x);
             });
         });
     });
