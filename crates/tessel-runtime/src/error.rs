@@ -81,6 +81,15 @@ pub enum Error {
         /// Why, and how to enable it.
         reason: String,
     },
+    /// A collective across processes failed: a rank exited or stopped answering within the
+    /// timeout, or the ranks called different collectives or passed different sizes.
+    #[error("{op}: {reason}")]
+    Collective {
+        /// The collective (`all_reduce`, `broadcast`, ...).
+        op: &'static str,
+        /// What happened, naming the rank and the collective's sequence number.
+        reason: String,
+    },
     /// The backend failed (out of memory, compile error, launch failure).
     #[error(transparent)]
     Backend(#[from] BackendError),
