@@ -107,7 +107,7 @@ impl DistributedDataParallel {
             let dtype = members[0].dtype();
             let mut bytes = flatten(&members)?;
             self.group.collective().broadcast(dtype, &mut bytes, 0)?;
-            for (p, value) in members.iter().zip(unflatten(bytes, &members)?) {
+            for (p, value) in members.iter().zip(unflatten(&bytes, &members)?) {
                 p.assign(&value)?;
             }
         }
@@ -166,7 +166,7 @@ impl DistributedDataParallel {
         )?;
         let mut out: Vec<Option<Tensor>> = vec![None; grads.len()];
         for (k, bytes) in reduced.into_iter().enumerate() {
-            for (&i, value) in self.buckets[k].iter().zip(unflatten(bytes, &members(k))?) {
+            for (&i, value) in self.buckets[k].iter().zip(unflatten(&bytes, &members(k))?) {
                 out[i] = Some(value);
             }
         }
@@ -216,13 +216,13 @@ fn buckets(sizes: &[(DType, usize)], cap: usize) -> Vec<Vec<usize>> {
     let mut open: Vec<(DType, Vec<usize>, usize)> = Vec::new();
     for i in (0..sizes.len()).rev() {
         let (dtype, bytes) = sizes[i];
-        let slot = match open.iter().position(|(d, _, _)| *d == dtype) {
-            Some(s) => s,
-            None => {
+        let slot = open
+            .iter()
+            .position(|(d, _, _)| *d == dtype)
+            .unwrap_or_else(|| {
                 open.push((dtype, Vec::new(), 0));
                 open.len() - 1
-            }
-        };
+            });
         let (_, members, filled) = &mut open[slot];
         if !members.is_empty() && *filled + bytes > cap {
             out.push(std::mem::take(members));
@@ -291,7 +291,7 @@ fn flatten(tensors: &[&Tensor]) -> Result<Vec<u8>> {
 }
 
 /// `bytes` cut into tensors like `like` (shapes, dtypes, devices), in order.
-fn unflatten(bytes: Vec<u8>, like: &[&Tensor]) -> Result<Vec<Tensor>> {
+fn unflatten(bytes: &[u8], like: &[&Tensor]) -> Result<Vec<Tensor>> {
     let mut out = Vec::with_capacity(like.len());
     let mut at = 0;
     for t in like {

@@ -235,7 +235,7 @@ impl ProcessGroup {
     pub fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor> {
         let world = self.world_size();
         let rows = tensor.dims().first().copied().unwrap_or(0);
-        if tensor.ndim() == 0 || rows % world != 0 {
+        if tensor.ndim() == 0 || !rows.is_multiple_of(world) {
             return Err(Error::InvalidArgument {
                 op: "reduce_scatter",
                 reason: format!(

@@ -57,20 +57,8 @@ pub(crate) fn check_dtype(op: &'static str, dtype: DType, reduce: Option<ReduceO
 pub(crate) fn reduce(dtype: DType, op: ReduceOp, parts: &[&[u8]]) -> Vec<u8> {
     let ranks = parts.len();
     match dtype {
-        DType::F32 => fold::<f32, 4>(
-            parts,
-            |b| f32::from_le_bytes(b),
-            |x| x.to_le_bytes(),
-            op,
-            ranks,
-        ),
-        DType::F64 => fold::<f64, 8>(
-            parts,
-            |b| f64::from_le_bytes(b),
-            |x| x.to_le_bytes(),
-            op,
-            ranks,
-        ),
+        DType::F32 => fold::<f32, 4>(parts, f32::from_le_bytes, f32::to_le_bytes, op, ranks),
+        DType::F64 => fold::<f64, 8>(parts, f64::from_le_bytes, f64::to_le_bytes, op, ranks),
         DType::BF16 => fold::<f32, 2>(
             parts,
             |b| bf16::from_le_bytes(b).to_f32(),

@@ -240,7 +240,7 @@ impl TcpCollective {
             stream
                 .write_all(&hello.encode())
                 .map_err(|e| fail(format!("greeting rank 0: {e}")))?;
-            let welcome = read_header(&mut stream, 0).map_err(|e| fail(e.to_string()))?;
+            let welcome = read_header(&mut stream, 0).map_err(fail)?;
             if welcome.kind != Kind::Welcome {
                 return Err(fail(format!(
                     "rank 0 answered {:?} instead of a welcome",

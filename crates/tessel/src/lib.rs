@@ -44,6 +44,9 @@ pub use tessel_tensor::{
     use_deterministic_algorithms,
 };
 
+/// Data-parallel training across processes: process groups, collectives,
+/// `DistributedDataParallel`.
+pub use tessel_distributed as distributed;
 /// GPT-2, BERT, Llama and ResNet from Hugging Face and torchvision files; generation.
 pub use tessel_models as models;
 /// Layers, losses, optimizers and weight files.
