@@ -6,7 +6,9 @@
 //! ```text
 //! scores = q @ kᵀ                       (a product reading k transposed)
 //! x      = scores * scale               (a constant; absent means 1)
-//! x      = where(causal, -inf, x)       (optional; `causal` is `j > i` over the axes)
+//! x      = x + mask                     (optional; a float mask, read in place)
+//! x      = where(hidden, -inf, x)       (optional; `hidden` is `j > i` over the axes
+//!                                        (causal) or a bool mask read in place)
 //! e      = exp(x - max(x, -1))          (the max detached: a bitcast)
 //! p      = e / sum(e, -1)
 //! out    = p @ v
@@ -173,17 +175,23 @@ fn softmax_rows(graph: &Graph, probs: NodeId, dtype: DType) -> Option<SoftmaxRow
     if !is_reduce(graph, max, ReduceOp::Max, x, last) {
         return None;
     }
-    // The causal mask, then an additive one, then the scale.
-    let (unmasked, causal) = match graph.node(x).op {
+    // The causal mask or a boolean one, then an additive one, then the scale.
+    let shape = graph.node(x).shape.dims();
+    let (unmasked, causal, hidden) = match graph.node(x).op {
         Op::Ternary(TernaryOp::Where, hidden, fill, kept)
-            if is_const(graph, fill, f64::NEG_INFINITY)
-                && hides_later_keys(graph, hidden, last) =>
+            if is_const(graph, fill, f64::NEG_INFINITY) =>
         {
-            (kept, true)
+            if hides_later_keys(graph, hidden, last) {
+                (kept, true, None)
+            } else {
+                (kept, false, Some(hidden_keys(graph, hidden, shape)?))
+            }
         }
-        _ => (x, false),
+        _ => (x, false, None),
     };
     let (scaled, mask) = match graph.node(unmasked).op {
+        Op::Binary(BinaryOp::Add, ..) if hidden.is_some() => return None,
+        _ if hidden.is_some() => (unmasked, hidden),
         Op::Binary(BinaryOp::Add, a, b) => {
             let shape = graph.node(unmasked).shape.dims();
             match (
@@ -226,11 +234,24 @@ fn scaled_scores(graph: &Graph, scaled: NodeId, dtype: DType) -> Option<(NodeId,
     Some((scores, scale))
 }
 
+/// A boolean mask `hidden` (true hides a key, as `masked_fill(hidden, -inf)` reads it) of
+/// the scores' shape, as a buffer read in place: the bool value below one broadcast and
+/// reshapes (SDPA's `logical_not` of a mask that marks the keys taking part is that value,
+/// materialized).
+fn hidden_keys(graph: &Graph, hidden: NodeId, shape: &[Dim]) -> Option<(NodeId, AttentionMask)> {
+    let pre = expanded(graph, hidden);
+    let mut base = pre;
+    while let Op::Reshape(inner) = graph.node(base).op {
+        base = inner;
+    }
+    (graph.node(base).dtype == DType::Bool).then_some(())?;
+    read_in_place(graph, base, graph.node(pre).shape.dims(), shape)
+}
+
 /// The additive mask `m` (of the scores' shape `[..batch, l, s]`) as a buffer read in
 /// place: `m` is a float value below widening casts, reshapes and one broadcast. Casts and
 /// reshapes keep row-major order, so the strides of the contiguous buffer below them are
-/// those of the shape just below the broadcast, 0 along broadcast axes. At most two batch
-/// axes after merging those whose strides chain.
+/// those of the shape just below the broadcast, 0 along broadcast axes.
 fn mask_operand(graph: &Graph, m: NodeId, shape: &[Dim]) -> Option<(NodeId, AttentionMask)> {
     let widening = |node: NodeId| match graph.node(node).op {
         Op::Cast(inner)
@@ -263,12 +284,24 @@ fn mask_operand(graph: &Graph, m: NodeId, shape: &[Dim]) -> Option<(NodeId, Atte
         };
     }
     let dtype = graph.node(base).dtype;
-    let dims = graph.node(pre).shape.dims();
-    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
-        || graph.node(m).dtype != DType::F32
-        || dims.len() != shape.len()
-        || dims.len() < 2
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || graph.node(m).dtype != DType::F32
     {
+        return None;
+    }
+    read_in_place(graph, base, graph.node(pre).shape.dims(), shape)
+}
+
+/// The mask `base` (contiguous, of `dims` in row-major order) broadcast to the scores'
+/// `shape`: its strides, 0 along broadcast axes, with at most two batch axes after merging
+/// those whose strides chain.
+fn read_in_place(
+    graph: &Graph,
+    base: NodeId,
+    dims: &[Dim],
+    shape: &[Dim],
+) -> Option<(NodeId, AttentionMask)> {
+    let dtype = graph.node(base).dtype;
+    if dims.len() != shape.len() || dims.len() < 2 {
         return None;
     }
     // Row-major strides of `pre`, 0 where it is broadcast (or of size 1).

@@ -14,8 +14,8 @@
 //! the sum and accumulators are rescaled once, then each key's weight adds its value row.
 //! All arithmetic is `f32`. A causal workgroup stops at the last key its last row sees.
 //!
-//! Semantics match the composition: a key hidden from a query (causal, or a `-inf` mask)
-//! weighs 0; a row whose every key is hidden is `0 / 0 = NaN`, as `softmax` of a row of
+//! Semantics match the composition: a key hidden from a query (causal, a `-inf` in a float
+//! mask, `true` in a bool mask) weighs 0; a row whose every key is hidden is `0 / 0 = NaN`, as `softmax` of a row of
 //! `-inf` is.
 
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
@@ -48,8 +48,15 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
     if e < 1 || ev < 1 || (e + ev) as usize > MAX_HEAD {
         return Err(format!("head dims {e} + {ev} outside 2..={MAX_HEAD}"));
     }
-    if !op.dtype.is_float() || op.mask.as_ref().is_some_and(|m| !m.dtype.is_float()) {
-        return Err(format!("{op}: operands and mask must be floats"));
+    // Everything is computed in f32: f64 operands keep the exact composition.
+    let kernel_dtype = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+    if !kernel_dtype(op.dtype) {
+        return Err(format!("{op}: operands must be f16, bf16 or f32"));
+    }
+    if let Some(m) = &op.mask
+        && !(m.dtype == DType::Bool || kernel_dtype(m.dtype))
+    {
+        return Err(format!("{op}: the mask must be bool, f16, bf16 or f32"));
     }
     let want = 4 + usize::from(op.mask.is_some());
     if lens.len() != want {
@@ -59,6 +66,7 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
         ));
     }
     let (e, ev) = (e as usize, ev as usize);
+    let mask_dtype = op.mask.as_ref().map(|m| m.dtype);
     let keys = (TILE_BYTES / 4 / (e + ev)).clamp(1, 32);
     let keys = 1 << keys.ilog2();
     let idx = if lens.iter().all(|n| n.bounds().hi < i64::from(i32::MAX)) {
@@ -188,7 +196,12 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
                     let readable = kb.binary(BinaryOp::And, visible, row_valid);
                     kb.if_(readable, |kb| {
                         let at = kb.ternary(TernaryOp::MulAdd, j, sj, base);
-                        let m = load_f32(kb, buf, at);
+                        let m = if mask_dtype == Some(DType::Bool) {
+                            let hides = kb.load(buf, at);
+                            kb.select(hides, neg_inf, zero)
+                        } else {
+                            load_f32(kb, buf, at)
+                        };
                         kb.store(added, first, m);
                     });
                     let added = kb.load(added, first);

@@ -299,12 +299,14 @@ pub struct Attention {
     pub mask: Option<AttentionMask>,
 }
 
-/// An additive attention mask, read in place with strides (0 broadcasts): pair `b` is
+/// An attention mask, read in place with strides (0 broadcasts): pair `b` is
 /// `(outer, head) = (b / heads, b % heads)`, and its value for query `i` and key `j` is
-/// `mask[outer·strides[0] + head·strides[1] + i·strides[2] + j·strides[3]]`.
+/// `mask[outer·strides[0] + head·strides[1] + i·strides[2] + j·strides[3]]`. A float mask
+/// is added to the scaled score; a `bool` mask hides the key where it is true (adds
+/// `-inf`), as `masked_fill(mask, -inf)` does.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionMask {
-    /// Element type of the mask (a float).
+    /// Element type of the mask (a float, or `bool`).
     pub dtype: DType,
     /// Consecutive pairs under one outer index.
     pub heads: Dim,
@@ -430,7 +432,11 @@ impl Attention {
                 for (j, score) in scores.iter_mut().enumerate() {
                     let kj = &k[g * ks + j * s.e..][..s.e];
                     let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
-                    let added = s.mask_offset(b, i, j).map_or(0.0, |o| mask[o]);
+                    let added = s.mask_offset(b, i, j).map_or(0.0, |o| match &self.mask {
+                        Some(m) if m.dtype == DType::Bool && mask[o] != 0.0 => f64::NEG_INFINITY,
+                        Some(m) if m.dtype == DType::Bool => 0.0,
+                        _ => mask[o],
+                    });
                     *score = if self.causal && j > i {
                         f64::NEG_INFINITY
                     } else {

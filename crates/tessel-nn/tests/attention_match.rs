@@ -1,7 +1,7 @@
 //! Which attentions the graph layer finds (`tessel_graph::find_attention` on graphs that
 //! `scaled_dot_product_attention` and hand-written code record): causal or not, in `f32`
 //! and between the casts of `bf16`, with the recorded scale, grouped-query heads read
-//! unrepeated, additive masks read in place; boolean masks are left to the composition.
+//! unrepeated, additive and boolean masks read in place.
 
 use tessel_graph::{find_attention, find_matmuls};
 use tessel_ir::{Attention, VendorOp};
@@ -129,22 +129,50 @@ fn additive_masks_are_read_in_place_with_broadcast_strides() -> Result<()> {
 }
 
 #[test]
-fn other_masks_and_other_normalizations_are_left_to_the_composition() -> Result<()> {
+fn boolean_masks_are_read_in_place() -> Result<()> {
+    let d = |v: i64| Dim::constant(v);
     let [q, k, v] = qkv(DType::F32)?;
-    // A boolean mask.
+    // SDPA's convention (true takes part): the hidden keys are its `logical_not`, a small
+    // value of the mask's own shape, read with broadcast strides.
     let keep = Tensor::randn([5, 7], DType::F32)?.gt(0.0)?;
     let masked = scaled_dot_product_attention(&q, &k, &v, Some(&keep), false, None, false)?;
-    assert_eq!(attentions_writing(&masked), []);
-    // A lower-triangular hide (`j < i`) is not the causal mask.
+    let found = attentions_writing(&masked);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let m = found[0].mask.as_ref().expect("a mask");
+    assert_eq!(
+        (m.dtype, m.strides, m.heads),
+        (DType::Bool, [0, 0, 7, 1].map(d), d(1))
+    );
+    assert!(!found[0].causal);
+    // `masked_fill(hidden, -inf)` by hand, with a lower-triangular hide (`j < i`, not the
+    // causal mask): a bool mask of the scores' whole shape.
     let scores = q.matmul(&k.transpose(-2, -1)?)?;
     let hidden = scores.ones_like().cast(DType::Bool).tril(-1)?;
     let reversed = scores
         .masked_fill(&hidden, f64::NEG_INFINITY)?
         .softmax(-1)?
         .matmul(&v)?;
-    assert_eq!(attentions_writing(&reversed), []);
+    let found = attentions_writing(&reversed);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let m = found[0].mask.as_ref().expect("a mask");
+    assert_eq!(
+        (m.dtype, m.strides[2], m.strides[3]),
+        (DType::Bool, d(7), d(1))
+    );
+    assert!(!found[0].causal);
+    Ok(())
+}
+
+#[test]
+fn other_normalizations_are_left_to_the_composition() -> Result<()> {
+    let [q, k, v] = qkv(DType::F32)?;
+    let scores = q.matmul(&k.transpose(-2, -1)?)?;
     // Softmax along another axis is no attention.
     let columns = scores.softmax(-2)?.matmul(&v.narrow(-2, 0, 7)?)?;
     assert_eq!(attentions_writing(&columns), []);
+    // Nor is a fill other than -inf.
+    let hidden = scores.ones_like().cast(DType::Bool).tril(-1)?;
+    let filled = scores.masked_fill(&hidden, -1e4)?.softmax(-1)?.matmul(&v)?;
+    assert_eq!(attentions_writing(&filled), []);
     Ok(())
 }

@@ -35,8 +35,8 @@ pub fn attention_op(
 }
 
 /// Runs `program` (which computes `op`, buffers `[q, k, v, mask?, out]`) on `device` with
-/// `dims` on seeded random operands in `[-2, 2)` (every seventh mask value the mask dtype's
-/// lowest: a hidden key) and checks every output element against the `f64` reference from
+/// `dims` on seeded random operands in `[-2, 2)` (every seventh float mask value the mask
+/// dtype's lowest, about a quarter of a bool mask true: hidden keys) and checks every output element against the `f64` reference from
 /// the operands as rounded to the dtype: within `f32_tolerance` relative to the largest
 /// value in `f32`; in half precision the probabilities may be rounded before the second
 /// product and the output once, so within `2⁻⁸` (bf16) or `2⁻¹¹` (f16) relative to the
@@ -64,7 +64,10 @@ pub fn check_attention(
             let raw: Vec<f64> = (0..sizes.mask_elements())
                 .map(|i| {
                     let x = 2.0 * rng.unit();
-                    if i % 7 == 3 {
+                    if dtype == DType::Bool {
+                        // About a quarter of the keys hidden.
+                        f64::from(u8::from(x > 1.0))
+                    } else if i % 7 == 3 {
                         dtype.min_value().to_f64()
                     } else {
                         x
@@ -123,7 +126,7 @@ impl Conformance<'_> {
     /// The portable fused attention kernel ([`attention_kernel`]) against the `f64`
     /// reference: odd lengths (no multiple of a tile), more queries than keys and the
     /// reverse, causal or not, `k`/`v` shared by every pair, grouped-query heads, additive
-    /// masks broadcast over heads and queries (BERT's padding mask) or full, a dynamic
+    /// and boolean masks broadcast over heads and queries (BERT's padding mask) or full, a dynamic
     /// length served by one program, in `f32`, `bf16` and `f16` (refusals of a half dtype
     /// the device lacks are skips). `f32` within `1e-4` of the largest value (the
     /// transcendentals' tolerance).
@@ -162,7 +165,12 @@ impl Conformance<'_> {
         run(&op, &none);
         // Masks: [batch, 1, 1, s] broadcast over heads and queries, and a full one.
         let (heads, l, s) = (3i64, 19i64, 27i64);
-        for (strides, dtype) in [([s, 0, 0, 1], DType::F32), ([0, l * s, s, 1], DType::BF16)] {
+        for (strides, dtype) in [
+            ([s, 0, 0, 1], DType::F32),
+            ([0, l * s, s, 1], DType::BF16),
+            ([s, 0, 0, 1], DType::Bool),
+            ([0, 0, s, 1], DType::Bool),
+        ] {
             let mut op = attention_op(DType::F32, [2 * heads, l, s, 8], false, [false; 2]);
             op.mask = Some(AttentionMask {
                 dtype,
