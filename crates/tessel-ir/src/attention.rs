@@ -22,7 +22,7 @@ use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
 
 use crate::builder::{Buf, KernelBuilder};
 use crate::kernel::{Access, Kernel, Mem, Param, Value};
-use crate::vendor::Attention;
+use crate::vendor::{Attention, AttentionMask};
 
 /// Query rows per workgroup (one per invocation).
 pub const ROWS: usize = 32;
@@ -34,57 +34,178 @@ const MAX_HEAD: usize = 512;
 /// backend offers (WebGPU's default limit).
 const TILE_BYTES: usize = 16 << 10;
 
+/// What both kernels start from: the checks, the builder with the buffer parameters
+/// declared, and the index dtype.
+struct Setup<'a> {
+    kb: KernelBuilder,
+    q: Buf,
+    k: Buf,
+    v: Buf,
+    mask: Option<(Buf, &'a AttentionMask)>,
+    out: Buf,
+    idx: DType,
+    e: usize,
+    ev: usize,
+}
+
+impl<'a> Setup<'a> {
+    fn new(op: &'a Attention, lens: &[Dim], name: &str) -> Result<Setup<'a>, String> {
+        let (Some(e), Some(ev)) = (op.e.as_const(), op.ev.as_const()) else {
+            return Err(format!(
+                "head dims {} and {} are not constants",
+                op.e, op.ev
+            ));
+        };
+        if e < 1 || ev < 1 || (e + ev) as usize > MAX_HEAD {
+            return Err(format!("head dims {e} + {ev} outside 2..={MAX_HEAD}"));
+        }
+        // Everything is computed in f32: f64 operands keep the exact composition.
+        let kernel_dtype = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+        if !kernel_dtype(op.dtype) {
+            return Err(format!("{op}: operands must be f16, bf16 or f32"));
+        }
+        if let Some(m) = &op.mask
+            && !(m.dtype == DType::Bool || kernel_dtype(m.dtype))
+        {
+            return Err(format!("{op}: the mask must be bool, f16, bf16 or f32"));
+        }
+        let want = 4 + usize::from(op.mask.is_some());
+        if lens.len() != want {
+            return Err(format!(
+                "{want} buffer lengths needed, {} given",
+                lens.len()
+            ));
+        }
+        let idx = if lens.iter().all(|n| n.bounds().hi < i64::from(i32::MAX)) {
+            DType::I32
+        } else {
+            DType::I64
+        };
+        let mut kb = KernelBuilder::new(name);
+        let q = kb.buffer("q", op.dtype, lens[0], Access::Read);
+        let k = kb.buffer("k", op.dtype, lens[1], Access::Read);
+        let v = kb.buffer("v", op.dtype, lens[2], Access::Read);
+        let mask = op
+            .mask
+            .as_ref()
+            .map(|m| (kb.buffer("mask", m.dtype, lens[3], Access::Read), m));
+        let out = kb.buffer("out", op.dtype, lens[lens.len() - 1], Access::Write);
+        Ok(Setup {
+            kb,
+            q,
+            k,
+            v,
+            mask,
+            out,
+            idx,
+            e: e as usize,
+            ev: ev as usize,
+        })
+    }
+}
+
+/// The scaled score of query `i` against key `j` from their dot product `dot`, with the
+/// mask added (read where `readable`) and `-inf` where the key is hidden: past `s`,
+/// causally, or by the mask.
+struct Scorer {
+    scale: Value,
+    neg_inf: Value,
+    zero: Value,
+    s: Value,
+    causal: bool,
+    /// The mask's buffer and dtype, its offset for the invocation's query, and its key stride.
+    mask: Option<(Buf, DType, Value, Value)>,
+}
+
+impl Scorer {
+    fn new(
+        kb: &mut KernelBuilder,
+        op: &Attention,
+        setup_mask: Option<(Buf, &AttentionMask)>,
+        pair: Value,
+        i: Value,
+        idx: DType,
+    ) -> Scorer {
+        let mask = setup_mask.map(|(buf, m)| {
+            let heads = kb.expr(m.heads, idx);
+            let [so, sh, si, sj] = m.strides.map(|st| kb.expr(st, idx));
+            let outer = kb.div(pair, heads);
+            let head = kb.rem(pair, heads);
+            let base = kb.mul(outer, so);
+            let base = kb.ternary(TernaryOp::MulAdd, head, sh, base);
+            let base = kb.ternary(TernaryOp::MulAdd, i, si, base);
+            (buf, m.dtype, base, sj)
+        });
+        Scorer {
+            scale: kb.constant(Scalar::F32(op.scale.to_f64() as f32)),
+            neg_inf: kb.constant(Scalar::F32(f32::NEG_INFINITY)),
+            zero: kb.constant(Scalar::F32(0.0)),
+            s: kb.expr(op.s, idx),
+            causal: op.causal,
+            mask,
+        }
+    }
+
+    fn score(
+        &self,
+        kb: &mut KernelBuilder,
+        dot: Value,
+        i: Value,
+        j: Value,
+        readable: Value,
+    ) -> Value {
+        let score = kb.mul(dot, self.scale);
+        let mut visible = kb.lt(j, self.s);
+        let score = match self.mask {
+            Some((buf, dtype, base, sj)) => {
+                let added = kb.reg(DType::F32, 1);
+                let first = kb.constant_as(0, DType::I32);
+                kb.store(added, first, self.zero);
+                let readable = kb.binary(BinaryOp::And, visible, readable);
+                kb.if_(readable, |kb| {
+                    let at = kb.ternary(TernaryOp::MulAdd, j, sj, base);
+                    let m = if dtype == DType::Bool {
+                        let hides = kb.load(buf, at);
+                        kb.select(hides, self.neg_inf, self.zero)
+                    } else {
+                        load_f32(kb, buf, at)
+                    };
+                    kb.store(added, first, m);
+                });
+                let added = kb.load(added, first);
+                kb.add(score, added)
+            }
+            None => score,
+        };
+        if self.causal {
+            let seen = kb.binary(BinaryOp::Le, j, i);
+            visible = kb.binary(BinaryOp::And, visible, seen);
+        }
+        kb.select(visible, score, self.neg_inf)
+    }
+}
+
 /// The kernel computing `op`, its buffer parameters `[q, k, v, mask (when the op has
 /// one), out]` declared with the element counts `lens` (those of the buffers the launch
-/// binds, in the same order). `Err` says why there is none: head dims that are not
-/// constants or are longer than the registers hold, operands that are not floats.
+/// binds, in the same order): a query row per invocation, key and value tiles shared
+/// through local memory. `Err` says why there is none: head dims that are not constants
+/// or are longer than the registers hold, operands other than f16, bf16 and f32, masks
+/// other than those or bool.
 pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> {
-    let (Some(e), Some(ev)) = (op.e.as_const(), op.ev.as_const()) else {
-        return Err(format!(
-            "head dims {} and {} are not constants",
-            op.e, op.ev
-        ));
-    };
-    if e < 1 || ev < 1 || (e + ev) as usize > MAX_HEAD {
-        return Err(format!("head dims {e} + {ev} outside 2..={MAX_HEAD}"));
-    }
-    // Everything is computed in f32: f64 operands keep the exact composition.
-    let kernel_dtype = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
-    if !kernel_dtype(op.dtype) {
-        return Err(format!("{op}: operands must be f16, bf16 or f32"));
-    }
-    if let Some(m) = &op.mask
-        && !(m.dtype == DType::Bool || kernel_dtype(m.dtype))
-    {
-        return Err(format!("{op}: the mask must be bool, f16, bf16 or f32"));
-    }
-    let want = 4 + usize::from(op.mask.is_some());
-    if lens.len() != want {
-        return Err(format!(
-            "{want} buffer lengths needed, {} given",
-            lens.len()
-        ));
-    }
-    let (e, ev) = (e as usize, ev as usize);
-    let mask_dtype = op.mask.as_ref().map(|m| m.dtype);
+    let Setup {
+        mut kb,
+        q,
+        k,
+        v,
+        mask,
+        out,
+        idx,
+        e,
+        ev,
+    } = Setup::new(op, lens, "attention")?;
     let keys = (TILE_BYTES / 4 / (e + ev)).clamp(1, 32);
     let keys = 1 << keys.ilog2();
-    let idx = if lens.iter().all(|n| n.bounds().hi < i64::from(i32::MAX)) {
-        DType::I32
-    } else {
-        DType::I64
-    };
     let f32 = DType::F32;
-
-    let mut kb = KernelBuilder::new("attention");
-    let q = kb.buffer("q", op.dtype, lens[0], Access::Read);
-    let k = kb.buffer("k", op.dtype, lens[1], Access::Read);
-    let v = kb.buffer("v", op.dtype, lens[2], Access::Read);
-    let mask = op
-        .mask
-        .as_ref()
-        .map(|m| (kb.buffer("mask", m.dtype, lens[3], Access::Read), m));
-    let out = kb.buffer("out", op.dtype, lens[lens.len() - 1], Access::Write);
     kb.grid(
         [op.l.ceil_div(ROWS as i64), op.batch, Dim::constant(1)],
         [ROWS, 1, 1],
@@ -93,7 +214,6 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
     let c = |kb: &mut KernelBuilder, x: usize| kb.constant_as(x as i64, idx);
     let neg_inf = kb.constant(Scalar::F32(f32::NEG_INFINITY));
     let zero = kb.constant(Scalar::F32(0.0));
-    let scale = kb.constant(Scalar::F32(op.scale.to_f64() as f32));
     let group = kb.group_id(0, idx);
     let rows = c(&mut kb, ROWS);
     let row0 = kb.mul(group, rows);
@@ -148,16 +268,7 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
     );
     let k_base = kb.mul(kv_pair, k_stride);
     let v_base = kb.mul(kv_pair, v_stride);
-    let mask_at = mask.map(|(buf, m)| {
-        let heads = kb.expr(m.heads, idx);
-        let [so, sh, si, sj] = m.strides.map(|st| kb.expr(st, idx));
-        let outer = kb.div(pair, heads);
-        let head = kb.rem(pair, heads);
-        let base = kb.mul(outer, so);
-        let base = kb.ternary(TernaryOp::MulAdd, head, sh, base);
-        let base = kb.ternary(TernaryOp::MulAdd, i, si, base);
-        (buf, base, sj)
-    });
+    let scorer = Scorer::new(&mut kb, op, mask, pair, i, idx);
 
     kb.range(zero_i, tiles, |kb, t| {
         let j0 = kb.mul(t, keys_v);
@@ -186,34 +297,8 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
         });
         kb.range(zero_i, keys_end, |kb, jj| {
             let dot = kb.load(scores, jj);
-            let score = kb.mul(dot, scale);
             let j = kb.add(j0, jj);
-            let mut visible = kb.lt(j, s);
-            let score = match mask_at {
-                Some((buf, base, sj)) => {
-                    let added = kb.reg(f32, 1);
-                    kb.store(added, first, zero);
-                    let readable = kb.binary(BinaryOp::And, visible, row_valid);
-                    kb.if_(readable, |kb| {
-                        let at = kb.ternary(TernaryOp::MulAdd, j, sj, base);
-                        let m = if mask_dtype == Some(DType::Bool) {
-                            let hides = kb.load(buf, at);
-                            kb.select(hides, neg_inf, zero)
-                        } else {
-                            load_f32(kb, buf, at)
-                        };
-                        kb.store(added, first, m);
-                    });
-                    let added = kb.load(added, first);
-                    kb.add(score, added)
-                }
-                None => score,
-            };
-            if op.causal {
-                let seen = kb.binary(BinaryOp::Le, j, i);
-                visible = kb.binary(BinaryOp::And, visible, seen);
-            }
-            let score = kb.select(visible, score, neg_inf);
+            let score = scorer.score(kb, dot, i, j, row_valid);
             kb.store(scores, jj, score);
             let m = kb.load(tile_max, first);
             let m = kb.binary(BinaryOp::Max, m, score);
@@ -271,6 +356,201 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
                 kb.cast(y, op.dtype)
             };
             let at = kb.add(base, x);
+            kb.store(out, at, y);
+        });
+    });
+    kb.build().map_err(|e| e.to_string())
+}
+
+/// Most queries per pair [`attention_decode_kernel`] takes: it runs a workgroup per query.
+pub const DECODE_MAX_QUERIES: i64 = 16;
+
+/// The kernel computing `op` for a few queries against many keys (decoding: one new token
+/// against the cache), buffers as [`attention_kernel`]'s: a workgroup per (query, pair)
+/// whose invocations split the keys (invocation `t` takes keys `t, t + T, ...`), each
+/// keeping an online softmax of its own in registers; the partial results are then
+/// combined through local memory (each partial sum rescaled by `exp(its max − the max)`),
+/// the invocations sharing the output columns. `Err` where [`attention_kernel`] has none,
+/// or where the number of queries is not a constant of at most [`DECODE_MAX_QUERIES`].
+pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> {
+    if !op
+        .l
+        .as_const()
+        .is_some_and(|l| (1..=DECODE_MAX_QUERIES).contains(&l))
+    {
+        return Err(format!(
+            "{} queries: the decode kernel takes a constant 1..={DECODE_MAX_QUERIES}",
+            op.l
+        ));
+    }
+    let Setup {
+        mut kb,
+        q,
+        k,
+        v,
+        mask,
+        out,
+        idx,
+        e,
+        ev,
+    } = Setup::new(op, lens, "attention_decode")?;
+    // Invocations per workgroup: their partial accumulators fill at most the tile budget.
+    let lanes = (TILE_BYTES / 4 / (ev + 2)).clamp(1, 64);
+    let lanes = 1 << lanes.ilog2();
+    let f32 = DType::F32;
+    kb.grid([op.l, op.batch, Dim::constant(1)], [lanes, 1, 1]);
+    let c = |kb: &mut KernelBuilder, x: usize| kb.constant_as(x as i64, idx);
+    let neg_inf = kb.constant(Scalar::F32(f32::NEG_INFINITY));
+    let zero = kb.constant(Scalar::F32(0.0));
+    let (zero_i, first, second) = (c(&mut kb, 0), c(&mut kb, 0), c(&mut kb, 1));
+    let (e_v, ev_v, lanes_v) = (c(&mut kb, e), c(&mut kb, ev), c(&mut kb, lanes));
+    let i = kb.group_id(0, idx);
+    let pair = kb.group_id(1, idx);
+    let lid = kb.local_id(0, idx);
+    let kv_group = kb.expr(op.kv_group, idx);
+    let kv_pair = kb.div(pair, kv_group);
+    let s = kb.expr(op.s, idx);
+    let always = kb.constant(Scalar::Bool(true));
+
+    let q_row = kb.reg(f32, e);
+    let q_stride = kb.expr(op.q_batch_stride, idx);
+    let q_base = kb.mul(pair, q_stride);
+    let q_base = kb.ternary(TernaryOp::MulAdd, i, e_v, q_base);
+    kb.range(zero_i, e_v, |kb, d| {
+        let at = kb.add(q_base, d);
+        let x = load_f32(kb, q, at);
+        kb.store(q_row, d, x);
+    });
+    let stats = kb.reg(f32, 2);
+    kb.store(stats, first, neg_inf);
+    kb.store(stats, second, zero);
+    let acc = kb.reg(f32, ev);
+    kb.range(zero_i, ev_v, |kb, x| kb.store(acc, x, zero));
+
+    let key_end = if op.causal {
+        let one = c(&mut kb, 1);
+        let seen = kb.add(i, one);
+        kb.binary(BinaryOp::Min, seen, s)
+    } else {
+        s
+    };
+    let k_stride = kb.expr(op.k_batch_stride, idx);
+    let v_stride = kb.expr(op.v_batch_stride, idx);
+    let k_base = kb.mul(kv_pair, k_stride);
+    let v_base = kb.mul(kv_pair, v_stride);
+    let scorer = Scorer::new(&mut kb, op, mask, pair, i, idx);
+    let one = c(&mut kb, 1);
+    let steps = kb.add(key_end, lanes_v);
+    let steps = kb.sub(steps, one);
+    let steps = kb.div(steps, lanes_v);
+    kb.range(zero_i, steps, |kb, t| {
+        let j = kb.ternary(TernaryOp::MulAdd, t, lanes_v, lid);
+        let inside = kb.lt(j, key_end);
+        kb.if_(inside, |kb| {
+            let dot = kb.reg(f32, 1);
+            kb.store(dot, first, zero);
+            let row = kb.ternary(TernaryOp::MulAdd, j, e_v, k_base);
+            kb.range(zero_i, e_v, |kb, d| {
+                let x = kb.load(q_row, d);
+                let at = kb.add(row, d);
+                let y = load_f32(kb, k, at);
+                let sum = kb.load(dot, first);
+                let sum = kb.ternary(TernaryOp::MulAdd, x, y, sum);
+                kb.store(dot, first, sum);
+            });
+            let dot = kb.load(dot, first);
+            let score = scorer.score(kb, dot, i, j, always);
+            let old = kb.load(stats, first);
+            let new = kb.binary(BinaryOp::Max, old, score);
+            let none_seen = kb.binary(BinaryOp::Eq, new, neg_inf);
+            let shift = kb.select(none_seen, zero, new);
+            let lost = kb.sub(old, shift);
+            let rescale = kb.unary(UnaryOp::Exp, lost);
+            let lifted = kb.sub(score, shift);
+            let weight = kb.unary(UnaryOp::Exp, lifted);
+            kb.store(stats, first, new);
+            let sum = kb.load(stats, second);
+            let sum = kb.ternary(TernaryOp::MulAdd, sum, rescale, weight);
+            kb.store(stats, second, sum);
+            let row = kb.ternary(TernaryOp::MulAdd, j, ev_v, v_base);
+            kb.range(zero_i, ev_v, |kb, x| {
+                let at = kb.add(row, x);
+                let value = load_f32(kb, v, at);
+                let a = kb.load(acc, x);
+                let a = kb.mul(a, rescale);
+                let a = kb.ternary(TernaryOp::MulAdd, weight, value, a);
+                kb.store(acc, x, a);
+            });
+        });
+    });
+
+    // Combine the invocations' partial softmaxes.
+    let maxes = kb.local(f32, lanes);
+    let sums = kb.local(f32, lanes);
+    let partial = kb.local(f32, lanes * ev);
+    let m = kb.load(stats, first);
+    kb.store(maxes, lid, m);
+    let l_part = kb.load(stats, second);
+    kb.store(sums, lid, l_part);
+    let own = kb.mul(lid, ev_v);
+    kb.range(zero_i, ev_v, |kb, x| {
+        let a = kb.load(acc, x);
+        let at = kb.add(own, x);
+        kb.store(partial, at, a);
+    });
+    kb.barrier();
+    let top = kb.reg(f32, 1);
+    kb.store(top, first, neg_inf);
+    kb.range(zero_i, lanes_v, |kb, w| {
+        let m = kb.load(maxes, w);
+        let t = kb.load(top, first);
+        let t = kb.binary(BinaryOp::Max, t, m);
+        kb.store(top, first, t);
+    });
+    let top = kb.load(top, first);
+    let none_seen = kb.binary(BinaryOp::Eq, top, neg_inf);
+    let shift = kb.select(none_seen, zero, top);
+    // Each invocation's weight, and the total.
+    let weights = kb.reg(f32, lanes);
+    let total = kb.reg(f32, 1);
+    kb.store(total, first, zero);
+    kb.range(zero_i, lanes_v, |kb, w| {
+        let m = kb.load(maxes, w);
+        let lifted = kb.sub(m, shift);
+        let weight = kb.unary(UnaryOp::Exp, lifted);
+        kb.store(weights, w, weight);
+        let part = kb.load(sums, w);
+        let t = kb.load(total, first);
+        let t = kb.ternary(TernaryOp::MulAdd, part, weight, t);
+        kb.store(total, first, t);
+    });
+    let total = kb.load(total, first);
+    let l_ev = kb.expr(op.l * op.ev, idx);
+    let out_base = kb.mul(pair, l_ev);
+    let out_base = kb.ternary(TernaryOp::MulAdd, i, ev_v, out_base);
+    let columns = c(&mut kb, ev.div_ceil(lanes));
+    kb.range(zero_i, columns, |kb, r| {
+        let x = kb.ternary(TernaryOp::MulAdd, r, lanes_v, lid);
+        let inside = kb.lt(x, ev_v);
+        kb.if_(inside, |kb| {
+            let sum = kb.reg(f32, 1);
+            kb.store(sum, first, zero);
+            kb.range(zero_i, lanes_v, |kb, w| {
+                let at = kb.ternary(TernaryOp::MulAdd, w, ev_v, x);
+                let a = kb.load(partial, at);
+                let weight = kb.load(weights, w);
+                let t = kb.load(sum, first);
+                let t = kb.ternary(TernaryOp::MulAdd, a, weight, t);
+                kb.store(sum, first, t);
+            });
+            let y = kb.load(sum, first);
+            let y = kb.div(y, total);
+            let y = if op.dtype == DType::F32 {
+                y
+            } else {
+                kb.cast(y, op.dtype)
+            };
+            let at = kb.add(out_base, x);
             kb.store(out, at, y);
         });
     });

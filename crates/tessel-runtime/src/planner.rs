@@ -49,7 +49,7 @@ use tessel_graph::{
     kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with,
     materialized_for, signature, views_to_split,
 };
-use tessel_ir::attention::attention_kernel;
+use tessel_ir::attention::{attention_decode_kernel, attention_kernel};
 use tessel_ir::cache::Fnv128;
 use tessel_ir::{Backend, BackendError, Kernel, ProgramId, ProgramOrigin, VendorOp};
 use tessel_shape::{DType, Dim};
@@ -472,34 +472,45 @@ pub(crate) fn partition(
                 if parts.candidates.iter().any(|c| c.same_as(&candidate)) {
                     continue;
                 }
-                let portable = match &m.op {
-                    VendorOp::Attention(op) => {
-                        let lens: Vec<Dim> = m
-                            .operands
-                            .iter()
-                            .chain([&w])
-                            .map(|&n| graph.node(n).shape.numel())
-                            .collect();
-                        attention_kernel(op, &lens)
-                            .inspect_err(|why| {
+                // Portable attention kernels: the row kernel where the backend has no fused
+                // kernel of its own, and for a few queries (decoding) the kernel splitting
+                // the keys among a workgroup's invocations, measured on every device whose
+                // invocations run concurrently (on a CPU they run one after another, and
+                // the composition's library products win).
+                let mut portable: Vec<(Kernel, bool)> = Vec::new();
+                if let VendorOp::Attention(op) = &m.op {
+                    let lens: Vec<Dim> = m
+                        .operands
+                        .iter()
+                        .chain([&w])
+                        .map(|&n| graph.node(n).shape.numel())
+                        .collect();
+                    let built = [
+                        (attention_kernel(op, &lens), true),
+                        (attention_decode_kernel(op, &lens), false),
+                    ];
+                    for (kernel, stand_in) in built {
+                        match kernel {
+                            Ok(kernel) => portable.push((kernel, stand_in)),
+                            Err(why) => {
                                 tracing::trace!(target: "tessel::plan", "no portable kernel for {op}: {why}");
-                            })
-                            .ok()
+                            }
+                        }
                     }
-                    VendorOp::Matmul(_) => None,
-                };
+                }
+                let routine = parts.candidates.len();
                 let (args, writes) = (candidate.args.clone(), candidate.writes.clone());
                 parts.candidates.push(candidate);
-                if let Some(kernel) = portable {
+                for (kernel, stand_in) in portable {
                     parts.candidates.push(Candidate {
                         work: Work::Kernel(kernel),
-                        args,
-                        writes,
+                        args: args.clone(),
+                        writes: writes.clone(),
                         default: false,
                         for_routine: true,
-                        cooperative: false,
+                        cooperative: !stand_in,
                         tuning: None,
-                        stands_in_for: Some(parts.candidates.len() - 1),
+                        stands_in_for: stand_in.then_some(routine),
                     });
                 }
             }

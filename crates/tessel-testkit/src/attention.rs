@@ -2,7 +2,7 @@
 //! program that runs an [`Attention`] (a backend's own kernel or the portable one), and the
 //! conformance check of the portable kernel ([`tessel_ir::attention`]).
 
-use tessel_ir::attention::attention_kernel;
+use tessel_ir::attention::{DECODE_MAX_QUERIES, attention_decode_kernel, attention_kernel};
 use tessel_ir::{Attention, AttentionMask, Backend, ProgramId};
 use tessel_shape::{Bindings, DType, Dim, Scalar, Var};
 
@@ -123,30 +123,41 @@ pub fn check_attention(
 }
 
 impl Conformance<'_> {
-    /// The portable fused attention kernel ([`attention_kernel`]) against the `f64`
-    /// reference: odd lengths (no multiple of a tile), more queries than keys and the
+    /// The portable fused attention kernels ([`attention_kernel`], and
+    /// [`attention_decode_kernel`] where there are at most [`DECODE_MAX_QUERIES`] queries)
+    /// against the `f64` reference: odd lengths (no multiple of a tile), more queries than keys and the
     /// reverse, causal or not, `k`/`v` shared by every pair, grouped-query heads, additive
     /// and boolean masks broadcast over heads and queries (BERT's padding mask) or full, a dynamic
-    /// length served by one program, in `f32`, `bf16` and `f16` (refusals of a half dtype
+    /// length (of the queries and keys, or of the keys alone when decoding) served by one
+    /// program, in `f32`, `bf16` and `f16` (refusals of a half dtype
     /// the device lacks are skips). `f32` within `1e-4` of the largest value (the
     /// transcendentals' tolerance).
     pub fn fused_attention_matches_the_reference(&self) {
         // Compiled once, checked at each of `runs`' bindings.
+        // Both kernels where the decode one applies (a few queries).
         let run_at = |op: &Attention, runs: &[Bindings]| {
-            let kernel = attention_kernel(op, &portable_lens(op, &runs[0]))
-                .unwrap_or_else(|e| panic!("{op}: {e}"));
+            let lens = portable_lens(op, &runs[0]);
+            let mut kernels =
+                vec![attention_kernel(op, &lens).unwrap_or_else(|e| panic!("{op}: {e}"))];
+            if op.l.as_const().is_some_and(|l| l <= DECODE_MAX_QUERIES) {
+                kernels.push(
+                    attention_decode_kernel(op, &lens).unwrap_or_else(|e| panic!("{op}: {e}")),
+                );
+            }
             let dtypes: Vec<DType> = [op.dtype]
                 .into_iter()
                 .chain(op.mask.as_ref().map(|m| m.dtype))
                 .collect();
-            let program = match self.backend().compile(self.device(), &kernel) {
-                Ok(p) => p,
-                Err(e) => return self.refused(&op.to_string(), None, &dtypes, &e),
-            };
-            for dims in runs {
-                check_attention(self.backend(), self.device(), program, op, dims, 1e-4);
+            for kernel in kernels {
+                let program = match self.backend().compile(self.device(), &kernel) {
+                    Ok(p) => p,
+                    Err(e) => return self.refused(&op.to_string(), None, &dtypes, &e),
+                };
+                for dims in runs {
+                    check_attention(self.backend(), self.device(), program, op, dims, 1e-4);
+                }
+                self.ok(self.backend().release(program), "release");
             }
-            self.ok(self.backend().release(program), "release");
         };
         let run = |op: &Attention, dims: &Bindings| run_at(op, std::slice::from_ref(dims));
         let none = Bindings::new();
@@ -179,6 +190,30 @@ impl Conformance<'_> {
             });
             run(&op, &none);
         }
+        // Decoding: a few queries against more keys than a workgroup has invocations,
+        // grouped-query heads, a padding mask, and one program for every cache length.
+        for (sizes, causal) in [([4, 1, 200, 16], false), ([2, 3, 150, 8], true)] {
+            for dtype in [DType::F32, DType::BF16] {
+                run(&attention_op(dtype, sizes, causal, [false; 2]), &none);
+            }
+        }
+        let mut op = attention_op(DType::F32, [6, 1, 90, 16], false, [false; 2]);
+        op.kv_group = 3.into();
+        op.mask = Some(AttentionMask {
+            dtype: DType::Bool,
+            heads: 3.into(),
+            strides: [90, 0, 0, 1].map(Dim::from),
+        });
+        run(&op, &none);
+        let past = Var::new("past", 1, 4096).unwrap();
+        let mut op = attention_op(DType::F32, [2, 1, 1, 16], false, [false; 2]);
+        op.s = past.into();
+        op.k_batch_stride = Dim::from(past) * Dim::constant(16);
+        op.v_batch_stride = op.k_batch_stride;
+        let runs: Vec<Bindings> = [1, 33, 300]
+            .map(|n| [(past, n)].into_iter().collect())
+            .into();
+        run_at(&op, &runs);
         // One program, a dynamic length.
         let t = Var::new("t", 1, 4096).unwrap();
         let mut op = attention_op(DType::F32, [2, 1, 1, 16], true, [false; 2]);
