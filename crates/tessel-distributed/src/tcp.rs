@@ -168,10 +168,8 @@ impl TcpCollective {
             while joined < world {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let stream = configure(stream, timeout).map_err(|e| fail(e.to_string()))?;
-                        let mut s = stream;
-                        let hello = read_header(&mut s, 0)
-                            .map_err(|e| fail(format!("a joining process: {e}")))?;
+                        let mut s = configure(stream, timeout).map_err(|e| fail(e.to_string()))?;
+                        let hello = read_header(&mut s, "a joining process").map_err(fail)?;
                         let r = hello.aux as usize;
                         if hello.kind != Kind::Hello || hello.elems != world as u64 {
                             return Err(fail(format!(
@@ -240,7 +238,7 @@ impl TcpCollective {
             stream
                 .write_all(&hello.encode())
                 .map_err(|e| fail(format!("greeting rank 0: {e}")))?;
-            let welcome = read_header(&mut stream, 0).map_err(fail)?;
+            let welcome = read_header(&mut stream, "rank 0").map_err(fail)?;
             if welcome.kind != Kind::Welcome {
                 return Err(fail(format!(
                     "rank 0 answered {:?} instead of a welcome",
@@ -446,13 +444,14 @@ fn configure(stream: TcpStream, timeout: Duration) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-fn read_header(stream: &mut TcpStream, peer: usize) -> std::result::Result<Header, String> {
+/// The handshake frame `who` sends.
+fn read_header(stream: &mut TcpStream, who: &str) -> std::result::Result<Header, String> {
     let mut b = [0u8; HEADER];
     stream
         .read_exact(&mut b)
-        .map_err(|e| describe_io(&e, peer, Duration::ZERO))?;
+        .map_err(|e| format!("waiting for {who} to greet: {e}"))?;
     Header::decode(&b).ok_or_else(|| {
-        format!("rank {peer} sent a frame that is not Tessel's collective protocol (another program on MASTER_PORT, or another Tessel version)")
+        format!("{who} sent a frame that is not Tessel's collective protocol (another program on MASTER_PORT, or another Tessel version)")
     })
 }
 
