@@ -1418,3 +1418,66 @@ fn functional_batch_norm_matches_the_reference_and_updates_statistics() {
         "weight must be a float tensor [3]",
     );
 }
+
+/// Gradients of `scaled_dot_product_attention` with respect to `q`, `k` and `v` against
+/// central finite differences, in f64: causal, a boolean and an additive mask, and
+/// grouped-query heads.
+#[test]
+fn sdpa_gradients_match_finite_differences() {
+    let mut rng = Rng(190);
+    let (l, s, e) = (3, 4, 2);
+    let keep: Vec<bool> = (0..l * s).map(|i| i % 4 != 2).collect();
+    let add = rng.vec(l * s);
+    type Case = (Option<Tensor>, bool, bool);
+    let cases: Vec<Case> = vec![
+        (None, true, false),
+        (
+            Some(Tensor::from_slice(&keep, [l, s]).unwrap()),
+            false,
+            false,
+        ),
+        (Some(t64(&add, &[l, s])), false, false),
+        (None, false, true),
+    ];
+    for (ci, (mask, causal, gqa)) in cases.iter().enumerate() {
+        let kv_heads = if *gqa { 1 } else { 2 };
+        let data = [
+            rng.vec(2 * l * e),
+            rng.vec(kv_heads * s * e),
+            rng.vec(kv_heads * s * e),
+        ];
+        let dims = [vec![2, l, e], vec![kv_heads, s, e], vec![kv_heads, s, e]];
+        let r = Rng(200 + ci as u64).vec(2 * l * e);
+        let loss = |values: &[Vec<f64>; 3]| -> (Tensor, [Tensor; 3]) {
+            let [q, k, v] = [0, 1, 2].map(|i| t64(&values[i], &dims[i]));
+            let y = scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), *causal, None, *gqa)
+                .unwrap();
+            let loss = (&y * &t64(&r, &[2, l, e])).unwrap().sum_all().unwrap();
+            (loss, [q, k, v])
+        };
+        let (total, inputs) = loss(&data);
+        let grads: Vec<Vec<f64>> = total
+            .backward(&inputs.iter().collect::<Vec<_>>())
+            .unwrap()
+            .iter()
+            .map(read)
+            .collect();
+        let h = 1e-6;
+        for (t, g) in grads.iter().enumerate() {
+            for i in 0..data[t].len() {
+                let at = |delta: f64| {
+                    let mut moved = data.clone();
+                    moved[t][i] += delta;
+                    loss(&moved).0.item::<f64>().unwrap()
+                };
+                let fd = (at(h) - at(-h)) / (2.0 * h);
+                assert!(
+                    (g[i] - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
+                    "case {ci}: d loss / d {}[{i}] = {} but finite differences give {fd}",
+                    ["q", "k", "v"][t],
+                    g[i]
+                );
+            }
+        }
+    }
+}
