@@ -1428,8 +1428,7 @@ fn sdpa_gradients_match_finite_differences() {
     let (l, s, e) = (3, 4, 2);
     let keep: Vec<bool> = (0..l * s).map(|i| i % 4 != 2).collect();
     let add = rng.vec(l * s);
-    type Case = (Option<Tensor>, bool, bool);
-    let cases: Vec<Case> = vec![
+    let cases: Vec<(Option<Tensor>, bool, bool)> = vec![
         (None, true, false),
         (
             Some(Tensor::from_slice(&keep, [l, s]).unwrap()),
