@@ -33,7 +33,9 @@
 //!    A second greedy plan orders producers by *path* cost instead (cost plus the largest
 //!    path cost among the reads): tree costs count a shared producer once per path to it,
 //!    which in deep graphs of shared values overprices the forms that share most. The
-//!    cheaper of the two is the first upper bound.
+//!    cheaper of the two is the first upper bound. A caller that knows a valid plan (the
+//!    planner's default partition) offers it too ([`extract_from`]), so the result is never
+//!    worse than it even where both greedy plans fail and the budget runs out.
 //! 3. **Branch and bound**: depth first, pick the unresolved needed class of highest rank and
 //!    try its producers in tree-cost order, skipping any that would write a written class or
 //!    close a cycle (a walk from its reads through chosen writers reaching its writes). A node
@@ -212,6 +214,17 @@ impl std::error::Error for ExtractError {}
 /// Extracts the cheapest closed, single-writer, acyclic plan producing `problem.targets`.
 /// See the module docs for the algorithm and guarantees.
 pub fn extract(problem: &Problem, budget: Budget) -> Result<Extraction, ExtractError> {
+    extract_from(problem, budget, &[])
+}
+
+/// [`extract`], also starting from `known`, a plan the caller knows (candidate positions in
+/// `problem.candidates`; ignored unless it is closed, single-writer and acyclic): the
+/// result is never worse than it, whatever the budget.
+pub fn extract_from(
+    problem: &Problem,
+    budget: Budget,
+    known: &[usize],
+) -> Result<Extraction, ExtractError> {
     let start = Instant::now();
     let m = Model::new(problem)?;
     for &t in &m.targets {
@@ -228,6 +241,16 @@ pub fn extract(problem: &Problem, budget: Budget) -> Result<Extraction, ExtractE
         tracing::debug!(target: "tessel::plan", "greedy plan by {name} cost: {cost:?} s");
         if let Some(plan) = plan {
             s.offer(plan);
+        }
+    }
+    if !known.is_empty() {
+        let mut plan = known.to_vec();
+        plan.sort_unstable();
+        plan.dedup();
+        if m.is_plan(&plan) {
+            s.offer(plan);
+        } else {
+            tracing::debug!(target: "tessel::plan", "the known plan is not a valid plan; ignored");
         }
     }
     s.run();
@@ -465,8 +488,36 @@ impl Model {
         }
     }
 
+    /// Whether `plan` (sorted, deduplicated) is a plan: every candidate usable, no class
+    /// written twice, every read and target written, no cycle.
+    fn is_plan(&self, plan: &[usize]) -> bool {
+        let mut written = vec![false; self.classes.len()];
+        for &p in plan {
+            if p >= self.cost.len() {
+                return false;
+            }
+            for &w in &self.writes[p] {
+                if self.available[w] || std::mem::replace(&mut written[w], true) {
+                    return false;
+                }
+            }
+        }
+        let closed = plan
+            .iter()
+            .all(|&p| self.reads[p].iter().all(|&r| written[r]))
+            && self.targets.iter().all(|&t| written[t]);
+        closed && self.order(plan).len() == plan.len()
+    }
+
     /// Orders an acyclic plan producers first (Kahn's algorithm, lowest index first on ties).
     fn execution_order(&self, plan: &[usize]) -> Vec<usize> {
+        let order = self.order(plan);
+        debug_assert_eq!(order.len(), plan.len(), "extracted plan is cyclic");
+        order
+    }
+
+    /// [`Model::execution_order`], shorter than `plan` where the plan has a cycle.
+    fn order(&self, plan: &[usize]) -> Vec<usize> {
         let mut writer = vec![NONE; self.classes.len()];
         for &p in plan {
             for &w in &self.writes[p] {
@@ -496,7 +547,6 @@ impl Model {
                 }
             }
         }
-        debug_assert_eq!(order.len(), plan.len(), "extracted plan is cyclic");
         order
     }
 }

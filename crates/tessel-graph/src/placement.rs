@@ -88,6 +88,17 @@ pub struct Placed {
 /// The cheapest closed plan of `problem` (see the module docs); errors name values as the
 /// caller numbered them.
 pub fn place(problem: &Placement, budget: Budget) -> Result<Placed, ExtractError> {
+    place_from(problem, budget, &[])
+}
+
+/// [`place`], also starting from `known`, a plan of candidates (by
+/// [`PlacedCandidate::id`]) on their own devices with no copies that the caller knows to
+/// be valid: the result is never worse than it (see [`extract::extract_from`]).
+pub fn place_from(
+    problem: &Placement,
+    budget: Budget,
+    known: &[usize],
+) -> Result<Placed, ExtractError> {
     let devices = problem.devices.max(1) as u32;
     let at = |c: ClassId, device: usize| ClassId(c.0 * devices + device as u32);
     let mut candidates: Vec<extract::Candidate> = problem
@@ -116,7 +127,12 @@ pub fn place(problem: &Placement, budget: Budget) -> Result<Placed, ExtractError
         targets: problem.targets.iter().map(|&c| at(c, 0)).collect(),
     };
     let class = |c: ClassId| ClassId(c.0 / devices);
-    let extraction = extract::extract(&encoded, budget).map_err(|e| match e {
+    // Extraction's ids are positions: the known plan's candidates by position.
+    let known: Vec<usize> = known
+        .iter()
+        .filter_map(|&id| problem.candidates.iter().position(|c| c.id == id))
+        .collect();
+    let extraction = extract::extract_from(&encoded, budget, &known).map_err(|e| match e {
         ExtractError::NoProducer { class: c, target } => ExtractError::NoProducer {
             class: class(c),
             target: class(target),

@@ -398,3 +398,41 @@ fn large_problem_within_default_budget() {
     let e = extract(&p, Budget::default()).unwrap();
     assert!(valid_order(&p, &e.chosen) && e.nodes_explored <= Budget::default().max_nodes);
 }
+
+/// Where both greedy plans write a value twice and the search has no budget left, a known
+/// valid plan is the answer; an invalid known plan is ignored.
+#[test]
+fn a_known_plan_is_the_floor_when_the_greedy_plans_fail() {
+    // Targets 1 and 2. Class 1 (the costlier, so resolved first) has a cheapest producer
+    // that also writes 3, and every producer of 2 writes 3 too: the greedy plans take the
+    // cheap one for 1 and are stuck at 2.
+    let specs: [Spec<'_>; 4] = [
+        (&[1, 3], &[0], 3.0),
+        (&[1], &[0], 5.0),
+        (&[2, 3], &[0], 1.0),
+        (&[2, 3], &[0], 1.5),
+    ];
+    let p = problem(&specs, &[0], &[1, 2]);
+    let none = Budget {
+        max_nodes: 0,
+        max_time: Duration::from_secs(60),
+    };
+    assert!(matches!(
+        extract(&p, none),
+        Err(ExtractError::NoValidPlan {
+            exhausted: true,
+            ..
+        })
+    ));
+    let found = extract_from(&p, none, &[1, 2]).unwrap();
+    assert_eq!(sorted(found.chosen.clone()), vec![1, 2]);
+    assert!(valid_order(&p, &found.chosen));
+    assert_eq!(found.cost, 6.0);
+    // Writing class 3 twice: not a plan, so ignored.
+    assert!(extract_from(&p, none, &[0, 2]).is_err());
+    // With a budget the search finds the same plan, the only valid one.
+    assert_eq!(
+        sorted(extract_from(&p, big(), &[]).unwrap().chosen),
+        vec![1, 2]
+    );
+}

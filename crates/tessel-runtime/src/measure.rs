@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_graph::extract::Budget;
+use tessel_graph::extract::{Budget, ExtractError};
 use tessel_graph::placement::{self, PlacedCandidate, Placement, Transfer};
 use tessel_ir::cache::{Fnv128, read_keyed, write_keyed};
 use tessel_ir::{Backend, BufferId, ProgramId, compare};
@@ -62,8 +62,27 @@ fn pick(
     let problem = placement_problem(compiled, times, transfers, |k| {
         !crate::tuning::lost(compiled, &fastest, k)
     });
-    let placed = placement::place(&problem, Budget::default())
-        .map_err(|e| Error::Internal(format!("choosing a plan: {e}")))?;
+    // The default partition is a valid plan by construction: the search starts from it
+    // (so it never returns worse), and a search that found no plan within its budget
+    // (greedy plans that write a value twice, too many alternatives) falls back to it
+    // rather than failing the realize (where a default program lost and was left out).
+    let default: Vec<usize> = default_steps(compiled)
+        .iter()
+        .filter_map(|s| match *s {
+            placement::Step::Run(k) => Some(k),
+            placement::Step::Copy { .. } => None,
+        })
+        .collect();
+    let placed = match placement::place_from(&problem, Budget::default(), &default) {
+        Ok(placed) => placed,
+        Err(ExtractError::NoValidPlan {
+            exhausted: true, ..
+        }) => {
+            tracing::warn!(target: "tessel::plan", "{}: no plan found within the search budget; using the default partition", compiled.devices[0].0);
+            return Ok(default_plan(compiled, times));
+        }
+        Err(e) => return Err(Error::Internal(format!("choosing a plan: {e}"))),
+    };
     let view = Arc::new(compiled.view(times, &placed.steps));
     if tracing::enabled!(target: "tessel::plan", tracing::Level::INFO) {
         tracing::info!(target: "tessel::plan", "{}: plan of {} programs, chosen cost {:.1} µs:\n{}", compiled.devices[0].0, compiled.programs.len(), placed.cost * 1e6, view.to_text());
@@ -72,16 +91,7 @@ fn pick(
     // of different partitions, so it is run once as a whole and checked too.
     if let Some(why) = m.check_plan(&placed.steps)? {
         tracing::warn!(target: "tessel::plan", "{}: the measured plan gives wrong values ({why}); using the default partition", compiled.devices[0].0);
-        let default: Vec<placement::Step> = compiled
-            .programs
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.device == 0 && compiled.candidates[b.candidate].default)
-            .map(|(k, _)| placement::Step::Run(k))
-            .collect();
-        let mut plan = compiled.plan(&default);
-        plan.view = Some(Arc::new(compiled.view(times, &default)));
-        return Ok((plan, StoredPlan::new(compiled, times, &default, None)));
+        return Ok(default_plan(compiled, times));
     }
     let mut plan = compiled.plan(&placed.steps);
     plan.view = Some(view);
@@ -91,6 +101,25 @@ fn pick(
     }
     let stored = StoredPlan::new(compiled, times, &placed.steps, runner_up);
     Ok((plan, stored))
+}
+
+/// The default partition's programs on the home device.
+fn default_steps(compiled: &Compiled) -> Vec<placement::Step> {
+    compiled
+        .programs
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.device == 0 && compiled.candidates[b.candidate].default)
+        .map(|(k, _)| placement::Step::Run(k))
+        .collect()
+}
+
+/// The default partition's programs on the home device, as a plan.
+fn default_plan(compiled: &Compiled, times: &[Option<f64>]) -> (Plan, StoredPlan) {
+    let default = default_steps(compiled);
+    let mut plan = compiled.plan(&default);
+    plan.view = Some(Arc::new(compiled.view(times, &default)));
+    (plan, StoredPlan::new(compiled, times, &default, None))
 }
 
 /// The extraction problem over the programs with a time that `keep` keeps.
