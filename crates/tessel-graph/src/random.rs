@@ -27,14 +27,16 @@ const ROUNDS: u32 = 10;
 pub(crate) const OPS: usize = 120;
 
 /// Which Philox word each element of an [`crate::Op::Random`] node takes: element `i`
-/// takes word `base + step · (i mod group)` of the block at counter `⌊i / group⌋`. Groups of
-/// 2 or 4 elements share one block, so a kernel computing consecutive outputs computes each
-/// block once (its copies merge), instead of once per element.
+/// takes word `base + step · ⌊(i mod group) / run⌋` of the block at counter `⌊i / group⌋`.
+/// Groups of 2 or 4 elements share one block, so a kernel computing consecutive outputs
+/// computes each block once (its copies merge), instead of once per element; runs of 2
+/// consecutive elements may share a word (a pair of normals from one pair of uniforms).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Words {
     group: u8,
     step: u8,
     base: u8,
+    run: u8,
 }
 
 impl Words {
@@ -47,7 +49,25 @@ impl Words {
     /// below 4 (checked in debug builds: the callers are this crate's users' internals).
     pub const fn new(group: u8, step: u8, base: u8) -> Words {
         debug_assert!(matches!(group, 1 | 2 | 4) && base + step * (group - 1) < 4);
-        Words { group, step, base }
+        Words {
+            group,
+            step,
+            base,
+            run: 1,
+        }
+    }
+
+    /// Pairs of consecutive elements sharing a word, two pairs per block: elements `4b`,
+    /// `4b + 1` take word `base` of block `b`, elements `4b + 2`, `4b + 3` word `base + 2`
+    /// (`base` is 0 or 1).
+    pub const fn pairs(base: u8) -> Words {
+        debug_assert!(base < 2);
+        Words {
+            group: 4,
+            step: 2,
+            base,
+            run: 2,
+        }
     }
 
     /// How many consecutive elements share a block.
@@ -58,7 +78,7 @@ impl Words {
     /// The counter of element `i`'s block and its word.
     pub fn of(&self, i: u64) -> (u64, usize) {
         let group = u64::from(self.group);
-        let m = (i % group) as u8;
+        let m = (i % group) as u8 / self.run;
         (i / group, usize::from(self.base + self.step * m))
     }
 }
@@ -127,7 +147,7 @@ pub(crate) fn emit_word(
     words: Words,
 ) -> Value {
     let block = emit(kb, block, key);
-    let word = |j: u8| block[usize::from(words.base + words.step * j)];
+    let word = |j: u8| block[usize::from(words.base + words.step * (j / words.run))];
     let mut value = word(words.group - 1);
     for j in (0..words.group - 1).rev() {
         let j_value = kb.constant_as(i64::from(j), index);

@@ -44,12 +44,15 @@ const fn digits(dtype: DType) -> u32 {
 
 /// Which Philox words the bits of `uniforms` uniforms of `dtype` take (see [`Words`]): a
 /// uniform takes one word (two for f64). Elements share blocks where they can: four
-/// elements per block for one word each, two for two words each; a normal's two uniforms
-/// take all four words of its own block in f64.
+/// elements per block for one word each, two for two words each; below f64, normals come
+/// in pairs of consecutive elements sharing their two uniforms (words 0, 1 for the first
+/// pair of a block, 2, 3 for the second); a normal's two uniforms take all four words of
+/// its own block in f64.
 fn layout(dtype: DType, uniforms: u8) -> Vec<Words> {
     match (dtype == DType::F64, uniforms) {
         (false, 1) => vec![Words::new(4, 1, 0)],
-        (false, _) | (true, 1) => vec![Words::new(2, 2, 0), Words::new(2, 2, 1)],
+        (false, _) => vec![Words::pairs(0), Words::pairs(1)],
+        (true, 1) => vec![Words::new(2, 2, 0), Words::new(2, 2, 1)],
         (true, _) => (0..4).map(Words::single).collect(),
     }
 }
@@ -109,10 +112,12 @@ impl Tensor {
     }
 
     /// Values drawn from the standard normal distribution (`torch.randn`), for a float
-    /// `dtype`, on the default device: the Box-Muller transform `sqrt(-2 ln(1 - u1))
-    /// cos(2π u2)` of two uniforms, in f32 (f64 for f64), rounded once to `dtype`. In f32,
-    /// `u1` and `u2` are the top 24 bits of words `2 (i mod 2)` and `2 (i mod 2) + 1` of
-    /// the block at counter `⌊i / 2⌋`; in f64 they take all four words of block `i`.
+    /// `dtype`, on the default device: the Box-Muller transform of two uniforms, in f32
+    /// (f64 for f64), rounded once to `dtype`. Below f64, consecutive positions `2p` and
+    /// `2p + 1` (row-major) share their uniforms and take `r cos θ` and `r sin θ` with
+    /// `r = sqrt(-2 ln(1 - u1))`, `θ = 2π u2`, where `u1` and `u2` are the top 24 bits of
+    /// words `2 (p mod 2)` and `2 (p mod 2) + 1` of the block at counter `⌊p / 2⌋`; in f64
+    /// every position takes `r cos θ` from 27 + 26 bits of words 0, 1 and 2, 3 of block `i`.
     /// Backends agree to the last few ulps of their `log`, `sqrt` and `cos`.
     ///
     /// ```
@@ -209,8 +214,10 @@ fn normal_on(device: &Device, shape: &Shape, dtype: DType, op: &'static str) -> 
     float_dtype(op, dtype)?;
     let on_device = dtype != DType::F64 || device.info().is_ok_and(|i| i.features.f64_math);
     if on_device {
-        let bits = draw(device, shape, dtype, op, &layout(dtype, 2))?;
-        return Ok(normal(&bits, dtype));
+        // Drawn flat, so a pair is two consecutive elements of the row-major order.
+        let flat = Shape::from([count(shape, dtype, op)?]);
+        let bits = draw(device, &flat, dtype, op, &layout(dtype, 2))?;
+        return Ok(normal(&bits, dtype).reshape_to(shape.clone()));
     }
     let numel = count(shape, dtype, op)?;
     let (seed, stream) = next_draw();
@@ -340,7 +347,10 @@ fn uniform(words: &[Tensor], first: usize, dtype: DType) -> Tensor {
     scaled_bits(&words[first], 32 - p, DType::F32, 2f64.powi(-(p as i32))).cast_to(dtype)
 }
 
-/// Box-Muller over two uniforms of the compute dtype (f64 for f64, f32 otherwise).
+/// Box-Muller over two uniforms of the compute dtype (f64 for f64, f32 otherwise), of a
+/// flat draw: in f64 `r cos θ` for every element; otherwise the elements of a pair share
+/// `r` and `θ`, the first taking `r cos θ`, the second `r sin θ`, computed as
+/// `r cos(θ − π/2)` so each element needs one `cos` and a pair one `log` and `sqrt`.
 fn normal(words: &[Tensor], dtype: DType) -> Tensor {
     let compute = if dtype == DType::F64 {
         DType::F64
@@ -360,8 +370,20 @@ fn normal(words: &[Tensor], dtype: DType) -> Tensor {
     let radius = log
         .raw_binary(BinaryOp::Mul, &c(&log, -2.0))
         .raw_unary(UnaryOp::Sqrt);
-    let angle = u2
-        .raw_binary(BinaryOp::Mul, &c(&u2, std::f64::consts::TAU))
-        .raw_unary(UnaryOp::Cos);
-    radius.raw_binary(BinaryOp::Mul, &angle).cast_to(dtype)
+    let mut angle = u2.raw_binary(BinaryOp::Mul, &c(&u2, std::f64::consts::TAU));
+    if compute == DType::F32 {
+        // The second of a pair (odd position) turns its angle by -π/2: cos becomes sin.
+        let index = Tensor::record_on(u2.device(), Op::Index(0), DType::I64, u2.shape().clone());
+        let odd = index
+            .raw_binary(
+                BinaryOp::Rem,
+                &index.full_like_scalar(Scalar::I64(2), DType::I64),
+            )
+            .cast_to(compute);
+        let turn = odd.raw_binary(BinaryOp::Mul, &c(&odd, std::f64::consts::FRAC_PI_2));
+        angle = angle.raw_binary(BinaryOp::Sub, &turn);
+    }
+    radius
+        .raw_binary(BinaryOp::Mul, &angle.raw_unary(UnaryOp::Cos))
+        .cast_to(dtype)
 }

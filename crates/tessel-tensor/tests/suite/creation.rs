@@ -365,16 +365,22 @@ fn philox_values_and_dropout() -> Result<()> {
         let want = f64::from(word(SEED, 1, i as u64, (4, 1, 0)) >> 24) / 256.0;
         assert_eq!(*g, want, "rand bf16 at {i}");
     }
-    // Stream 2: normals by Box-Muller from words 2 (i mod 2) and 2 (i mod 2) + 1 of block
-    // i / 2.
-    let got = common::read(&Tensor::randn([1000], DType::F32)?);
+    // Stream 2: normals by Box-Muller in pairs: positions 2p and 2p + 1 (row-major, over
+    // any shape) take r cos θ and r sin θ from words 2 (p mod 2) and 2 (p mod 2) + 1 of
+    // block p / 2.
+    let got = common::read(&Tensor::randn([7, 143], DType::F32)?);
     for (i, g) in got.iter().enumerate() {
-        let i = i as u64;
+        let p = i as u64 / 2;
         let (u1, u2) = (
-            u24(word(SEED, 2, i, (2, 2, 0))),
-            u24(word(SEED, 2, i, (2, 2, 1))),
+            u24(word(SEED, 2, p, (2, 2, 0))),
+            u24(word(SEED, 2, p, (2, 2, 1))),
         );
-        let want = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        let (r, theta) = ((-2.0 * (1.0 - u1).ln()).sqrt(), std::f64::consts::TAU * u2);
+        let want = if i % 2 == 0 {
+            r * theta.cos()
+        } else {
+            r * theta.sin()
+        };
         assert!(
             (g - want).abs() <= 1e-4 * want.abs().max(1.0),
             "randn f32 at {i}: {g} vs {want}"
