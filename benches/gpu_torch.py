@@ -187,6 +187,15 @@ with torch.no_grad():
         rows.append((f"sdpa causal fwd {tag} [8,12,512,64]", time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), sdpa_flops, "GFLOP/s"))
 del sq
 
+# One query per head against a cache of 4096 (gpu.rs's sdpa decode rows).
+dq = torch.rand(1, 12, 1, 64, device=dev) * 2 - 1
+dkv = [torch.rand(1, 12, 4096, 64, device=dev) * 2 - 1 for _ in range(2)]
+with torch.no_grad():
+    for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
+        q, k, v = dq.to(dtype), dkv[0].to(dtype), dkv[1].to(dtype)
+        rows.append((f"sdpa decode {tag} q [1,12,1,64] kv [1,12,4096,64]", time_ms(lambda: F.scaled_dot_product_attention(q, k, v)), 4 * 12 * 4096 * 64, "GFLOP/s"))
+del dq, dkv
+
 bn, bs, be, bh = 8, 512, 768, 12
 bx = torch.rand(bn, bs, be, device=dev) * 2 - 1
 # Weights and biases in ±1/√in, as torch.nn.Linear initializes them (gpu.rs's Init::Linear).

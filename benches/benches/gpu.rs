@@ -443,6 +443,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
         },
         sdpa_workload("sdpa causal fwd f32 [8,12,512,64]", DType::F32, scale),
         sdpa_workload("sdpa causal fwd bf16 [8,12,512,64]", DType::BF16, scale),
+        decode_workload("sdpa decode f32 q [1,12,1,64] kv [1,12,4096,64]", DType::F32, scale),
+        decode_workload("sdpa decode bf16 q [1,12,1,64] kv [1,12,4096,64]", DType::BF16, scale),
         // DESIGN.md's target: a transformer block forward faster than PyTorch eager.
         block_workload("transformer block fwd f32 [8,512,768]", DType::F32, scale),
         block_workload("transformer block fwd bf16 [8,512,768]", DType::BF16, scale),
@@ -504,6 +506,25 @@ fn sdpa_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
         f32_matmul: Float32MatmulPrecision::Highest,
         run: |t| {
             tessel_nn::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, false)
+        },
+    }
+}
+
+/// One query per head against a cache of `4096 / scale` positions (a decoding step of
+/// GPT-2 small's attention), inputs in `dtype`. The work counts both products
+/// (`4·h·s·d`), as `gpu_torch.py` does.
+fn decode_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
+    let cache = 4096 / scale;
+    Workload {
+        name,
+        unit: "GFLOP/s",
+        amount: 4.0 * (12 * cache * 64) as f64,
+        inputs: vec![vec![1, 12, 1, 64], vec![1, 12, cache, 64], vec![1, 12, cache, 64]],
+        dtype,
+        init: Init::Unit,
+        f32_matmul: Float32MatmulPrecision::Highest,
+        run: |t| {
+            tessel_nn::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, false, None, false)
         },
     }
 }
