@@ -443,8 +443,16 @@ fn workloads(scale: usize) -> Vec<Workload> {
         },
         sdpa_workload("sdpa causal fwd f32 [8,12,512,64]", DType::F32, scale),
         sdpa_workload("sdpa causal fwd bf16 [8,12,512,64]", DType::BF16, scale),
-        decode_workload("sdpa decode f32 q [1,12,1,64] kv [1,12,4096,64]", DType::F32, scale),
-        decode_workload("sdpa decode bf16 q [1,12,1,64] kv [1,12,4096,64]", DType::BF16, scale),
+        decode_workload(
+            "sdpa decode f32 q [1,12,1,64] kv [1,12,4096,64]",
+            DType::F32,
+            scale,
+        ),
+        decode_workload(
+            "sdpa decode bf16 q [1,12,1,64] kv [1,12,4096,64]",
+            DType::BF16,
+            scale,
+        ),
         // DESIGN.md's target: a transformer block forward faster than PyTorch eager.
         block_workload("transformer block fwd f32 [8,512,768]", DType::F32, scale),
         block_workload("transformer block fwd bf16 [8,512,768]", DType::BF16, scale),
@@ -505,7 +513,9 @@ fn sdpa_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
         init: Init::Unit,
         f32_matmul: Float32MatmulPrecision::Highest,
         run: |t| {
-            tessel_nn::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, true, None, false)
+            tessel_nn::scaled_dot_product_attention(
+                &t[0], &t[1], &t[2], None, 0.0, true, None, false,
+            )
         },
     }
 }
@@ -519,12 +529,18 @@ fn decode_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
         name,
         unit: "GFLOP/s",
         amount: 4.0 * (12 * cache * 64) as f64,
-        inputs: vec![vec![1, 12, 1, 64], vec![1, 12, cache, 64], vec![1, 12, cache, 64]],
+        inputs: vec![
+            vec![1, 12, 1, 64],
+            vec![1, 12, cache, 64],
+            vec![1, 12, cache, 64],
+        ],
         dtype,
         init: Init::Unit,
         f32_matmul: Float32MatmulPrecision::Highest,
         run: |t| {
-            tessel_nn::scaled_dot_product_attention(&t[0], &t[1], &t[2], None, false, None, false)
+            tessel_nn::scaled_dot_product_attention(
+                &t[0], &t[1], &t[2], None, 0.0, false, None, false,
+            )
         },
     }
 }
@@ -565,6 +581,7 @@ fn block(t: &[Tensor]) -> Result<Tensor> {
         &split(1)?,
         &split(2)?,
         None,
+        0.0,
         true,
         None,
         false,

@@ -34,5 +34,5 @@ pub(crate) fn attend(
 ) -> Result<Tensor> {
     let causal = mask.is_none() && cache.causal();
     let (k, v) = cache.append(layer, k, v)?;
-    scaled_dot_product_attention(q, &k, &v, mask, causal, None, true)
+    scaled_dot_product_attention(q, &k, &v, mask, 0.0, causal, None, true)
 }

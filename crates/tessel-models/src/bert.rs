@@ -300,6 +300,7 @@ impl Bert {
                 &k,
                 &v,
                 mask.as_ref(),
+                0.0,
                 false,
                 None,
                 false,

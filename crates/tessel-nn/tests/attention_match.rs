@@ -35,7 +35,7 @@ fn sdpa_is_one_attention_causal_or_not_in_f32_and_bf16() -> Result<()> {
     for dtype in [DType::F32, DType::BF16] {
         for causal in [false, true] {
             let [q, k, v] = qkv(dtype)?;
-            let y = scaled_dot_product_attention(&q, &k, &v, None, causal, None, false)?;
+            let y = scaled_dot_product_attention(&q, &k, &v, None, 0.0, causal, None, false)?;
             let found = attentions_writing(&y);
             assert_eq!(found.len(), 1, "{dtype} causal {causal}: {found:?}");
             let a = &found[0];
@@ -62,7 +62,7 @@ fn grouped_query_heads_are_read_unrepeated() -> Result<()> {
     let k = Tensor::randn([2, 2, 7, 8], DType::BF16)?;
     let v = Tensor::randn([2, 2, 7, 8], DType::BF16)?;
     Tensor::realize_all(&[&q, &k, &v])?;
-    let y = scaled_dot_product_attention(&q, &k, &v, None, true, None, true)?;
+    let y = scaled_dot_product_attention(&q, &k, &v, None, 0.0, true, None, true)?;
     let (graph, targets) = inspect::graph_of(&[&y]);
     let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
     let found = find_attention(&graph, &matmuls);
@@ -113,7 +113,7 @@ fn additive_masks_are_read_in_place_with_broadcast_strides() -> Result<()> {
         for (shape, strides, heads) in cases {
             let mask = Tensor::randn(shape, dtype)?;
             mask.realize()?;
-            let y = scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, None, false)?;
+            let y = scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, None, false)?;
             let found = attentions_writing(&y);
             assert_eq!(found.len(), 1, "{dtype} {shape:?}: {found:?}");
             let m = found[0].mask.as_ref().expect("a mask");
@@ -135,7 +135,7 @@ fn boolean_masks_are_read_in_place() -> Result<()> {
     // SDPA's convention (true takes part): the hidden keys are its `logical_not`, a small
     // value of the mask's own shape, read with broadcast strides.
     let keep = Tensor::randn([5, 7], DType::F32)?.gt(0.0)?;
-    let masked = scaled_dot_product_attention(&q, &k, &v, Some(&keep), false, None, false)?;
+    let masked = scaled_dot_product_attention(&q, &k, &v, Some(&keep), 0.0, false, None, false)?;
     let found = attentions_writing(&masked);
     assert_eq!(found.len(), 1, "{found:?}");
     let m = found[0].mask.as_ref().expect("a mask");

@@ -823,8 +823,17 @@ fn sdpa_matches_reference_with_masks_and_causal() {
                 }
             });
             let got = read(
-                &scaled_dot_product_attention(&qd, &kd, &vd, mask.as_ref(), *causal, *sc, false)
-                    .unwrap(),
+                &scaled_dot_product_attention(
+                    &qd,
+                    &kd,
+                    &vd,
+                    mask.as_ref(),
+                    0.0,
+                    *causal,
+                    *sc,
+                    false,
+                )
+                .unwrap(),
             );
             let mut want = Vec::new();
             for bi in 0..b {
@@ -845,12 +854,29 @@ fn sdpa_matches_reference_with_masks_and_causal() {
             assert_close(&got, &want, tol);
         }
     }
-    let r =
-        scaled_dot_product_attention(&qt, &kt, &vt, Some(&t64(&add, &[l, s])), true, None, false);
+    let r = scaled_dot_product_attention(
+        &qt,
+        &kt,
+        &vt,
+        Some(&t64(&add, &[l, s])),
+        0.0,
+        true,
+        None,
+        false,
+    );
     assert_invalid(r, "scaled_dot_product_attention", "not both");
-    let r = scaled_dot_product_attention(&qt, &vt, &vt, None, false, None, false);
+    let r = scaled_dot_product_attention(&qt, &vt, &vt, None, 0.0, false, None, false);
     assert_invalid(r, "scaled_dot_product_attention", "disagree");
-    let r = scaled_dot_product_attention(&qt, &kt, &vt.cast(DType::F32), None, false, None, false);
+    let r = scaled_dot_product_attention(
+        &qt,
+        &kt,
+        &vt.cast(DType::F32),
+        None,
+        0.0,
+        false,
+        None,
+        false,
+    );
     assert_invalid(r, "scaled_dot_product_attention", "one float dtype");
 }
 
@@ -868,14 +894,22 @@ fn sdpa_with_grouped_query_heads_repeats_each_kv_head() {
         Tensor::cat(&parts.iter().collect::<Vec<_>>(), 1).unwrap()
     };
     for causal in [false, true] {
-        let got = scaled_dot_product_attention(&q, &k, &v, None, causal, None, true).unwrap();
-        let want =
-            scaled_dot_product_attention(&q, &heads(&k), &heads(&v), None, causal, None, false)
-                .unwrap();
+        let got = scaled_dot_product_attention(&q, &k, &v, None, 0.0, causal, None, true).unwrap();
+        let want = scaled_dot_product_attention(
+            &q,
+            &heads(&k),
+            &heads(&v),
+            None,
+            0.0,
+            causal,
+            None,
+            false,
+        )
+        .unwrap();
         assert_close(&read(&got), &read(&want), 1e-12);
     }
     let k4 = t64(&rng.vec(b * 4 * s * e), &[b, 4, s, e]);
-    let r = scaled_dot_product_attention(&q, &k4, &k4, None, false, None, true);
+    let r = scaled_dot_product_attention(&q, &k4, &k4, None, 0.0, false, None, true);
     assert_invalid(r, "scaled_dot_product_attention", "divides q's");
 }
 
@@ -1449,8 +1483,9 @@ fn sdpa_gradients_match_finite_differences() {
         let r = Rng(200 + ci as u64).vec(2 * l * e);
         let loss = |values: &[Vec<f64>; 3]| -> (Tensor, [Tensor; 3]) {
             let [q, k, v] = [0, 1, 2].map(|i| t64(&values[i], &dims[i]));
-            let y = scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), *causal, None, *gqa)
-                .unwrap();
+            let y =
+                scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), 0.0, *causal, None, *gqa)
+                    .unwrap();
             let loss = (&y * &t64(&r, &[2, l, e])).unwrap().sum_all().unwrap();
             (loss, [q, k, v])
         };
@@ -1479,4 +1514,77 @@ fn sdpa_gradients_match_finite_differences() {
             }
         }
     }
+}
+
+/// Attention dropout: SDPA's `dropout_p` is `Tensor::dropout` of the probabilities (the same
+/// draw gives the same values as the composition written out), 1 zeroes everything, a bad
+/// probability is an error; `MultiheadAttention::dropout` drops in training mode only.
+#[test]
+fn attention_dropout_is_dropout_of_the_probabilities() {
+    let mut rng = Rng(210);
+    let (b, l, s, e) = (2, 5, 6, 4);
+    let q = t64(&rng.vec(b * l * e), &[b, l, e]);
+    let k = t64(&rng.vec(b * s * e), &[b, s, e]);
+    let v = t64(&rng.vec(b * s * e), &[b, s, e]);
+    let p = 0.4;
+    let fused = {
+        let _g = seeded(77);
+        read(&scaled_dot_product_attention(&q, &k, &v, None, p, true, None, false).unwrap())
+    };
+    let written_out = {
+        let _g = seeded(77);
+        let scores = (q.matmul(&k.transpose(-2, -1).unwrap()).unwrap() * 0.5).unwrap();
+        let hidden = scores.ones_like().cast(DType::Bool).triu(1).unwrap();
+        let probs = scores
+            .masked_fill(&hidden, f64::NEG_INFINITY)
+            .unwrap()
+            .softmax(-1)
+            .unwrap();
+        read(&probs.dropout(p).unwrap().matmul(&v).unwrap())
+    };
+    assert_close(&fused, &written_out, 1e-12);
+    let plain =
+        read(&scaled_dot_product_attention(&q, &k, &v, None, 0.0, true, None, false).unwrap());
+    assert!(
+        fused.iter().zip(&plain).any(|(a, b)| (a - b).abs() > 1e-6),
+        "dropout changed nothing"
+    );
+    let all =
+        read(&scaled_dot_product_attention(&q, &k, &v, None, 1.0, true, None, false).unwrap());
+    assert!(all.iter().all(|&x| x == 0.0));
+    let r = scaled_dot_product_attention(&q, &k, &v, None, 1.5, false, None, false);
+    assert_invalid(
+        r,
+        "scaled_dot_product_attention",
+        "dropout_p must be in [0, 1]",
+    );
+
+    let _g = seeded(78);
+    let mha = MultiheadAttention::with_options(4, 2, true, &f64_params())
+        .unwrap()
+        .batch_first(true)
+        .dropout(0.5)
+        .unwrap();
+    let x = t64(&rng.vec(2 * 3 * 4), &[2, 3, 4]);
+    let none = AttentionMasks::default();
+    let (a, b2) = (
+        read(&mha.forward(&x, &x, &x, &none).unwrap()),
+        read(&mha.forward(&x, &x, &x, &none).unwrap()),
+    );
+    assert!(
+        a.iter().zip(&b2).any(|(x, y)| (x - y).abs() > 1e-9),
+        "two training draws agree"
+    );
+    mha.eval();
+    let (c, d) = (
+        read(&mha.forward(&x, &x, &x, &none).unwrap()),
+        read(&mha.forward(&x, &x, &x, &none).unwrap()),
+    );
+    assert_eq!(c, d, "evaluation is deterministic");
+    assert!(
+        MultiheadAttention::new(4, 2)
+            .unwrap()
+            .dropout(-0.1)
+            .is_err()
+    );
 }

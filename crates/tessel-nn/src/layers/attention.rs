@@ -1,5 +1,7 @@
 //! Attention: [`scaled_dot_product_attention`] and [`MultiheadAttention`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tessel_tensor::{DType, Dim, Result, Tensor};
 
 use super::{check_dtype, dims_i64, invalid};
@@ -58,8 +60,9 @@ fn attention_probs(
     Ok(if half { probs.cast(q.dtype()) } else { probs })
 }
 
-/// `softmax(q kᵀ * scale + mask) v` (`torch.nn.functional.scaled_dot_product_attention`,
-/// without dropout).
+/// `dropout(softmax(q kᵀ * scale + mask), dropout_p) v`
+/// (`torch.nn.functional.scaled_dot_product_attention`, the same arguments in the same
+/// order).
 ///
 /// `q` is `[..., L, E]`, `k` `[..., S, E]`, `v` `[..., S, Ev]`, batch dims broadcasting;
 /// the result is `[..., L, Ev]`. `scale` defaults to `1 / sqrt(E)`. `attn_mask`
@@ -69,7 +72,10 @@ fn attention_probs(
 /// with `attn_mask` (as in PyTorch). A query row that sees no key gives NaN.
 /// `enable_gqa`: `k` and `v` may have fewer heads (dim -3) than `q`, each serving
 /// `q_heads / kv_heads` consecutive query heads (grouped-query attention, PyTorch's
-/// `enable_gqa=True`).
+/// `enable_gqa=True`). `dropout_p` in `[0, 1]` zeroes each attention probability with that
+/// probability and scales the rest by `1 / (1 - dropout_p)` ([`Tensor::dropout`]: Philox
+/// bits computed in the kernel, a new draw per call); pass 0 outside training, as PyTorch
+/// callers pass `dropout_p=0.0` in evaluation.
 ///
 /// ```
 /// # use tessel_nn::scaled_dot_product_attention;
@@ -77,22 +83,31 @@ fn attention_probs(
 /// # fn main() -> tessel_tensor::Result<()> {
 /// let q = Tensor::randn([2, 4, 8], DType::F32)?;
 /// let v = Tensor::randn([2, 4, 8], DType::F32)?;
-/// let y = scaled_dot_product_attention(&q, &q, &v, None, true, None, false)?;
+/// let y = scaled_dot_product_attention(&q, &q, &v, None, 0.0, true, None, false)?;
 /// // The first query sees only the first key.
 /// assert_eq!(y.narrow(1, 0, 1)?.to_vec::<f32>()?[..8], v.narrow(1, 0, 1)?.to_vec::<f32>()?[..8]);
 /// # Ok(())
 /// # }
 /// ```
+// PyTorch's signature, argument for argument.
+#[allow(clippy::too_many_arguments)]
 pub fn scaled_dot_product_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     attn_mask: Option<&Tensor>,
+    dropout_p: f64,
     is_causal: bool,
     scale: Option<f64>,
     enable_gqa: bool,
 ) -> Result<Tensor> {
     const OP: &str = "scaled_dot_product_attention";
+    if !(0.0..=1.0).contains(&dropout_p) {
+        return Err(invalid(
+            OP,
+            format!("dropout_p must be in [0, 1], got {dropout_p}"),
+        ));
+    }
     if q.ndim() < 2 || k.ndim() < 2 || v.ndim() < 2 {
         return Err(invalid(
             OP,
@@ -143,7 +158,9 @@ pub fn scaled_dot_product_attention(
     } else {
         (k.clone(), v.clone())
     };
-    attention_probs(OP, q, &k, attn_mask, is_causal, scale)?.matmul(&v)
+    attention_probs(OP, q, &k, attn_mask, is_causal, scale)?
+        .dropout(dropout_p)?
+        .matmul(&v)
 }
 
 /// `k` and `v` with each of their heads (dim -3) repeated for the query heads it serves.
@@ -195,7 +212,8 @@ pub struct AttentionMasks<'a> {
 }
 
 /// Multi-head attention (`torch.nn.MultiheadAttention`, the same embedding size for
-/// queries, keys and values, no dropout).
+/// queries, keys and values; [`MultiheadAttention::dropout`] on the attention weights in
+/// training mode).
 ///
 /// Batched inputs are `[L, N, E]` (sequence first) as PyTorch's default is;
 /// [`MultiheadAttention::batch_first`]`(true)` takes `[N, L, E]`.
@@ -221,6 +239,9 @@ pub struct MultiheadAttention {
     in_proj_weight: Tensor,
     in_proj_bias: Option<Tensor>,
     out_proj: Linear,
+    /// Dropout probability of the attention weights while training.
+    dropout: f64,
+    training: AtomicBool,
 }
 
 /// [`MultiheadAttention`] under the name the project's docs use.
@@ -270,7 +291,23 @@ impl MultiheadAttention {
             in_proj_weight,
             in_proj_bias,
             out_proj,
+            dropout: 0.0,
+            training: AtomicBool::new(true),
         })
+    }
+
+    /// Drops each attention weight with probability `p` while training (PyTorch's
+    /// `dropout` argument; 0 by default), the identity in evaluation mode
+    /// ([`Module::eval`]).
+    pub fn dropout(mut self, p: f64) -> Result<MultiheadAttention> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(invalid(
+                "MultiheadAttention::dropout",
+                format!("the probability must be in [0, 1], got {p}"),
+            ));
+        }
+        self.dropout = p;
+        Ok(self)
     }
 
     /// `true`: batched inputs and outputs are `[N, L, E]` (batch first); `false` (the
@@ -410,7 +447,10 @@ impl MultiheadAttention {
 
         let mask = self.additive_mask(masks, batched, n, l, s, &q)?;
         // The causal mask is built in the scores' shape, so dynamic lengths stay dynamic.
-        let probs = attention_probs(OP, &qh, &kh, mask.as_ref(), masks.is_causal, None)?;
+        let mut probs = attention_probs(OP, &qh, &kh, mask.as_ref(), masks.is_causal, None)?;
+        if self.training.load(Ordering::Relaxed) {
+            probs = probs.dropout(self.dropout)?;
+        }
         let heads = probs.matmul(&vh)?;
         let merged = heads.permute(&[0, 2, 1, 3])?.reshape_dims(&[
             q.shape()[0],
@@ -505,5 +545,9 @@ impl Module for MultiheadAttention {
             v.param("in_proj_bias", b);
         }
         v.module("out_proj", &self.out_proj);
+    }
+
+    fn set_training_local(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
     }
 }
