@@ -136,7 +136,7 @@ fn invalid(reason: String) -> Error {
 ///
 /// Collectives take tensors on any device and return new tensors on the same device: the
 /// values move through host memory and the TCP transport (rank 0 reduces, in rank order).
-/// Each call realizes its input first. Every rank must make the same calls in the same
+/// Each call realizes its input first; in a world of one they return their input. Every rank must make the same calls in the same
 /// order with tensors of the same shape and dtype; a rank that disagrees, exits, or stops
 /// answering for the timeout makes the call fail on every rank with
 /// [`Error::Collective`], and the group is then unusable.
@@ -204,6 +204,9 @@ impl ProcessGroup {
     /// `i32`, `i64`; half types sum in `f32` and round once).
     pub fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor> {
         check_dtype("all_reduce", tensor.dtype(), Some(op))?;
+        if self.world_size() == 1 {
+            return Ok(tensor.clone());
+        }
         let mut bytes = to_bytes(tensor)?;
         self.collective.all_reduce(tensor.dtype(), &mut bytes, op)?;
         from_bytes(bytes, tensor)
@@ -213,6 +216,10 @@ impl ProcessGroup {
     /// and dtype; only the root's values matter).
     pub fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<Tensor> {
         self.check_root("broadcast", root)?;
+        movable("broadcast", tensor.dtype())?;
+        if self.world_size() == 1 {
+            return Ok(tensor.clone());
+        }
         let mut bytes = to_bytes(tensor)?;
         self.collective
             .broadcast(tensor.dtype(), &mut bytes, root)?;
@@ -221,6 +228,10 @@ impl ProcessGroup {
 
     /// Every rank's `tensor`, in rank order.
     pub fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>> {
+        movable("all_gather", tensor.dtype())?;
+        if self.world_size() == 1 {
+            return Ok(vec![tensor.clone()]);
+        }
         let bytes = to_bytes(tensor)?;
         self.collective
             .all_gather(tensor.dtype(), &bytes)?
@@ -289,8 +300,28 @@ pub(crate) fn to_bytes(tensor: &Tensor) -> Result<Vec<u8>> {
         DType::I64 => bytes::<i64>(tensor),
         DType::U8 => bytes::<u8>(tensor),
         DType::Bool => bytes::<bool>(tensor),
+        other => {
+            movable("collective", other)?;
+            Err(Error::Internal(format!(
+                "no conversion of movable {other} to bytes"
+            )))
+        }
+    }
+}
+
+/// Checks that tensors of `dtype` can move between ranks.
+fn movable(op: &'static str, dtype: DType) -> Result<()> {
+    match dtype {
+        DType::F32
+        | DType::F64
+        | DType::BF16
+        | DType::F16
+        | DType::I32
+        | DType::I64
+        | DType::U8
+        | DType::Bool => Ok(()),
         other => Err(Error::InvalidArgument {
-            op: "collective",
+            op,
             reason: format!(
                 "{other} tensors are not sent between ranks; cast to f32, f64, bf16, f16, i32, i64, u8 or bool"
             ),

@@ -244,3 +244,17 @@ fn a_rank_that_never_joins_fails_the_init() {
     let e = ProcessGroup::init(&options).unwrap_err();
     assert!(e.to_string().contains("cannot reach rank 0"), "{e}");
 }
+
+#[test]
+fn dtypes_that_cannot_move_are_errors_in_any_world() {
+    let g = ProcessGroup::init(&InitOptions::local(0, 1, 1)).unwrap();
+    let x = Tensor::from_vec(vec![1u16, 2], [2]).unwrap();
+    let e = g.broadcast(&x, 0).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("u16 tensors are not sent between ranks"),
+        "{e}"
+    );
+    assert!(g.all_gather(&x).is_err());
+    assert!(g.all_reduce(&x, ReduceOp::Sum).is_err());
+}
