@@ -9,6 +9,7 @@
 //! - [`handles`]: [`Handles`], the table of live buffers or programs every backend keeps,
 //!   with the device and byte-range checks they share.
 //! - [`attention`]: the portable fused attention kernel.
+//! - [`philox`]: the Philox4x32-10 random bits, on the host and in kernels.
 //! - [`cache`]: the key hash and temporary-file names of the on-disk kernel caches.
 //!
 //! **Architecture Invariant:** `tessel-ir` knows nothing about graphs or tensors, and
@@ -27,6 +28,7 @@ pub mod interp;
 pub mod kernel;
 pub mod launch;
 pub mod passes;
+pub mod philox;
 pub mod samples;
 pub mod vendor;
 pub mod verify;
