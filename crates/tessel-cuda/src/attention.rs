@@ -77,6 +77,9 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
     {
         return Some(format!("it reads f32, f16 and bf16 masks, not {}", m.dtype));
     }
+    if op.dropout.is_some() {
+        return Some("it has no dropout".into());
+    }
     let scale = op.scale.to_f64();
     if !scale.is_finite() {
         return Some(format!("the scale {scale} is not finite"));
@@ -340,6 +343,7 @@ mod tests {
             scale: Scalar::F32(0.125),
             causal: true,
             mask: None,
+            dropout: None,
         }
     }
 

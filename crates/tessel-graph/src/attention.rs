@@ -11,6 +11,7 @@
 //!                                        (causal) or a bool mask read in place)
 //! e      = exp(x - max(x, -1))          (the max detached: a bitcast)
 //! p      = e / sum(e, -1)
+//! p      = where(bits >= t, p · c, 0)   (optional: `Tensor::dropout`, bits of one draw)
 //! out    = p @ v
 //! ```
 //!
@@ -23,10 +24,11 @@
 //! other candidate.
 
 use rustc_hash::FxHashMap;
-use tessel_ir::{Attention, AttentionMask, Matmul, VendorOp};
+use tessel_ir::{Attention, AttentionDropout, AttentionMask, Matmul, VendorOp};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
 
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
+use crate::random::Words;
 use crate::vendor::VendorMatch;
 
 /// Every attention whose second product is among `matmuls` (what
@@ -52,7 +54,12 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
         if !pv.epilogue.is_none() || pv.lhs_transposed || pv.rhs_transposed {
             continue;
         }
-        let Some(softmax) = softmax_rows(graph, m.operands[0], pv.dtype) else {
+        // Dropout of the probabilities, read from the draw's key in the kernel.
+        let (probs, dropout, key) = match dropped(graph, m.operands[0]) {
+            Some((probs, dropout, key)) => (probs, Some(dropout), Some(key)),
+            None => (m.operands[0], None, None),
+        };
+        let Some(softmax) = softmax_rows(graph, probs, pv.dtype) else {
             continue;
         };
         let Some(&(qk, scores)) = products.get(&softmax.scores) else {
@@ -79,6 +86,7 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
         let mut materialize: Vec<NodeId> = [q, k, v]
             .into_iter()
             .chain(mask_node)
+            .chain(key)
             .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
             .collect();
         materialize.push(*m.writes.last().unwrap_or(&m.operands[0]));
@@ -97,13 +105,40 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
                 scale: softmax.scale,
                 causal: softmax.causal,
                 mask: softmax.mask.map(|(_, m)| m),
+                dropout,
             }),
-            operands: [q, k, v].into_iter().chain(mask_node).collect(),
+            operands: [q, k, v].into_iter().chain(mask_node).chain(key).collect(),
             writes: m.writes.clone(),
             materialize,
         });
     }
     found
+}
+
+/// `node` as `Tensor::dropout` records it over the probabilities `p`:
+/// `where(bits >= threshold, p · scale, 0)` with `bits` one draw's random words at each
+/// position of `node`'s own shape: `(p, the dropout, the draw's key)`.
+fn dropped(graph: &Graph, node: NodeId) -> Option<(NodeId, AttentionDropout, NodeId)> {
+    let Op::Ternary(TernaryOp::Where, keep, scaled, zero) = graph.node(node).op else {
+        return None;
+    };
+    let Op::Binary(BinaryOp::Ge, bits, threshold) = graph.node(keep).op else {
+        return None;
+    };
+    let Op::Random(key, words) = graph.node(bits).op else {
+        return None;
+    };
+    let Op::Binary(BinaryOp::Mul, probs, factor) = graph.node(scaled).op else {
+        return None;
+    };
+    let Some(Scalar::U32(threshold)) = constant(graph, threshold) else {
+        return None;
+    };
+    let same_positions = words == Words::new(4, 1, 0)
+        && graph.node(bits).shape.dims() == graph.node(node).shape.dims();
+    (same_positions && is_const(graph, zero, 0.0)).then_some(())?;
+    let scale = constant(graph, factor)?;
+    Some((probs, AttentionDropout { threshold, scale }, key))
 }
 
 /// `x` as `repeat_interleave(x0, g, -3)` records it, `expand(reshape(x0))` from

@@ -22,7 +22,7 @@ use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
 
 use crate::builder::{Buf, KernelBuilder};
 use crate::kernel::{Access, Kernel, Mem, Param, Value};
-use crate::vendor::{Attention, AttentionMask};
+use crate::vendor::{Attention, AttentionDropout, AttentionMask};
 
 /// Query rows per workgroup (one per invocation).
 pub const ROWS: usize = 32;
@@ -42,6 +42,8 @@ struct Setup<'a> {
     k: Buf,
     v: Buf,
     mask: Option<(Buf, &'a AttentionMask)>,
+    /// The dropout draw's key buffer (four `u32`).
+    key: Option<Buf>,
     out: Buf,
     idx: DType,
     e: usize,
@@ -69,7 +71,7 @@ impl<'a> Setup<'a> {
         {
             return Err(format!("{op}: the mask must be bool, f16, bf16 or f32"));
         }
-        let want = 4 + usize::from(op.mask.is_some());
+        let want = 4 + usize::from(op.mask.is_some()) + usize::from(op.dropout.is_some());
         if lens.len() != want {
             return Err(format!(
                 "{want} buffer lengths needed, {} given",
@@ -89,6 +91,9 @@ impl<'a> Setup<'a> {
             .mask
             .as_ref()
             .map(|m| (kb.buffer("mask", m.dtype, lens[3], Access::Read), m));
+        let key = op
+            .dropout
+            .map(|_| kb.buffer("key", DType::U32, lens[lens.len() - 2], Access::Read));
         let out = kb.buffer("out", op.dtype, lens[lens.len() - 1], Access::Write);
         Ok(Setup {
             kb,
@@ -96,6 +101,7 @@ impl<'a> Setup<'a> {
             k,
             v,
             mask,
+            key,
             out,
             idx,
             e: e as usize,
@@ -185,8 +191,65 @@ impl Scorer {
     }
 }
 
+/// Dropout of a probability at `(query i, key j)` of the invocation's pair: the Philox word
+/// at its row-major position in `[batch, l, s]`, compared with the threshold.
+struct Dropper {
+    key: [Value; 4],
+    /// `pair · l` as `u64`.
+    row0: Value,
+    s: Value,
+    threshold: Value,
+    scale: Value,
+    zero: Value,
+}
+
+impl Dropper {
+    fn new(
+        kb: &mut KernelBuilder,
+        op: &Attention,
+        d: AttentionDropout,
+        key: Buf,
+        pair: Value,
+    ) -> Dropper {
+        let key = [0, 1, 2, 3].map(|w| {
+            let at = kb.constant_as(w, DType::I32);
+            kb.load(key, at)
+        });
+        let pair = kb.cast(pair, DType::U64);
+        let l = kb.expr(op.l, DType::U64);
+        Dropper {
+            key,
+            row0: kb.mul(pair, l),
+            s: kb.expr(op.s, DType::U64),
+            threshold: kb.constant(Scalar::U32(d.threshold)),
+            scale: kb.constant(Scalar::F32(d.scale.to_f64() as f32)),
+            zero: kb.constant(Scalar::F32(0.0)),
+        }
+    }
+
+    /// `weight` times the scale where the probability at `(i, j)` is kept, else 0.
+    fn apply(&self, kb: &mut KernelBuilder, weight: Value, i: Value, j: Value) -> Value {
+        let (i, j) = (kb.cast(i, DType::U64), kb.cast(j, DType::U64));
+        let row = kb.add(self.row0, i);
+        let pos = kb.ternary(TernaryOp::MulAdd, row, self.s, j);
+        let four = kb.constant(Scalar::U64(4));
+        let block = kb.div(pos, four);
+        let lane = kb.rem(pos, four);
+        let words = crate::philox::emit(kb, block, self.key);
+        let mut word = words[3];
+        for w in (0..3).rev() {
+            let here = kb.constant(Scalar::U64(w as u64));
+            let here = kb.binary(BinaryOp::Eq, lane, here);
+            word = kb.select(here, words[w], word);
+        }
+        let kept = kb.binary(BinaryOp::Ge, word, self.threshold);
+        let scaled = kb.mul(weight, self.scale);
+        kb.select(kept, scaled, self.zero)
+    }
+}
+
 /// The kernel computing `op`, its buffer parameters `[q, k, v, mask (when the op has
-/// one), out]` declared with the element counts `lens` (those of the buffers the launch
+/// one), key (with dropout), out]` declared with the element counts `lens` (those of the buffers the launch
 /// binds, in the same order): a query row per invocation, key and value tiles shared
 /// through local memory. `Err` says why there is none: head dims that are not constants
 /// or are longer than the registers hold, operands other than f16, bf16 and f32, masks
@@ -198,6 +261,7 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
         k,
         v,
         mask,
+        key,
         out,
         idx,
         e,
@@ -269,6 +333,10 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
     let k_base = kb.mul(kv_pair, k_stride);
     let v_base = kb.mul(kv_pair, v_stride);
     let scorer = Scorer::new(&mut kb, op, mask, pair, i, idx);
+    let dropper = op
+        .dropout
+        .zip(key)
+        .map(|(d, key)| Dropper::new(&mut kb, op, d, key, pair));
 
     kb.range(zero_i, tiles, |kb, t| {
         let j0 = kb.mul(t, keys_v);
@@ -330,6 +398,14 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
             let sum = kb.load(stats, second);
             let sum = kb.add(sum, weight);
             kb.store(stats, second, sum);
+            // Dropout scales what the value rows get, not the normalizing sum.
+            let weight = match &dropper {
+                Some(d) => {
+                    let j = kb.add(j0, jj);
+                    d.apply(kb, weight, i, j)
+                }
+                None => weight,
+            };
             let row = kb.mul(jj, ev_v);
             kb.range(zero_i, ev_end, |kb, x| {
                 let at = kb.add(row, x);
@@ -383,12 +459,16 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
             op.l
         ));
     }
+    if op.dropout.is_some() {
+        return Err(format!("{op}: the decode kernel has no dropout"));
+    }
     let Setup {
         mut kb,
         q,
         k,
         v,
         mask,
+        key: _,
         out,
         idx,
         e,

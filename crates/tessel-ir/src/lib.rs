@@ -42,7 +42,7 @@ pub use handles::Handles;
 pub use kernel::{Access, AtomicOp, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
 pub use launch::LaunchArgs;
 pub use vendor::{
-    Activation, Attention, AttentionMask, AttentionSizes, Epilogue, Matmul, MatmulSizes, VendorOp,
-    VendorProgram,
+    Activation, Attention, AttentionDropout, AttentionMask, AttentionSizes, Epilogue, Matmul,
+    MatmulSizes, VendorOp, VendorProgram,
 };
 pub use verify::{Def, VerifyError, VerifyErrorKind, verify};

@@ -297,6 +297,32 @@ pub struct Attention {
     pub causal: bool,
     /// An additive mask.
     pub mask: Option<AttentionMask>,
+    /// Dropout of the probabilities.
+    pub dropout: Option<AttentionDropout>,
+}
+
+/// Dropout of the attention probabilities, as `Tensor::dropout` records it: the
+/// probability at row-major position `pos` of the `[batch, l, s]` probabilities is kept
+/// (times `scale`) where word `pos mod 4` of the Philox4x32-10 block at counter
+/// `(⌊pos / 4⌋, stream)` under `seed` is at least `threshold`, else 0. The draw's key is an
+/// operand: a buffer of four `u32`, `[seed_lo, seed_hi, stream_lo, stream_hi]`, bound after
+/// the mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionDropout {
+    /// Kept where the word is at least this (`round(p · 2³²)`).
+    pub threshold: u32,
+    /// The factor of a kept probability (`1 / (1 - p)` in the probabilities' dtype).
+    pub scale: Scalar,
+}
+
+impl AttentionDropout {
+    /// Whether the probability at `pos` is kept, under `key`.
+    pub fn keeps(&self, key: [u32; 4], pos: u64) -> bool {
+        let [block_lo, block_hi] = crate::philox::split(pos / 4);
+        let words =
+            crate::philox::philox4x32_10([block_lo, block_hi, key[2], key[3]], [key[0], key[1]]);
+        words[(pos % 4) as usize] >= self.threshold
+    }
 }
 
 /// An attention mask, read in place with strides (0 broadcasts): pair `b` is
@@ -419,8 +445,13 @@ impl Attention {
 
     /// The result in `f64` from operands read as `f64` (the definition every backend's
     /// program is tested against): `out`, `batch·l·ev` elements. `mask` is ignored without
-    /// an [`AttentionMask`].
-    pub fn reference(&self, s: &AttentionSizes, [q, k, v, mask]: [&[f64]; 4]) -> Vec<f64> {
+    /// an [`AttentionMask`], `key` (the draw's key operand) without an [`AttentionDropout`].
+    pub fn reference(
+        &self,
+        s: &AttentionSizes,
+        [q, k, v, mask]: [&[f64]; 4],
+        key: [u32; 4],
+    ) -> Vec<f64> {
         let scale = self.scale.to_f64();
         let [qs, ks, vs] = s.batch_strides;
         let mut out = Vec::with_capacity(s.batch * s.l * s.ev);
@@ -446,10 +477,22 @@ impl Attention {
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
                 let total: f64 = weights.iter().sum();
+                // Dropout scales the normalized probabilities: `total` counts every key.
+                let kept: Vec<f64> = (0..s.s)
+                    .map(|j| match &self.dropout {
+                        Some(d) => {
+                            let pos = ((b * s.l + i) * s.s + j) as u64;
+                            if d.keeps(key, pos) {
+                                weights[j] * d.scale.to_f64()
+                            } else {
+                                0.0
+                            }
+                        }
+                        None => weights[j],
+                    })
+                    .collect();
                 for c in 0..s.ev {
-                    let sum: f64 = (0..s.s)
-                        .map(|j| weights[j] * v[g * vs + j * s.ev + c])
-                        .sum();
+                    let sum: f64 = (0..s.s).map(|j| kept[j] * v[g * vs + j * s.ev + c]).sum();
                     out.push(sum / total);
                 }
             }
@@ -496,6 +539,14 @@ impl fmt::Display for Attention {
                 f,
                 " + mask {} (heads {}, strides {o}, {h}, {i}, {j})",
                 m.dtype, m.heads
+            )?;
+        }
+        if let Some(d) = &self.dropout {
+            write!(
+                f,
+                " dropout (keep ≥ {}, × {})",
+                d.threshold,
+                d.scale.to_f64()
             )?;
         }
         Ok(())

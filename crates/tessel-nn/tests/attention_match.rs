@@ -176,3 +176,34 @@ fn other_normalizations_are_left_to_the_composition() -> Result<()> {
     assert_eq!(attentions_writing(&filled), []);
     Ok(())
 }
+
+#[test]
+fn dropout_of_the_probabilities_is_part_of_the_attention() -> Result<()> {
+    for dtype in [DType::F32, DType::BF16] {
+        let [q, k, v] = qkv(dtype)?;
+        let y = scaled_dot_product_attention(&q, &k, &v, None, 0.25, true, None, false)?;
+        let (graph, targets) = inspect::graph_of(&[&y]);
+        let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
+        let found: Vec<_> = find_attention(&graph, &matmuls)
+            .into_iter()
+            .filter(|m| m.writes.contains(&targets[0]))
+            .collect();
+        assert_eq!(found.len(), 1, "{dtype}: {found:?}");
+        let VendorOp::Attention(a) = &found[0].op else {
+            panic!("{:?}", found[0].op)
+        };
+        let d = a.dropout.expect("the dropout");
+        assert_eq!(d.threshold, (0.25f64 * 4_294_967_296.0).round() as u32);
+        assert!(
+            (d.scale.to_f64() - 4.0 / 3.0).abs() < 1e-2,
+            "{}",
+            d.scale.to_f64()
+        );
+        assert!(a.causal);
+        // q, k, v and the draw's 16-byte key.
+        assert_eq!(found[0].operands.len(), 4);
+        let key = graph.node(found[0].operands[3]);
+        assert_eq!((key.dtype, key.shape.dims().len()), (DType::U32, 1));
+    }
+    Ok(())
+}

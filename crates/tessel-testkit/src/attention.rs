@@ -3,7 +3,7 @@
 //! conformance check of the portable kernel ([`tessel_ir::attention`]).
 
 use tessel_ir::attention::{DECODE_MAX_QUERIES, attention_decode_kernel, attention_kernel};
-use tessel_ir::{Attention, AttentionMask, Backend, ProgramId};
+use tessel_ir::{Attention, AttentionDropout, AttentionMask, Backend, ProgramId};
 use tessel_shape::{Bindings, DType, Dim, Scalar, Var};
 
 use crate::{Conformance, Rng, decode, encode};
@@ -31,6 +31,7 @@ pub fn attention_op(
         scale: Scalar::F32(1.0 / (e as f32).sqrt()),
         causal,
         mask: None,
+        dropout: None,
     }
 }
 
@@ -78,10 +79,16 @@ pub fn check_attention(
         }
         None => Vec::new(),
     };
+    // A dropout draw's key: any four words.
+    let key: [u32; 4] = [0, 1, 2, 3].map(|_| (rng.unit().abs() * 4_294_967_295.0) as u32);
+    let key_values: Vec<f64> = key.iter().map(|&w| f64::from(w)).collect();
     let size = op.dtype.size_bytes();
     let mut data: Vec<(DType, &[f64])> = vec![(op.dtype, &q), (op.dtype, &k), (op.dtype, &v)];
     if let Some(dtype) = mask_dtype {
         data.push((dtype, &mask));
+    }
+    if op.dropout.is_some() {
+        data.push((DType::U32, &key_values));
     }
     let mut ids: Vec<_> = data
         .iter()
@@ -104,7 +111,7 @@ pub fn check_attention(
     let mut bytes = vec![0u8; counts[3] * size];
     backend.read(out, 0, &mut bytes).unwrap();
     let got = decode(op.dtype, &bytes);
-    let want = op.reference(&sizes, [&q, &k, &v, &mask]);
+    let want = op.reference(&sizes, [&q, &k, &v, &mask], key);
     let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
     let allowed = match op.dtype {
         DType::BF16 => 2.0 * 2f64.powi(-8) * largest,
@@ -129,7 +136,8 @@ impl Conformance<'_> {
     /// reverse, causal or not, `k`/`v` shared by every pair, grouped-query heads, additive
     /// and boolean masks broadcast over heads and queries (BERT's padding mask) or full, a dynamic
     /// length (of the queries and keys, or of the keys alone when decoding) served by one
-    /// program, in `f32`, `bf16` and `f16` (refusals of a half dtype
+    /// program, dropout of the probabilities (the rows kernel, against the same Philox
+    /// bits), in `f32`, `bf16` and `f16` (refusals of a half dtype
     /// the device lacks are skips). `f32` within `1e-4` of the largest value (the
     /// transcendentals' tolerance).
     pub fn fused_attention_matches_the_reference(&self) {
@@ -139,7 +147,7 @@ impl Conformance<'_> {
             let lens = portable_lens(op, &runs[0]);
             let mut kernels =
                 vec![attention_kernel(op, &lens).unwrap_or_else(|e| panic!("{op}: {e}"))];
-            if op.l.as_const().is_some_and(|l| l <= DECODE_MAX_QUERIES) {
+            if op.dropout.is_none() && op.l.as_const().is_some_and(|l| l <= DECODE_MAX_QUERIES) {
                 kernels.push(
                     attention_decode_kernel(op, &lens).unwrap_or_else(|e| panic!("{op}: {e}")),
                 );
@@ -188,6 +196,22 @@ impl Conformance<'_> {
                 heads: heads.into(),
                 strides: strides.map(Dim::from),
             });
+            run(&op, &none);
+        }
+        // Dropout of the probabilities (p = 0.3), with a causal and with a padding mask.
+        for (dtype, causal) in [(DType::F32, true), (DType::BF16, false)] {
+            let mut op = attention_op(dtype, [2, 37, 45, 16], causal, [false; 2]);
+            op.dropout = Some(AttentionDropout {
+                threshold: (0.3f64 * 4_294_967_296.0).round() as u32,
+                scale: Scalar::F32((1.0 / 0.7f64) as f32),
+            });
+            if !causal {
+                op.mask = Some(AttentionMask {
+                    dtype: DType::Bool,
+                    heads: 1.into(),
+                    strides: [45, 0, 0, 1].map(Dim::from),
+                });
+            }
             run(&op, &none);
         }
         // Decoding: a few queries against more keys than a workgroup has invocations,
@@ -247,6 +271,9 @@ fn portable_lens(op: &Attention, dims: &Bindings) -> Vec<Dim> {
     if op.mask.is_some() {
         let count = op.sizes(dims).unwrap().mask_elements().max(1);
         lens.push(count.into());
+    }
+    if op.dropout.is_some() {
+        lens.push(4.into());
     }
     lens.push(pairs * op.l * op.ev);
     lens
