@@ -227,24 +227,42 @@ impl Dropper {
         }
     }
 
-    /// `weight` times the scale where the probability at `(i, j)` is kept, else 0.
-    fn apply(&self, kb: &mut KernelBuilder, weight: Value, i: Value, j: Value) -> Value {
-        let (i, j) = (kb.cast(i, DType::U64), kb.cast(j, DType::U64));
+    /// The factors (the scale, or 0 where dropped) of query `i`'s probabilities at keys
+    /// `j0..j0 + keys`, in registers: one Philox block per four consecutive positions,
+    /// each block's words stored at the positions of the tile they cover.
+    fn factors(&self, kb: &mut KernelBuilder, i: Value, j0: Value, keys: usize) -> Mem {
+        let factors = kb.reg(DType::F32, keys);
+        let (i, j0) = (kb.cast(i, DType::U64), kb.cast(j0, DType::U64));
         let row = kb.add(self.row0, i);
-        let pos = kb.ternary(TernaryOp::MulAdd, row, self.s, j);
+        let first = kb.ternary(TernaryOp::MulAdd, row, self.s, j0);
         let four = kb.constant(Scalar::U64(4));
-        let block = kb.div(pos, four);
-        let lane = kb.rem(pos, four);
-        let words = crate::philox::emit(kb, block, self.key);
-        let mut word = words[3];
-        for w in (0..3).rev() {
-            let here = kb.constant(Scalar::U64(w as u64));
-            let here = kb.binary(BinaryOp::Eq, lane, here);
-            word = kb.select(here, words[w], word);
-        }
-        let kept = kb.binary(BinaryOp::Ge, word, self.threshold);
-        let scaled = kb.mul(weight, self.scale);
-        kb.select(kept, scaled, self.zero)
+        let first_block = kb.div(first, four);
+        let end = kb.constant(Scalar::U64(keys as u64));
+        let end = kb.add(first, end);
+        let (zero, blocks) = (
+            kb.constant(Scalar::U64(0)),
+            kb.constant(Scalar::U64(keys.div_ceil(4) as u64 + 1)),
+        );
+        kb.range(zero, blocks, |kb, b| {
+            let block = kb.add(first_block, b);
+            let words = crate::philox::emit(kb, block, self.key);
+            let base = kb.mul(block, four);
+            for (w, word) in words.into_iter().enumerate() {
+                let lane = kb.constant(Scalar::U64(w as u64));
+                let pos = kb.add(base, lane);
+                let after = kb.binary(BinaryOp::Ge, pos, first);
+                let before = kb.lt(pos, end);
+                let inside = kb.binary(BinaryOp::And, after, before);
+                kb.if_(inside, |kb| {
+                    let jj = kb.sub(pos, first);
+                    let jj = kb.cast(jj, DType::I32);
+                    let kept = kb.binary(BinaryOp::Ge, word, self.threshold);
+                    let factor = kb.select(kept, self.scale, self.zero);
+                    kb.store(factors, jj, factor);
+                });
+            }
+        });
+        factors
     }
 }
 
@@ -391,6 +409,7 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
             let a = kb.mul(a, rescale);
             kb.store(acc, x, a);
         });
+        let factors = dropper.as_ref().map(|d| d.factors(kb, i, j0, keys));
         kb.range(zero_i, keys_end, |kb, jj| {
             let score = kb.load(scores, jj);
             let lifted = kb.sub(score, shift);
@@ -399,10 +418,10 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
             let sum = kb.add(sum, weight);
             kb.store(stats, second, sum);
             // Dropout scales what the value rows get, not the normalizing sum.
-            let weight = match &dropper {
-                Some(d) => {
-                    let j = kb.add(j0, jj);
-                    d.apply(kb, weight, i, j)
+            let weight = match factors {
+                Some(factors) => {
+                    let factor = kb.load(factors, jj);
+                    kb.mul(weight, factor)
                 }
                 None => weight,
             };
