@@ -170,10 +170,12 @@ impl DistributedDataParallel {
                 out[i] = Some(value);
             }
         }
-        Ok(out
-            .into_iter()
-            .map(|g| g.expect("every parameter is in a bucket"))
-            .collect())
+        out.into_iter()
+            .enumerate()
+            .map(|(i, g)| {
+                g.ok_or_else(|| Error::Internal(format!("parameter {i} is in no bucket")))
+            })
+            .collect()
     }
 
     /// One training step on this rank's scalar `loss`: its gradients with respect to the

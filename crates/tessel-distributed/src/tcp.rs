@@ -323,6 +323,14 @@ impl TcpCollective {
                             h.describe(),
                             header.describe()
                         ));
+                    } else if bytes.len() != data.len() {
+                        // Every rank sends its own data of the agreed size.
+                        failure = Some(format!(
+                            "rank {r} sent {} bytes for {}, rank 0 has {}",
+                            bytes.len(),
+                            header.describe(),
+                            data.len()
+                        ));
                     }
                     payloads.push(bytes);
                 }
