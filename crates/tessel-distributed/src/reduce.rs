@@ -57,34 +57,69 @@ pub(crate) fn check_dtype(op: &'static str, dtype: DType, reduce: Option<ReduceO
 pub(crate) fn reduce(dtype: DType, op: ReduceOp, parts: &[&[u8]]) -> Vec<u8> {
     let ranks = parts.len();
     match dtype {
-        DType::F32 => fold::<f32, 4>(parts, f32::from_le_bytes, f32::to_le_bytes, op, ranks),
-        DType::F64 => fold::<f64, 8>(parts, f64::from_le_bytes, f64::to_le_bytes, op, ranks),
+        DType::F32 => fold::<f32, 4>(
+            parts,
+            f32::from_le_bytes,
+            f32::to_le_bytes,
+            &floats(op, ranks),
+        ),
+        DType::F64 => fold::<f64, 8>(
+            parts,
+            f64::from_le_bytes,
+            f64::to_le_bytes,
+            &floats(op, ranks),
+        ),
         DType::BF16 => fold::<f32, 2>(
             parts,
             |b| bf16::from_le_bytes(b).to_f32(),
             |x| bf16::from_f32(x).to_le_bytes(),
-            op,
-            ranks,
+            &floats(op, ranks),
         ),
         DType::F16 => fold::<f32, 2>(
             parts,
             |b| f16::from_le_bytes(b).to_f32(),
             |x| f16::from_f32(x).to_le_bytes(),
-            op,
-            ranks,
+            &floats(op, ranks),
         ),
-        DType::I32 => fold_int::<4>(
+        DType::I32 => fold::<i64, 4>(
             parts,
-            op,
             |b| i64::from(i32::from_le_bytes(b)),
             |x| (x as i32).to_le_bytes(),
+            &integers(op),
         ),
-        DType::I64 => fold_int::<8>(parts, op, i64::from_le_bytes, i64::to_le_bytes),
+        DType::I64 => fold::<i64, 8>(parts, i64::from_le_bytes, i64::to_le_bytes, &integers(op)),
         _ => {
             debug_assert!(false, "check_dtype admits only reducible dtypes");
             parts[0].to_vec()
         }
     }
+}
+
+/// How values combine, and the divisor of a mean.
+struct Combine<A> {
+    with: fn(ReduceOp, A, A) -> A,
+    op: ReduceOp,
+    divisor: Option<A>,
+}
+
+/// Element `i` of every part combined in rank order, written back as bytes.
+fn fold<A: Copy + std::ops::Div<Output = A>, const W: usize>(
+    parts: &[&[u8]],
+    read: impl Fn([u8; W]) -> A,
+    write: impl Fn(A) -> [u8; W],
+    combine: &Combine<A>,
+) -> Vec<u8> {
+    let at = |part: &[u8], i: usize| read(part[i * W..(i + 1) * W].try_into().expect("W bytes"));
+    let n = parts[0].len() / W;
+    let mut out = Vec::with_capacity(n * W);
+    for i in 0..n {
+        let acc = parts[1..].iter().fold(at(parts[0], i), |acc, part| {
+            (combine.with)(combine.op, acc, at(part, i))
+        });
+        let value = combine.divisor.map_or(acc, |d| acc / d);
+        out.extend_from_slice(&write(value));
+    }
+    out
 }
 
 /// Accumulator arithmetic for the float folds.
@@ -111,83 +146,55 @@ impl Float for f64 {
     }
 }
 
-fn fold<A: Float, const W: usize>(
-    parts: &[&[u8]],
-    read: impl Fn([u8; W]) -> A,
-    write: impl Fn(A) -> [u8; W],
-    op: ReduceOp,
-    ranks: usize,
-) -> Vec<u8> {
-    let at = |part: &[u8], i: usize| read(part[i * W..(i + 1) * W].try_into().expect("W bytes"));
-    let n = parts[0].len() / W;
-    let mut out = Vec::with_capacity(n * W);
-    for i in 0..n {
-        let mut acc = at(parts[0], i);
-        for part in &parts[1..] {
-            let x = at(part, i);
-            acc = match op {
-                ReduceOp::Sum | ReduceOp::Mean => acc + x,
-                ReduceOp::Max if acc.is_nan() || x.is_nan() => {
-                    if acc.is_nan() {
-                        acc
-                    } else {
-                        x
-                    }
+/// Float combination: sums, or the max/min with NaN winning (as `torch.maximum`).
+fn floats<A: Float>(op: ReduceOp, ranks: usize) -> Combine<A> {
+    fn with<A: Float>(op: ReduceOp, acc: A, x: A) -> A {
+        let nan = if acc.is_nan() {
+            Some(acc)
+        } else {
+            x.is_nan().then_some(x)
+        };
+        match (op, nan) {
+            (ReduceOp::Sum | ReduceOp::Mean, _) => acc + x,
+            (_, Some(nan)) => nan,
+            (ReduceOp::Max, None) => {
+                if x > acc {
+                    x
+                } else {
+                    acc
                 }
-                ReduceOp::Min if acc.is_nan() || x.is_nan() => {
-                    if acc.is_nan() {
-                        acc
-                    } else {
-                        x
-                    }
+            }
+            (ReduceOp::Min, None) => {
+                if x < acc {
+                    x
+                } else {
+                    acc
                 }
-                ReduceOp::Max => {
-                    if x > acc {
-                        x
-                    } else {
-                        acc
-                    }
-                }
-                ReduceOp::Min => {
-                    if x < acc {
-                        x
-                    } else {
-                        acc
-                    }
-                }
-            };
+            }
         }
-        if op == ReduceOp::Mean {
-            acc = acc / A::from_count(ranks);
-        }
-        out.extend_from_slice(&write(acc));
     }
-    out
+    Combine {
+        with,
+        op,
+        divisor: (op == ReduceOp::Mean).then(|| A::from_count(ranks)),
+    }
 }
 
-fn fold_int<const W: usize>(
-    parts: &[&[u8]],
-    op: ReduceOp,
-    read: impl Fn([u8; W]) -> i64,
-    write: impl Fn(i64) -> [u8; W],
-) -> Vec<u8> {
-    let at = |part: &[u8], i: usize| read(part[i * W..(i + 1) * W].try_into().expect("W bytes"));
-    let n = parts[0].len() / W;
-    let mut out = Vec::with_capacity(n * W);
-    for i in 0..n {
-        let mut acc = at(parts[0], i);
-        for part in &parts[1..] {
-            let x = at(part, i);
-            acc = match op {
-                // Wrapping, as integer tensor arithmetic is.
-                ReduceOp::Sum | ReduceOp::Mean => acc.wrapping_add(x),
-                ReduceOp::Max => acc.max(x),
-                ReduceOp::Min => acc.min(x),
-            };
+/// Integer combination, wrapping as integer tensor arithmetic does (`Mean` is refused
+/// before any communication).
+fn integers(op: ReduceOp) -> Combine<i64> {
+    fn with(op: ReduceOp, acc: i64, x: i64) -> i64 {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => acc.wrapping_add(x),
+            ReduceOp::Max => acc.max(x),
+            ReduceOp::Min => acc.min(x),
         }
-        out.extend_from_slice(&write(acc));
     }
-    out
+    Combine {
+        with,
+        op,
+        divisor: None,
+    }
 }
 
 #[cfg(test)]

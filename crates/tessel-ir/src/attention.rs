@@ -395,9 +395,7 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
         let old = kb.load(stats, first);
         let grown = kb.load(tile_max, first);
         let new = kb.binary(BinaryOp::Max, old, grown);
-        // While every key so far is hidden the max is `-inf`: weights are then 0, not NaN.
-        let none_seen = kb.binary(BinaryOp::Eq, new, neg_inf);
-        let shift = kb.select(none_seen, zero, new);
+        let shift = exp_shift(kb, new, neg_inf, zero);
         let lost = kb.sub(old, shift);
         let rescale = kb.unary(UnaryOp::Exp, lost);
         kb.store(stats, first, new);
@@ -445,13 +443,8 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
         kb.range(zero_i, ev_end, |kb, x| {
             let a = kb.load(acc, x);
             let y = kb.div(a, sum);
-            let y = if op.dtype == DType::F32 {
-                y
-            } else {
-                kb.cast(y, op.dtype)
-            };
             let at = kb.add(base, x);
-            kb.store(out, at, y);
+            store_as(kb, out, at, y, op.dtype);
         });
     });
     kb.build().map_err(|e| e.to_string())
@@ -561,8 +554,7 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
             let score = scorer.score(kb, dot, i, j, always);
             let old = kb.load(stats, first);
             let new = kb.binary(BinaryOp::Max, old, score);
-            let none_seen = kb.binary(BinaryOp::Eq, new, neg_inf);
-            let shift = kb.select(none_seen, zero, new);
+            let shift = exp_shift(kb, new, neg_inf, zero);
             let lost = kb.sub(old, shift);
             let rescale = kb.unary(UnaryOp::Exp, lost);
             let lifted = kb.sub(score, shift);
@@ -607,8 +599,7 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
         kb.store(top, first, t);
     });
     let top = kb.load(top, first);
-    let none_seen = kb.binary(BinaryOp::Eq, top, neg_inf);
-    let shift = kb.select(none_seen, zero, top);
+    let shift = exp_shift(&mut kb, top, neg_inf, zero);
     // Each invocation's weight, and the total.
     let weights = kb.reg(f32, lanes);
     let total = kb.reg(f32, 1);
@@ -644,16 +635,28 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
             });
             let y = kb.load(sum, first);
             let y = kb.div(y, total);
-            let y = if op.dtype == DType::F32 {
-                y
-            } else {
-                kb.cast(y, op.dtype)
-            };
             let at = kb.add(out_base, x);
-            kb.store(out, at, y);
+            store_as(kb, out, at, y, op.dtype);
         });
     });
     kb.build().map_err(|e| e.to_string())
+}
+
+/// What exponentials subtract for a running max `max`: the max itself, or 0 while every key
+/// so far is hidden (`max` is `-inf`), so their weights are 0 rather than NaN.
+fn exp_shift(kb: &mut KernelBuilder, max: Value, neg_inf: Value, zero: Value) -> Value {
+    let none_seen = kb.binary(BinaryOp::Eq, max, neg_inf);
+    kb.select(none_seen, zero, max)
+}
+
+/// Stores the `f32` value `y` at element `at` of `buf`, rounded to `dtype`.
+fn store_as(kb: &mut KernelBuilder, buf: Buf, at: Value, y: Value, dtype: DType) {
+    let y = if dtype == DType::F32 {
+        y
+    } else {
+        kb.cast(y, dtype)
+    };
+    kb.store(buf, at, y);
 }
 
 /// Loads element `at` of `buf` as `f32`.
