@@ -36,7 +36,7 @@ impl VendorProgram {
                     .then(|| VendorProgram { op: m.clone() })
             }
             // The composition's kernels and `gemm` products run attention here.
-            VendorOp::Attention(_) => None,
+            VendorOp::Attention(_) | VendorOp::AttentionBackward(_) => None,
         }
     }
 

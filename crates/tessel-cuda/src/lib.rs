@@ -865,11 +865,13 @@ impl Backend for CudaBackend {
     /// cuBLAS handle is made here, on first use.
     ///
     /// An [`Attention`](tessel_ir::Attention) gets the fused kernel (`attention.rs`) where
-    /// its head dim and dtype allow, else nothing.
+    /// its head dim and dtype allow, else nothing; its backward has no program of its own
+    /// (the portable kernels run it).
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Vec<VendorProgram>, BackendError> {
         match op {
             VendorOp::Matmul(matmul) => self.matmul_programs(device, matmul),
             VendorOp::Attention(attention) => self.attention_programs(device, attention),
+            VendorOp::AttentionBackward(_) => Ok(Vec::new()),
         }
     }
 

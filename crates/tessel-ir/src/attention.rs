@@ -28,11 +28,11 @@ use crate::vendor::{Attention, AttentionDropout, AttentionMask};
 pub const ROWS: usize = 32;
 
 /// Largest `e + ev` the kernel keeps in registers; longer heads use the composition.
-const MAX_HEAD: usize = 512;
+pub(crate) const MAX_HEAD: usize = 512;
 
 /// Local memory per workgroup the key and value tiles may fill: 16 KiB, the least every
 /// backend offers (WebGPU's default limit).
-const TILE_BYTES: usize = 16 << 10;
+pub(crate) const TILE_BYTES: usize = 16 << 10;
 
 /// What both kernels start from: the checks, the builder with the buffer parameters
 /// declared, and the index dtype.
@@ -52,25 +52,7 @@ struct Setup<'a> {
 
 impl<'a> Setup<'a> {
     fn new(op: &'a Attention, lens: &[Dim], name: &str) -> Result<Setup<'a>, String> {
-        let (Some(e), Some(ev)) = (op.e.as_const(), op.ev.as_const()) else {
-            return Err(format!(
-                "head dims {} and {} are not constants",
-                op.e, op.ev
-            ));
-        };
-        if e < 1 || ev < 1 || (e + ev) as usize > MAX_HEAD {
-            return Err(format!("head dims {e} + {ev} outside 2..={MAX_HEAD}"));
-        }
-        // Everything is computed in f32: f64 operands keep the exact composition.
-        let kernel_dtype = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
-        if !kernel_dtype(op.dtype) {
-            return Err(format!("{op}: operands must be f16, bf16 or f32"));
-        }
-        if let Some(m) = &op.mask
-            && !(m.dtype == DType::Bool || kernel_dtype(m.dtype))
-        {
-            return Err(format!("{op}: the mask must be bool, f16, bf16 or f32"));
-        }
+        let (e, ev) = checked_heads(op)?;
         let want = 4 + usize::from(op.mask.is_some()) + usize::from(op.dropout.is_some());
         if lens.len() != want {
             return Err(format!(
@@ -78,11 +60,7 @@ impl<'a> Setup<'a> {
                 lens.len()
             ));
         }
-        let idx = if lens.iter().all(|n| n.bounds().hi < i64::from(i32::MAX)) {
-            DType::I32
-        } else {
-            DType::I64
-        };
+        let idx = index_dtype(lens);
         let mut kb = KernelBuilder::new(name);
         let q = kb.buffer("q", op.dtype, lens[0], Access::Read);
         let k = kb.buffer("k", op.dtype, lens[1], Access::Read);
@@ -104,32 +82,66 @@ impl<'a> Setup<'a> {
             key,
             out,
             idx,
-            e: e as usize,
-            ev: ev as usize,
+            e,
+            ev,
         })
+    }
+}
+
+/// The head dims `(e, ev)` of `op`, or why no portable kernel computes it: head dims that
+/// are not constants or are longer than the registers hold, operands other than f16, bf16
+/// and f32, masks other than those or bool.
+pub(crate) fn checked_heads(op: &Attention) -> Result<(usize, usize), String> {
+    let (Some(e), Some(ev)) = (op.e.as_const(), op.ev.as_const()) else {
+        return Err(format!(
+            "head dims {} and {} are not constants",
+            op.e, op.ev
+        ));
+    };
+    if e < 1 || ev < 1 || (e + ev) as usize > MAX_HEAD {
+        return Err(format!("head dims {e} + {ev} outside 2..={MAX_HEAD}"));
+    }
+    // Everything is computed in f32: f64 operands keep the exact composition.
+    let kernel_dtype = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+    if !kernel_dtype(op.dtype) {
+        return Err(format!("{op}: operands must be f16, bf16 or f32"));
+    }
+    if let Some(m) = &op.mask
+        && !(m.dtype == DType::Bool || kernel_dtype(m.dtype))
+    {
+        return Err(format!("{op}: the mask must be bool, f16, bf16 or f32"));
+    }
+    Ok((e as usize, ev as usize))
+}
+
+/// `i32` indices where every buffer length fits them, else `i64`.
+pub(crate) fn index_dtype(lens: &[Dim]) -> DType {
+    if lens.iter().all(|n| n.bounds().hi < i64::from(i32::MAX)) {
+        DType::I32
+    } else {
+        DType::I64
     }
 }
 
 /// The scaled score of query `i` against key `j` from their dot product `dot`, with the
 /// mask added (read where `readable`) and `-inf` where the key is hidden: past `s`,
 /// causally, or by the mask.
-struct Scorer {
+pub(crate) struct Scorer {
     scale: Value,
     neg_inf: Value,
     zero: Value,
     s: Value,
     causal: bool,
-    /// The mask's buffer and dtype, its offset for the invocation's query, and its key stride.
-    mask: Option<(Buf, DType, Value, Value)>,
+    /// The mask's buffer and dtype, its offset for the pair, and its query and key strides.
+    mask: Option<(Buf, DType, Value, [Value; 2])>,
 }
 
 impl Scorer {
-    fn new(
+    pub(crate) fn new(
         kb: &mut KernelBuilder,
         op: &Attention,
         setup_mask: Option<(Buf, &AttentionMask)>,
         pair: Value,
-        i: Value,
         idx: DType,
     ) -> Scorer {
         let mask = setup_mask.map(|(buf, m)| {
@@ -139,8 +151,7 @@ impl Scorer {
             let head = kb.rem(pair, heads);
             let base = kb.mul(outer, so);
             let base = kb.ternary(TernaryOp::MulAdd, head, sh, base);
-            let base = kb.ternary(TernaryOp::MulAdd, i, si, base);
-            (buf, m.dtype, base, sj)
+            (buf, m.dtype, base, [si, sj])
         });
         Scorer {
             scale: kb.constant(Scalar::F32(op.scale.to_f64() as f32)),
@@ -152,7 +163,7 @@ impl Scorer {
         }
     }
 
-    fn score(
+    pub(crate) fn score(
         &self,
         kb: &mut KernelBuilder,
         dot: Value,
@@ -163,13 +174,14 @@ impl Scorer {
         let score = kb.mul(dot, self.scale);
         let mut visible = kb.lt(j, self.s);
         let score = match self.mask {
-            Some((buf, dtype, base, sj)) => {
+            Some((buf, dtype, base, [si, sj])) => {
                 let added = kb.reg(DType::F32, 1);
                 let first = kb.constant_as(0, DType::I32);
                 kb.store(added, first, self.zero);
                 let readable = kb.binary(BinaryOp::And, visible, readable);
                 kb.if_(readable, |kb| {
-                    let at = kb.ternary(TernaryOp::MulAdd, j, sj, base);
+                    let at = kb.ternary(TernaryOp::MulAdd, i, si, base);
+                    let at = kb.ternary(TernaryOp::MulAdd, j, sj, at);
                     let m = if dtype == DType::Bool {
                         let hides = kb.load(buf, at);
                         kb.select(hides, self.neg_inf, self.zero)
@@ -193,7 +205,7 @@ impl Scorer {
 
 /// Dropout of a probability at `(query i, key j)` of the invocation's pair: the Philox word
 /// at its row-major position in `[batch, l, s]`, compared with the threshold.
-struct Dropper {
+pub(crate) struct Dropper {
     key: [Value; 4],
     /// `pair · l` as `u64`.
     row0: Value,
@@ -204,7 +216,7 @@ struct Dropper {
 }
 
 impl Dropper {
-    fn new(
+    pub(crate) fn new(
         kb: &mut KernelBuilder,
         op: &Attention,
         d: AttentionDropout,
@@ -230,7 +242,7 @@ impl Dropper {
     /// The factors (the scale, or 0 where dropped) of query `i`'s probabilities at keys
     /// `j0..j0 + keys`, in registers: one Philox block per four consecutive positions,
     /// each block's words stored at the positions of the tile they cover.
-    fn factors(&self, kb: &mut KernelBuilder, i: Value, j0: Value, keys: usize) -> Mem {
+    pub(crate) fn factors(&self, kb: &mut KernelBuilder, i: Value, j0: Value, keys: usize) -> Mem {
         let factors = kb.reg(DType::F32, keys);
         let (i, j0) = (kb.cast(i, DType::U64), kb.cast(j0, DType::U64));
         let row = kb.add(self.row0, i);
@@ -263,6 +275,25 @@ impl Dropper {
             }
         });
         factors
+    }
+
+    /// The factor of query `i`'s probability at key `j` alone (one Philox block).
+    pub(crate) fn factor(&self, kb: &mut KernelBuilder, i: Value, j: Value) -> Value {
+        let (i, j) = (kb.cast(i, DType::U64), kb.cast(j, DType::U64));
+        let row = kb.add(self.row0, i);
+        let pos = kb.ternary(TernaryOp::MulAdd, row, self.s, j);
+        let four = kb.constant(Scalar::U64(4));
+        let block = kb.div(pos, four);
+        let lane = kb.rem(pos, four);
+        let words = crate::philox::emit(kb, block, self.key);
+        let mut word = words[3];
+        for w in (0..3).rev() {
+            let at = kb.constant(Scalar::U64(w as u64));
+            let here = kb.binary(BinaryOp::Eq, lane, at);
+            word = kb.select(here, words[w], word);
+        }
+        let kept = kb.binary(BinaryOp::Ge, word, self.threshold);
+        kb.select(kept, self.scale, self.zero)
     }
 }
 
@@ -350,7 +381,7 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
     );
     let k_base = kb.mul(kv_pair, k_stride);
     let v_base = kb.mul(kv_pair, v_stride);
-    let scorer = Scorer::new(&mut kb, op, mask, pair, i, idx);
+    let scorer = Scorer::new(&mut kb, op, mask, pair, idx);
     let dropper = op
         .dropout
         .zip(key)
@@ -530,7 +561,7 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
     let v_stride = kb.expr(op.v_batch_stride, idx);
     let k_base = kb.mul(kv_pair, k_stride);
     let v_base = kb.mul(kv_pair, v_stride);
-    let scorer = Scorer::new(&mut kb, op, mask, pair, i, idx);
+    let scorer = Scorer::new(&mut kb, op, mask, pair, idx);
     let one = c(&mut kb, 1);
     let steps = kb.add(key_end, lanes_v);
     let steps = kb.sub(steps, one);
@@ -644,13 +675,13 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
 
 /// What exponentials subtract for a running max `max`: the max itself, or 0 while every key
 /// so far is hidden (`max` is `-inf`), so their weights are 0 rather than NaN.
-fn exp_shift(kb: &mut KernelBuilder, max: Value, neg_inf: Value, zero: Value) -> Value {
+pub(crate) fn exp_shift(kb: &mut KernelBuilder, max: Value, neg_inf: Value, zero: Value) -> Value {
     let none_seen = kb.binary(BinaryOp::Eq, max, neg_inf);
     kb.select(none_seen, zero, max)
 }
 
 /// Stores the `f32` value `y` at element `at` of `buf`, rounded to `dtype`.
-fn store_as(kb: &mut KernelBuilder, buf: Buf, at: Value, y: Value, dtype: DType) {
+pub(crate) fn store_as(kb: &mut KernelBuilder, buf: Buf, at: Value, y: Value, dtype: DType) {
     let y = if dtype == DType::F32 {
         y
     } else {
@@ -660,7 +691,7 @@ fn store_as(kb: &mut KernelBuilder, buf: Buf, at: Value, y: Value, dtype: DType)
 }
 
 /// Loads element `at` of `buf` as `f32`.
-fn load_f32(kb: &mut KernelBuilder, buf: Buf, at: Value) -> Value {
+pub(crate) fn load_f32(kb: &mut KernelBuilder, buf: Buf, at: Value) -> Value {
     let x = kb.load(buf, at);
     let (Param::Buffer { dtype, .. } | Param::Dim { dtype, .. }) = kb.kernel().params[buf.0];
     if dtype == DType::F32 {
@@ -673,7 +704,7 @@ fn load_f32(kb: &mut KernelBuilder, buf: Buf, at: Value) -> Value {
 /// Copies rows `j0..j0 + rows` of `width` elements, starting at element `base` of `src`,
 /// into `tile` as `f32`, the workgroup's invocations sharing the elements; rows at or past
 /// `len` read as zeros; `transposed`: element `(row, col)` goes to `col·rows + row`.
-fn copy_tile(
+pub(crate) fn copy_tile(
     kb: &mut KernelBuilder,
     tile: Mem,
     src: Buf,

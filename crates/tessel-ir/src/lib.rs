@@ -16,6 +16,7 @@
 //! nothing about any particular device: backends depend on it, never the reverse.
 
 pub mod attention;
+pub mod attention_backward;
 pub mod backend;
 mod bounds;
 pub mod builder;
@@ -42,7 +43,7 @@ pub use handles::Handles;
 pub use kernel::{Access, AtomicOp, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
 pub use launch::LaunchArgs;
 pub use vendor::{
-    Activation, Attention, AttentionDropout, AttentionMask, AttentionSizes, Epilogue, Matmul,
-    MatmulSizes, VendorOp, VendorProgram,
+    Activation, Attention, AttentionBackward, AttentionDropout, AttentionGrads, AttentionMask,
+    AttentionPart, AttentionSizes, Epilogue, Matmul, MatmulSizes, VendorOp, VendorProgram,
 };
 pub use verify::{Def, VerifyError, VerifyErrorKind, verify};

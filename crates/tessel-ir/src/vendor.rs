@@ -37,6 +37,8 @@ pub enum VendorOp {
     Matmul(Matmul),
     /// Fused scaled dot-product attention; see [`Attention`].
     Attention(Attention),
+    /// A piece of an attention's backward pass; see [`AttentionBackward`].
+    AttentionBackward(AttentionBackward),
 }
 
 impl fmt::Display for VendorOp {
@@ -44,6 +46,7 @@ impl fmt::Display for VendorOp {
         match self {
             VendorOp::Matmul(m) => m.fmt(f),
             VendorOp::Attention(a) => a.fmt(f),
+            VendorOp::AttentionBackward(a) => a.fmt(f),
         }
     }
 }
@@ -550,5 +553,158 @@ impl fmt::Display for Attention {
             )?;
         }
         Ok(())
+    }
+}
+
+/// One piece of the backward pass of an [`Attention`] (`forward`), computed as flash
+/// attention does: the probabilities are recomputed from the scores and each query's
+/// log-sum-exp, so no `[l, s]` matrix is stored.
+///
+/// With `p_ij = exp(score_ij − lse_i)` (0 where the key is hidden), `f_ij` the dropout
+/// factor (1 without dropout), `dO` the output's gradient and `delta_i = dO_i · out_i`:
+///
+/// - [`LogSumExp`](AttentionPart::LogSumExp): `lse_i = log Σ_j exp(score_ij)` in `f32`,
+///   `batch·l` elements; buffers `[q, k, mask?, lse]`.
+/// - [`Query`](AttentionPart::Query): `dq_i = scale Σ_j ds_ij k_j` with
+///   `ds_ij = p_ij (f_ij (dO_i · v_j) − delta_i)`, `batch·l·e` elements.
+/// - [`Key`](AttentionPart::Key): `dk_j = scale Σ_i ds_ij q_i` for each pair, `batch·s·e`
+///   elements: with grouped-query heads, one matrix per query head (the caller sums a
+///   group's).
+/// - [`Value`](AttentionPart::Value): `dv_j = Σ_i p_ij f_ij dO_i` for each pair,
+///   `batch·s·ev` elements.
+///
+/// The gradients bind as `[q, k, v, mask?, key?, dO, lse, delta, out]`: `dO` contiguous
+/// `batch·l·ev` in `dtype`, `lse` and `delta` contiguous `batch·l` in `f32`, the result in
+/// `dtype`. Everything is computed in `f32`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionBackward {
+    /// The attention differentiated.
+    pub forward: Attention,
+    /// What this piece computes.
+    pub part: AttentionPart,
+}
+
+/// What an [`AttentionBackward`] computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionPart {
+    /// Each query's log-sum-exp of its scores.
+    LogSumExp,
+    /// The gradient of `q`.
+    Query,
+    /// The gradient of `k`, per query pair.
+    Key,
+    /// The gradient of `v`, per query pair.
+    Value,
+}
+
+/// [`AttentionBackward::reference`]'s results, every one in `f64`.
+#[derive(Clone, Debug, Default)]
+pub struct AttentionGrads {
+    /// `batch·l`.
+    pub lse: Vec<f64>,
+    /// `dO_i · out_i`, `batch·l`.
+    pub delta: Vec<f64>,
+    /// `batch·l·e`.
+    pub dq: Vec<f64>,
+    /// Per query pair, `batch·s·e`.
+    pub dk: Vec<f64>,
+    /// Per query pair, `batch·s·ev`.
+    pub dv: Vec<f64>,
+}
+
+impl AttentionBackward {
+    /// Every piece in `f64` from operands read as `f64` (the definition every program is
+    /// tested against); `d_out` is `batch·l·ev`, the rest as for [`Attention::reference`].
+    pub fn reference(
+        forward: &Attention,
+        s: &AttentionSizes,
+        [q, k, v, mask, d_out]: [&[f64]; 5],
+        key: [u32; 4],
+    ) -> AttentionGrads {
+        let scale = forward.scale.to_f64();
+        let [qs, ks, vs] = s.batch_strides;
+        let mut r = AttentionGrads {
+            dk: vec![0.0; s.batch * s.s * s.e],
+            dv: vec![0.0; s.batch * s.s * s.ev],
+            ..AttentionGrads::default()
+        };
+        let out = forward.reference(s, [q, k, v, mask], key);
+        for b in 0..s.batch {
+            let g = b / s.kv_group;
+            for i in 0..s.l {
+                let qi = &q[b * qs + i * s.e..][..s.e];
+                let row = (b * s.l + i) * s.ev;
+                let (d_oi, oi) = (&d_out[row..][..s.ev], &out[row..][..s.ev]);
+                let scores: Vec<f64> = (0..s.s)
+                    .map(|j| {
+                        let kj = &k[g * ks + j * s.e..][..s.e];
+                        let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
+                        let added = s.mask_offset(b, i, j).map_or(0.0, |o| match &forward.mask {
+                            Some(m) if m.dtype == DType::Bool && mask[o] != 0.0 => f64::NEG_INFINITY,
+                            Some(m) if m.dtype == DType::Bool => 0.0,
+                            _ => mask[o],
+                        });
+                        if forward.causal && j > i {
+                            f64::NEG_INFINITY
+                        } else {
+                            dot * scale + added
+                        }
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let lse = max + scores.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+                let delta: f64 = d_oi.iter().zip(oi).map(|(x, y)| x * y).sum();
+                r.lse.push(lse);
+                r.delta.push(delta);
+                let mut dq = vec![0.0; s.e];
+                for (j, score) in scores.iter().enumerate() {
+                    let p = (score - lse).exp();
+                    let factor = match &forward.dropout {
+                        Some(d) if d.keeps(key, ((b * s.l + i) * s.s + j) as u64) => {
+                            d.scale.to_f64()
+                        }
+                        Some(_) => 0.0,
+                        None => 1.0,
+                    };
+                    let vj = &v[g * vs + j * s.ev..][..s.ev];
+                    let dp: f64 = d_oi.iter().zip(vj).map(|(x, y)| x * y).sum();
+                    let ds = p * (factor * dp - delta);
+                    let kj = &k[g * ks + j * s.e..][..s.e];
+                    let dk = &mut r.dk[(b * s.s + j) * s.e..][..s.e];
+                    for d in 0..s.e {
+                        dq[d] += scale * ds * kj[d];
+                        dk[d] += scale * ds * qi[d];
+                    }
+                    let dv = &mut r.dv[(b * s.s + j) * s.ev..][..s.ev];
+                    for (x, dv) in dv.iter_mut().enumerate() {
+                        *dv += p * factor * d_oi[x];
+                    }
+                }
+                r.dq.extend(dq);
+            }
+        }
+        r
+    }
+
+    /// Elements of the result for one launch's sizes.
+    pub fn out_elements(&self, s: &AttentionSizes) -> usize {
+        match self.part {
+            AttentionPart::LogSumExp => s.batch * s.l,
+            AttentionPart::Query => s.batch * s.l * s.e,
+            AttentionPart::Key => s.batch * s.s * s.e,
+            AttentionPart::Value => s.batch * s.s * s.ev,
+        }
+    }
+}
+
+impl fmt::Display for AttentionBackward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let part = match self.part {
+            AttentionPart::LogSumExp => "log-sum-exp",
+            AttentionPart::Query => "dq",
+            AttentionPart::Key => "dk",
+            AttentionPart::Value => "dv",
+        };
+        write!(f, "{part} of {}", self.forward)
     }
 }

@@ -3,7 +3,7 @@
 //! conformance check of the portable kernel ([`tessel_ir::attention`]).
 
 use tessel_ir::attention::{DECODE_MAX_QUERIES, attention_decode_kernel, attention_kernel};
-use tessel_ir::{Attention, AttentionDropout, AttentionMask, Backend, ProgramId};
+use tessel_ir::{Attention, AttentionDropout, AttentionMask, AttentionSizes, Backend, ProgramId};
 use tessel_shape::{Bindings, DType, Dim, Scalar, Var};
 
 use crate::{Conformance, Rng, decode, encode};
@@ -53,35 +53,15 @@ pub fn check_attention(
     let name = backend.name();
     let sizes = op.sizes(dims).unwrap();
     let counts = sizes.min_elements();
-    let mut rng = Rng(0xa77e ^ (sizes.l * 1009 + sizes.s * 31 + sizes.e) as u64);
-    let mut values = |n: usize| -> Vec<f64> {
-        let raw: Vec<f64> = (0..n).map(|_| 2.0 * rng.unit()).collect();
-        decode(op.dtype, &encode(op.dtype, &raw))
-    };
-    let (q, k, v) = (values(counts[0]), values(counts[1]), values(counts[2]));
+    let Operands {
+        q,
+        k,
+        v,
+        mask,
+        key,
+        key_values,
+    } = operands(op, &sizes);
     let mask_dtype = op.mask.as_ref().map(|m| m.dtype);
-    let mask: Vec<f64> = match mask_dtype {
-        Some(dtype) => {
-            let raw: Vec<f64> = (0..sizes.mask_elements())
-                .map(|i| {
-                    let x = 2.0 * rng.unit();
-                    if dtype == DType::Bool {
-                        // About a quarter of the keys hidden.
-                        f64::from(u8::from(x > 1.0))
-                    } else if i % 7 == 3 {
-                        dtype.min_value().to_f64()
-                    } else {
-                        x
-                    }
-                })
-                .collect();
-            decode(dtype, &encode(dtype, &raw))
-        }
-        None => Vec::new(),
-    };
-    // A dropout draw's key: any four words.
-    let key: [u32; 4] = [0, 1, 2, 3].map(|_| (rng.unit().abs() * 4_294_967_295.0) as u32);
-    let key_values: Vec<f64> = key.iter().map(|&w| f64::from(w)).collect();
     let size = op.dtype.size_bytes();
     let mut data: Vec<(DType, &[f64])> = vec![(op.dtype, &q), (op.dtype, &k), (op.dtype, &v)];
     if let Some(dtype) = mask_dtype {
@@ -126,6 +106,60 @@ pub fn check_attention(
     }
     for id in ids {
         backend.free(id).unwrap();
+    }
+}
+
+/// Seeded random operands of an attention (see [`check_attention`]).
+pub(crate) struct Operands {
+    pub q: Vec<f64>,
+    pub k: Vec<f64>,
+    pub v: Vec<f64>,
+    /// Empty without a mask.
+    pub mask: Vec<f64>,
+    /// A dropout draw's key, and its words as `f64`.
+    pub key: [u32; 4],
+    pub key_values: Vec<f64>,
+}
+
+/// `q`, `k`, `v` in `[-2, 2)` rounded to the dtype, the mask (every seventh float value the
+/// mask dtype's lowest, about a quarter of a bool mask true), and a draw's key.
+pub(crate) fn operands(op: &Attention, sizes: &AttentionSizes) -> Operands {
+    let counts = sizes.min_elements();
+    let mut rng = Rng(0xa77e ^ (sizes.l * 1009 + sizes.s * 31 + sizes.e) as u64);
+    let mut values = |n: usize| -> Vec<f64> {
+        let raw: Vec<f64> = (0..n).map(|_| 2.0 * rng.unit()).collect();
+        decode(op.dtype, &encode(op.dtype, &raw))
+    };
+    let (q, k, v) = (values(counts[0]), values(counts[1]), values(counts[2]));
+    let mask: Vec<f64> = match op.mask.as_ref().map(|m| m.dtype) {
+        Some(dtype) => {
+            let raw: Vec<f64> = (0..sizes.mask_elements())
+                .map(|i| {
+                    let x = 2.0 * rng.unit();
+                    if dtype == DType::Bool {
+                        // About a quarter of the keys hidden.
+                        f64::from(u8::from(x > 1.0))
+                    } else if i % 7 == 3 {
+                        dtype.min_value().to_f64()
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            decode(dtype, &encode(dtype, &raw))
+        }
+        None => Vec::new(),
+    };
+    // A dropout draw's key: any four words.
+    let key: [u32; 4] = [0, 1, 2, 3].map(|_| (rng.unit().abs() * 4_294_967_295.0) as u32);
+    let key_values = key.iter().map(|&w| f64::from(w)).collect();
+    Operands {
+        q,
+        k,
+        v,
+        mask,
+        key,
+        key_values,
     }
 }
 
@@ -253,7 +287,7 @@ impl Conformance<'_> {
 
 /// The element counts `[q, k, v, mask?, out]` of `op`'s buffers, symbolic where `op` is
 /// (contiguous operands; the mask's count as evaluated at `dims`).
-fn portable_lens(op: &Attention, dims: &Bindings) -> Vec<Dim> {
+pub(crate) fn portable_lens(op: &Attention, dims: &Bindings) -> Vec<Dim> {
     let matrices = |stride: Dim, rows: Dim, width: Dim, count: Dim| {
         if stride == Dim::constant(0) {
             rows * width

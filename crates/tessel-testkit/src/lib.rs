@@ -65,6 +65,7 @@
 //! wrong result, fails the test.
 
 mod attention;
+mod attention_backward;
 mod checks;
 mod data;
 mod flush;
@@ -189,6 +190,7 @@ macro_rules! conformance_tests {
             unproven_accesses_are_guarded,
             memory_and_transfers_are_checked,
             fused_attention_matches_the_reference,
+            attention_backward_matches_the_reference,
         );
     };
     ($run:expr; $($check:ident),+ $(,)?) => {
