@@ -31,10 +31,65 @@ use crate::graph::{Graph, NodeId, Op, ReduceOp};
 use crate::random::Words;
 use crate::vendor::VendorMatch;
 
+/// The nodes of one attention as the graph records it: what the forward routine reads and
+/// writes, and what autograd and [`find_attention`]'s backward matcher need of it.
+#[derive(Clone, Debug)]
+pub struct AttentionNodes {
+    /// The fused routine.
+    pub op: Attention,
+    /// What the routine reads: `[q, k, v, mask?, key?]` (`k` and `v` unrepeated).
+    pub operands: Vec<NodeId>,
+    /// The nodes holding the output (the second product and the reshapes on it).
+    pub writes: Vec<NodeId>,
+    /// The reduce nodes of the products `q kᵀ` and `p v` (below a half output's cast).
+    pub products: [NodeId; 2],
+    /// The buffers the products read: `q`, `k` (repeated for grouped heads), the
+    /// probabilities (after dropout, in the products' dtype), and `v` (repeated).
+    pub factors: [NodeId; 4],
+    /// The softmax's input: the scaled, masked scores (in `f32` for half products).
+    pub scores: NodeId,
+    /// The softmax's row max as its shift reads it (detached), `[.., l, 1]`.
+    pub row_max: NodeId,
+    /// The softmax's row sum, `[.., l, 1]`.
+    pub row_sum: NodeId,
+    /// Dropout's keep condition (bool, the probabilities' shape) and factor.
+    pub keep: Option<(NodeId, Scalar)>,
+    /// The mask's buffer.
+    pub mask: Option<NodeId>,
+}
+
 /// Every attention whose second product is among `matmuls` (what
 /// [`find_matmuls`](crate::find_matmuls) found in the same graph), each writing that
-/// product's nodes.
+/// product's nodes, and the pieces of each one's backward pass that autograd recorded
+/// (see `attention_backward.rs`).
 pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch> {
+    let found = attention_nodes(graph, matmuls);
+    let mut matches: Vec<VendorMatch> = found
+        .iter()
+        .map(|a| {
+            let mut materialize: Vec<NodeId> = a
+                .operands
+                .iter()
+                .copied()
+                .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
+                .collect();
+            materialize.push(*a.writes.last().unwrap_or(&a.products[1]));
+            VendorMatch {
+                op: VendorOp::Attention(a.op.clone()),
+                operands: a.operands.clone(),
+                writes: a.writes.clone(),
+                materialize,
+            }
+        })
+        .collect();
+    matches.extend(crate::attention_backward::find_backward(
+        graph, matmuls, &found,
+    ));
+    matches
+}
+
+/// Every attention whose second product is among `matmuls`, as [`AttentionNodes`].
+pub fn attention_nodes(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<AttentionNodes> {
     // Which plain product writes each node.
     let mut products: FxHashMap<NodeId, (&Matmul, &VendorMatch)> = FxHashMap::default();
     for m in matmuls {
@@ -75,23 +130,25 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
         {
             continue;
         }
-        let [q, k, v] = [scores.operands[0], scores.operands[1], m.operands[1]];
+        let [q, k_read, v_read] = [scores.operands[0], scores.operands[1], m.operands[1]];
         // Grouped-query heads repeated for the products are read from the unrepeated
         // buffers, each by its group of query heads.
-        let (k, v, kv_group) = match (repeated_heads(graph, k), repeated_heads(graph, v)) {
+        let (k, v, kv_group) = match (repeated_heads(graph, k_read), repeated_heads(graph, v_read))
+        {
             (Some((k, gk)), Some((v, gv))) if gk == gv => (k, v, gk),
-            _ => (k, v, Dim::constant(1)),
+            _ => (k_read, v_read, Dim::constant(1)),
         };
         let mask_node = softmax.mask.as_ref().map(|(node, _)| *node);
-        let mut materialize: Vec<NodeId> = [q, k, v]
-            .into_iter()
-            .chain(mask_node)
-            .chain(key)
-            .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
-            .collect();
-        materialize.push(*m.writes.last().unwrap_or(&m.operands[0]));
-        found.push(VendorMatch {
-            op: VendorOp::Attention(Attention {
+        let keep = match (dropout, &graph.node(m.operands[0]).op) {
+            (Some(d), Op::Ternary(TernaryOp::Where, keep, ..)) => Some((*keep, d.scale)),
+            _ => None,
+        };
+        let reduce_of = |w: NodeId| match graph.node(w).op {
+            Op::Cast(inner) => inner,
+            _ => w,
+        };
+        found.push(AttentionNodes {
+            op: Attention {
                 dtype: pv.dtype,
                 batch: pv.batch,
                 l: pv.m,
@@ -106,10 +163,16 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
                 causal: softmax.causal,
                 mask: softmax.mask.map(|(_, m)| m),
                 dropout,
-            }),
+            },
             operands: [q, k, v].into_iter().chain(mask_node).chain(key).collect(),
             writes: m.writes.clone(),
-            materialize,
+            products: [reduce_of(scores.writes[0]), reduce_of(m.writes[0])],
+            factors: [q, k_read, m.operands[0], v_read],
+            scores: softmax.x,
+            row_max: softmax.row_max,
+            row_sum: softmax.row_sum,
+            keep,
+            mask: mask_node,
         });
     }
     found
@@ -172,6 +235,10 @@ fn repeated_heads(graph: &Graph, x: NodeId) -> Option<(NodeId, Dim)> {
 struct SoftmaxRows {
     /// The node holding the product `q kᵀ` (in the product's dtype).
     scores: NodeId,
+    /// The softmax's input, its detached row max and its row sum.
+    x: NodeId,
+    row_max: NodeId,
+    row_sum: NodeId,
     scale: Scalar,
     causal: bool,
     /// The mask's buffer and how it is read.
@@ -201,7 +268,8 @@ fn softmax_rows(graph: &Graph, probs: NodeId, dtype: DType) -> Option<SoftmaxRow
     let Op::Binary(BinaryOp::Sub, x, max) = graph.node(shifted).op else {
         return None;
     };
-    let mut max = expanded(graph, max);
+    let row_max = expanded(graph, max);
+    let mut max = row_max;
     if let Op::Bitcast(inner) = graph.node(max).op
         && graph.node(inner).dtype == graph.node(max).dtype
     {
@@ -242,6 +310,9 @@ fn softmax_rows(graph: &Graph, probs: NodeId, dtype: DType) -> Option<SoftmaxRow
     let (scores, scale) = scaled_scores(graph, scaled, dtype)?;
     Some(SoftmaxRows {
         scores,
+        x,
+        row_max,
+        row_sum: total,
         scale,
         causal,
         mask,

@@ -20,12 +20,13 @@
 //!   ([`ScheduledKernel::variants`]).
 //! - [`vendor`]: values a library routine can compute (matrix products), as alternatives
 //!   to the generated kernels ([`find_matmuls`]), and attention over two of them
-//!   ([`find_attention`]).
+//!   ([`find_attention`]), with the pieces of its backward pass that autograd records.
 //!
 //! **Architecture Invariant:** `tessel-graph` never emits source code and never touches a
 //! device: it produces `tessel_ir::Kernel`s and a schedule of buffer slots.
 
 mod attention;
+mod attention_backward;
 pub mod custom;
 pub mod egraph;
 mod epilogue;
@@ -39,7 +40,7 @@ pub mod spec;
 pub mod tune;
 pub mod vendor;
 
-pub use attention::find_attention;
+pub use attention::{AttentionNodes, attention_nodes, find_attention};
 pub use custom::CustomKernel;
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{ARGSORT_ROW_MAX, Graph, LeafId, Node, NodeId, Op, ReduceOp};

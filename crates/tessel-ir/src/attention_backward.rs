@@ -10,7 +10,7 @@
 //!   online max and sum; the query gradient accumulates `ds_ij k_j` in registers.
 //! - **Key rows** ([`AttentionPart::Key`], [`AttentionPart::Value`]): over tiles of
 //!   queries (with their output gradients, log-sum-exps and `delta`s), accumulating
-//!   `ds_ij q_i` or `p_ij f_ij dO_i` for the invocation's key. A causal workgroup starts at
+//!   `ds_ij q_i` (stored transposed) or `p_ij f_ij dO_i` for the invocation's key. A causal workgroup starts at
 //!   the first query that sees its first key. Dropout factors take one Philox block per
 //!   (query, key).
 //!
@@ -526,14 +526,20 @@ fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> Result<KernelBu
         } else {
             kb.constant(Scalar::F32(1.0))
         };
+        // `dk` transposed (`e × s` per pair: consecutive keys, consecutive elements), `dv`
+        // row-major.
         let width_v = c(kb, width);
         let s_w = kb.mul(s, width_v);
         let base = kb.mul(pair, s_w);
-        let base = kb.ternary(TernaryOp::MulAdd, j, width_v, base);
+        let (base, step) = if of_keys {
+            (kb.add(base, j), s)
+        } else {
+            (kb.ternary(TernaryOp::MulAdd, j, width_v, base), one)
+        };
         kb.range(zero_i, width_v, |kb, x| {
             let a = kb.load(acc, x);
             let y = kb.mul(a, factor);
-            let at = kb.add(base, x);
+            let at = kb.ternary(TernaryOp::MulAdd, x, step, base);
             store_as(kb, ctx.out, at, y, fwd.dtype);
         });
     });

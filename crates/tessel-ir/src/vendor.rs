@@ -567,8 +567,9 @@ impl fmt::Display for Attention {
 ///   `batch·l` elements; buffers `[q, k, mask?, lse]`.
 /// - [`Query`](AttentionPart::Query): `dq_i = scale Σ_j ds_ij k_j` with
 ///   `ds_ij = p_ij (f_ij (dO_i · v_j) − delta_i)`, `batch·l·e` elements.
-/// - [`Key`](AttentionPart::Key): `dk_j = scale Σ_i ds_ij q_i` for each pair, `batch·s·e`
-///   elements: with grouped-query heads, one matrix per query head (the caller sums a
+/// - [`Key`](AttentionPart::Key): `dk_j = scale Σ_i ds_ij q_i` for each pair, stored
+///   transposed (`batch` matrices of `e × s`, as the product `qᵀ · ds` that autograd
+///   records): with grouped-query heads, one matrix per query head (the caller sums a
 ///   group's).
 /// - [`Value`](AttentionPart::Value): `dv_j = Σ_i p_ij f_ij dO_i` for each pair,
 ///   `batch·s·ev` elements.
@@ -606,7 +607,7 @@ pub struct AttentionGrads {
     pub delta: Vec<f64>,
     /// `batch·l·e`.
     pub dq: Vec<f64>,
-    /// Per query pair, `batch·s·e`.
+    /// Per query pair, transposed: element `(b, d, j)` at `(b·e + d)·s + j`.
     pub dk: Vec<f64>,
     /// Per query pair, `batch·s·ev`.
     pub dv: Vec<f64>,
@@ -670,10 +671,9 @@ impl AttentionBackward {
                     let dp: f64 = d_oi.iter().zip(vj).map(|(x, y)| x * y).sum();
                     let ds = p * (factor * dp - delta);
                     let kj = &k[g * ks + j * s.e..][..s.e];
-                    let dk = &mut r.dk[(b * s.s + j) * s.e..][..s.e];
                     for d in 0..s.e {
                         dq[d] += scale * ds * kj[d];
-                        dk[d] += scale * ds * qi[d];
+                        r.dk[(b * s.e + d) * s.s + j] += scale * ds * qi[d];
                     }
                     let dv = &mut r.dv[(b * s.s + j) * s.ev..][..s.ev];
                     for (x, dv) in dv.iter_mut().enumerate() {

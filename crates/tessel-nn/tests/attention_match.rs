@@ -4,7 +4,7 @@
 //! unrepeated, additive and boolean masks read in place.
 
 use tessel_graph::{find_attention, find_matmuls};
-use tessel_ir::{Attention, VendorOp};
+use tessel_ir::{Attention, AttentionPart, VendorOp};
 use tessel_nn::scaled_dot_product_attention;
 use tessel_tensor::{DType, Dim, Result, Tensor, inspect};
 
@@ -17,7 +17,7 @@ fn attentions_writing(y: &Tensor) -> Vec<Attention> {
         .filter(|m| m.writes.contains(&targets[0]))
         .filter_map(|m| match m.op {
             VendorOp::Attention(a) => Some(a),
-            VendorOp::Matmul(_) => None,
+            VendorOp::Matmul(_) | VendorOp::AttentionBackward(_) => None,
         })
         .collect()
 }
@@ -204,6 +204,69 @@ fn dropout_of_the_probabilities_is_part_of_the_attention() -> Result<()> {
         assert_eq!(found[0].operands.len(), 4);
         let key = graph.node(found[0].operands[3]);
         assert_eq!((key.dtype, key.shape.dims().len()), (DType::U32, 1));
+    }
+    Ok(())
+}
+
+/// The backward pieces found in the graph of `outputs`, with the attention each belongs to.
+fn backward_pieces(outputs: &[&Tensor]) -> Vec<(AttentionPart, Attention)> {
+    let (graph, targets) = inspect::graph_of(outputs);
+    let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
+    find_attention(&graph, &matmuls)
+        .into_iter()
+        .filter_map(|m| match m.op {
+            VendorOp::AttentionBackward(b) => Some((b.part, b.forward)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn sdpa_gradients_are_the_fused_backward_pieces() -> Result<()> {
+    let parts = [
+        AttentionPart::LogSumExp,
+        AttentionPart::Query,
+        AttentionPart::Key,
+        AttentionPart::Value,
+    ];
+    let keep = Tensor::randn([5, 7], DType::F32)?.gt(-0.5)?;
+    let additive = Tensor::randn([2, 1, 1, 7], DType::F32)?;
+    Tensor::realize_all(&[&keep, &additive])?;
+    // (dtype, causal, mask, dropout, grouped heads)
+    let cases: [(DType, bool, Option<&Tensor>, f64, bool); 6] = [
+        (DType::F32, true, None, 0.0, false),
+        (DType::BF16, false, None, 0.0, false),
+        (DType::F32, false, Some(&keep), 0.0, false),
+        (DType::BF16, false, Some(&additive), 0.0, false),
+        (DType::F32, true, None, 0.2, false),
+        (DType::BF16, true, None, 0.0, true),
+    ];
+    for (dtype, causal, mask, dropout, gqa) in cases {
+        let [q, k, v] = qkv(dtype)?;
+        let (k, v) = if gqa {
+            (k.narrow(1, 0, 1)?, v.narrow(1, 0, 1)?)
+        } else {
+            (k, v)
+        };
+        Tensor::realize_all(&[&k, &v])?;
+        let mask = mask.map(|m| if m.dtype() == DType::Bool { m.clone() } else { m.cast(dtype) });
+        let y = scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), dropout, causal, None, gqa)?;
+        let r = Tensor::randn(y.dims(), dtype)?;
+        let loss = (&y * &r)?.cast(DType::F32).sum_all()?;
+        let grads = tessel_tensor::grad(&loss, &[&q, &k, &v])?;
+        let found = backward_pieces(&grads.iter().collect::<Vec<_>>());
+        let what = format!("{dtype} causal {causal} mask {mask:?} dropout {dropout} gqa {gqa}");
+        for part in parts {
+            let pieces: Vec<_> = found.iter().filter(|(p, _)| *p == part).collect();
+            assert_eq!(pieces.len(), 1, "{what}: {part:?} in {found:?}");
+            let a = &pieces[0].1;
+            assert_eq!(
+                (a.dtype, a.causal, a.mask.is_some(), a.dropout.is_some()),
+                (dtype, causal, mask.is_some(), dropout > 0.0),
+                "{what}: {a}"
+            );
+            assert_eq!(a.kv_group, Dim::constant(if gqa { 3 } else { 1 }), "{what}: {a}");
+        }
     }
     Ok(())
 }

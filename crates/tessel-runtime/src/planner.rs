@@ -50,6 +50,7 @@ use tessel_graph::{
     materialized_for, signature, views_to_split,
 };
 use tessel_ir::attention::{attention_decode_kernel, attention_kernel};
+use tessel_ir::attention_backward::attention_backward_kernel;
 use tessel_ir::cache::Fnv128;
 use tessel_ir::{Backend, BackendError, Kernel, ProgramId, ProgramOrigin, VendorOp};
 use tessel_shape::{DType, Dim};
@@ -454,7 +455,9 @@ pub(crate) fn partition(
                 let candidate = Candidate {
                     work: Work::Vendor(match &m.op {
                         VendorOp::Matmul(op) => VendorOp::Matmul(precision.apply(op.clone())),
-                        VendorOp::Attention(op) => VendorOp::Attention(op.clone()),
+                        op @ (VendorOp::Attention(_) | VendorOp::AttentionBackward(_)) => {
+                            op.clone()
+                        }
                     }),
                     args: m
                         .operands
@@ -477,24 +480,30 @@ pub(crate) fn partition(
                 // the keys among a workgroup's invocations, measured on every device whose
                 // invocations run concurrently (on a CPU they run one after another, and
                 // the composition's library products win).
+                // The backward pieces of an attention get their portable kernels where no
+                // backend offers one.
                 let mut portable: Vec<(Kernel, bool)> = Vec::new();
-                if let VendorOp::Attention(op) = &m.op {
-                    let lens: Vec<Dim> = m
-                        .operands
-                        .iter()
-                        .chain([&w])
-                        .map(|&n| graph.node(n).shape.numel())
-                        .collect();
-                    let built = [
+                let lens: Vec<Dim> = m
+                    .operands
+                    .iter()
+                    .chain([&w])
+                    .map(|&n| graph.node(n).shape.numel())
+                    .collect();
+                let built = match &m.op {
+                    VendorOp::Attention(op) => vec![
                         (attention_kernel(op, &lens), true),
                         (attention_decode_kernel(op, &lens), false),
-                    ];
-                    for (kernel, stand_in) in built {
-                        match kernel {
-                            Ok(kernel) => portable.push((kernel, stand_in)),
-                            Err(why) => {
-                                tracing::trace!(target: "tessel::plan", "no portable kernel for {op}: {why}");
-                            }
+                    ],
+                    VendorOp::AttentionBackward(op) => {
+                        vec![(attention_backward_kernel(op, &lens), true)]
+                    }
+                    VendorOp::Matmul(_) => Vec::new(),
+                };
+                for (kernel, stand_in) in built {
+                    match kernel {
+                        Ok(kernel) => portable.push((kernel, stand_in)),
+                        Err(why) => {
+                            tracing::trace!(target: "tessel::plan", "no portable kernel for {}: {why}", m.op);
                         }
                     }
                 }

@@ -14,8 +14,10 @@
 //! float tensor keeps its recorded ops (and their inputs alive) for as long as it lives,
 //! so reading a loss before taking its gradients works, as in PyTorch.
 
+mod attention;
+
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_graph::{AtomicOp, Node, NodeId, Op, ReduceOp};
+use tessel_graph::{AtomicOp, AttentionNodes, Node, NodeId, Op, ReduceOp, attention_nodes, find_matmuls};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use crate::ops::movement::{pad_axis, shrink};
@@ -122,12 +124,14 @@ struct Tape {
     handles: FxHashMap<NodeId, Tensor>,
     /// The nodes on a path from a differentiated tensor to the loss.
     on_path: FxHashSet<NodeId>,
+    /// The attentions recorded between them, by the reduce node of their second product.
+    attentions: FxHashMap<NodeId, AttentionNodes>,
 }
 
 impl Tape {
     fn record(loss: &Tensor, targets: &FxHashSet<NodeId>) -> Tape {
         let device = loss.device();
-        let (order, nodes) = {
+        let (order, nodes, attentions) = {
             let mut st = runtime().lock();
             // A loss read before `grad` is a leaf that kept its recorded structure.
             let root = loss.node();
@@ -148,7 +152,13 @@ impl Tape {
                 };
                 nodes.insert(id, node);
             }
-            (order, nodes)
+            let matmuls = find_matmuls(&st.graph, &order);
+            let attentions: FxHashMap<NodeId, AttentionNodes> =
+                attention_nodes(&st.graph, &matmuls)
+                    .into_iter()
+                    .map(|a| (a.products[1], a))
+                    .collect();
+            (order, nodes, attentions)
         };
         let handles = order
             .iter()
@@ -175,6 +185,7 @@ impl Tape {
             nodes,
             handles,
             on_path,
+            attentions,
         }
     }
 
@@ -316,10 +327,19 @@ impl Tape {
                     ),
                 )]
             }
-            Op::Reduce(op, a, axes) => match self.matmul_vjp(node, g, halves)? {
-                Some(contributions) => contributions,
-                None => vec![(*a, reduce_vjp(*op, self.tensor(*a), out, g, axes))],
-            },
+            Op::Reduce(op, a, axes) => {
+                let attention = match self.attentions.get(&id) {
+                    Some(att) => self.attention_vjp(att, node, g, halves)?,
+                    None => None,
+                };
+                match attention {
+                    Some(contributions) => contributions,
+                    None => match self.matmul_vjp(node, g, halves)? {
+                        Some(contributions) => contributions,
+                        None => vec![(*a, reduce_vjp(*op, self.tensor(*a), out, g, axes))],
+                    },
+                }
+            }
             // Each read element's gradient adds into the position it was read from
             // (out-of-range reads read nothing, and their gradient is dropped).
             Op::Gather(src, index, axis) => {
@@ -361,18 +381,26 @@ impl Tape {
         g: &Tensor,
         halves: &mut Halves,
     ) -> Result<Option<Vec<(NodeId, Tensor)>>> {
-        let Op::Reduce(ReduceOp::Sum, product, axes) = &node.op else {
+        let Some(f) = self.factors(node, g, halves) else {
             return Ok(None);
+        };
+        let want = [self.needs(f.to[0]), self.needs(f.to[1])];
+        self.product_grads(&f, want).map(Some)
+    }
+
+    /// The factors of a product recorded by [`Tensor::matmul`] with gradient `g` (see
+    /// [`Tape::matmul_vjp`]), `None` for any other node.
+    fn factors(&self, node: &Node, g: &Tensor, halves: &mut Halves) -> Option<Factors> {
+        let Op::Reduce(ReduceOp::Sum, product, axes) = &node.op else {
+            return None;
         };
         let Op::Binary(BinaryOp::Mul, ex, ey) = self.nodes[product].op else {
-            return Ok(None);
+            return None;
         };
         let space = self.nodes[product].shape.dims().to_vec();
-        let Some(rank) = space.len().checked_sub(3) else {
-            return Ok(None);
-        };
+        let rank = space.len().checked_sub(3)?;
         if axes.as_ref() != [rank + 1] || !node.dtype.is_float() {
-            return Ok(None);
+            return None;
         }
         let unbroadcast = |e: NodeId| match self.nodes[&e].op {
             Op::Expand(v) => v,
@@ -393,7 +421,7 @@ impl Tape {
                     .all(|(d, b)| d == b || *d == one)
         };
         if !fits(sx, [m, k, one]) || !fits(sy, [one, k, n]) {
-            return Ok(None);
+            return None;
         }
         let matrices = |t: &Tensor, s: &[Dim], rows: Dim, cols: Dim| {
             t.reshape_to(s[..rank].iter().copied().chain([rows, cols]).collect())
@@ -410,19 +438,35 @@ impl Tape {
             }
             None => (self.tensor(vx), self.tensor(vy), g.clone()),
         };
-        let x = matrices(x, sx, m, k);
-        let y = matrices(y, sy, k, n);
-        let g = matrices(&g, batch, m, n);
         // A half product's gradients go straight to the half operands the product widened
         // (the gradient of a reshape of a widening cast is the same values, reshaped).
         let (to_x, to_y) = half.unwrap_or((vx, vy));
+        Some(Factors {
+            x: matrices(x, sx, m, k),
+            y: matrices(y, sy, k, n),
+            g: matrices(&g, batch, m, n),
+            to: [to_x, to_y],
+            own: [sx[..rank].to_vec(), sy[..rank].to_vec()],
+            batch: batch.to_vec(),
+            mkn: [m, k, n],
+        })
+    }
+
+    /// The gradients of a product's factors (those `want` asks for) as [`Tape::matmul_vjp`]
+    /// describes them, each for the node it goes to.
+    fn product_grads(&self, f: &Factors, want: [bool; 2]) -> Result<Vec<(NodeId, Tensor)>> {
+        let one = Dim::constant(1);
+        let rank = f.batch.len();
+        let [m, k, n] = f.mkn;
+        let [sx, sy] = [&f.own[0][..], &f.own[1][..]];
+        let (x, y, g) = (&f.x, &f.y, &f.g);
         let to = |t: Tensor, v: NodeId| {
             let like = self.tensor(v);
             (v, t.cast_to(like.dtype()).reshape_to(like.shape().clone()))
         };
-        let shared = |s: &[Dim]| rank > 0 && s[..rank].iter().all(|d| *d == one);
-        let whole = |s: &[Dim]| s[..rank] == *batch;
-        let rows = batch.iter().fold(one, |acc, d| acc * *d);
+        let shared = |s: &[Dim]| rank > 0 && s.iter().all(|d| *d == one);
+        let whole = |s: &[Dim]| s == f.batch;
+        let rows = f.batch.iter().fold(one, |acc, d| acc * *d);
         // `t` of shape [..batch, r, c] as [r, batch·c]: the batch moved into the columns.
         let batch_into_columns = |t: &Tensor, r: Dim, c: Dim| -> Result<Tensor> {
             let mut axes: Vec<i64> = vec![rank as i64];
@@ -430,25 +474,42 @@ impl Tape {
             Ok(t.permute(&axes)?.reshape_to(Shape::new(vec![r, rows * c])))
         };
         let mut out = Vec::new();
-        if self.needs(vx) {
+        if want[0] {
             let dx = if shared(sx) && whole(sy) {
-                batch_into_columns(&g, m, n)?.matmul(&batch_into_columns(&y, k, n)?.t()?)?
+                batch_into_columns(g, m, n)?.matmul(&batch_into_columns(y, k, n)?.t()?)?
             } else {
-                summed_to(&g.matmul(&y.transpose(-1, -2)?)?, &sx[..rank], [m, k])
+                summed_to(&g.matmul(&y.transpose(-1, -2)?)?, sx, [m, k])
             };
-            out.push(to(dx, to_x));
+            out.push(to(dx, f.to[0]));
         }
-        if self.needs(vy) {
+        if want[1] {
             let dy = if shared(sy) && whole(sx) {
                 let flat = |t: &Tensor, c: Dim| t.reshape_to(Shape::new(vec![rows * m, c]));
-                flat(&x, k).t()?.matmul(&flat(&g, n))?
+                flat(x, k).t()?.matmul(&flat(g, n))?
             } else {
-                summed_to(&x.transpose(-1, -2)?.matmul(&g)?, &sy[..rank], [k, n])
+                summed_to(&x.transpose(-1, -2)?.matmul(g)?, sy, [k, n])
             };
-            out.push(to(dy, to_y));
+            out.push(to(dy, f.to[1]));
         }
-        Ok(Some(out))
+        Ok(out)
     }
+}
+
+/// A product's operands and gradient as matrices ([`Tape::factors`]).
+struct Factors {
+    /// `[..own batch, m, k]` (a half product: the half operand).
+    x: Tensor,
+    /// `[..own batch, k, n]`.
+    y: Tensor,
+    /// The product's gradient, `[..batch, m, n]` (a half product: in the half dtype).
+    g: Tensor,
+    /// The nodes the gradients of `x` and `y` go to.
+    to: [NodeId; 2],
+    /// The batch dims of `x` and `y` (each the product's or 1).
+    own: [Vec<Dim>; 2],
+    /// The product's batch dims.
+    batch: Vec<Dim>,
+    mkn: [Dim; 3],
 }
 
 /// Gradients that are casts of narrower ones, by node: a cast of such a gradient back to the
