@@ -185,7 +185,16 @@ with torch.no_grad():
     for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
         q, k, v = (t.to(dtype) for t in sq)
         rows.append((f"sdpa causal fwd {tag} [8,12,512,64]", time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), sdpa_flops, "GFLOP/s"))
-del sq
+# Forward and backward (the gradients of q, k, v for a given output gradient): the work
+# counts the forward's two products and the backward's four, in full.
+for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
+    q, k, v = (t.to(dtype).requires_grad_() for t in sq)
+    d_out = (torch.rand(8, 12, 512, 64, device=dev) * 2 - 1).to(dtype)
+    def fwd_bwd():
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.autograd.grad(y, (q, k, v), d_out)
+    rows.append((f"sdpa causal fwd+bwd {tag} [8,12,512,64]", time_ms(fwd_bwd), 3 * sdpa_flops, "GFLOP/s"))
+del sq, q, k, v, d_out
 
 # One query per head against a cache of 4096 (gpu.rs's sdpa decode rows).
 dq = torch.rand(1, 12, 1, 64, device=dev) * 2 - 1

@@ -443,6 +443,8 @@ fn workloads(scale: usize) -> Vec<Workload> {
         },
         sdpa_workload("sdpa causal fwd f32 [8,12,512,64]", DType::F32, scale),
         sdpa_workload("sdpa causal fwd bf16 [8,12,512,64]", DType::BF16, scale),
+        sdpa_backward_workload("sdpa causal fwd+bwd f32 [8,12,512,64]", DType::F32, scale),
+        sdpa_backward_workload("sdpa causal fwd+bwd bf16 [8,12,512,64]", DType::BF16, scale),
         decode_workload(
             "sdpa decode f32 q [1,12,1,64] kv [1,12,4096,64]",
             DType::F32,
@@ -516,6 +518,31 @@ fn sdpa_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
             tessel_nn::scaled_dot_product_attention(
                 &t[0], &t[1], &t[2], None, 0.0, true, None, false,
             )
+        },
+    }
+}
+
+/// [`sdpa_workload`]'s attention and the gradients of `q`, `k` and `v` for a given output
+/// gradient (the fourth input), realized together. The work counts the forward's two
+/// products and the backward's four in full (`12·b·h·l·s·d`), as `gpu_torch.py` does.
+fn sdpa_backward_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
+    let batch = 8 / scale.min(8);
+    Workload {
+        name,
+        unit: "GFLOP/s",
+        amount: 12.0 * (batch * 12 * 512 * 512 * 64) as f64,
+        inputs: vec![vec![batch, 12, 512, 64]; 4],
+        dtype,
+        init: Init::Unit,
+        f32_matmul: Float32MatmulPrecision::Highest,
+        run: |t| {
+            let y = tessel_nn::scaled_dot_product_attention(
+                &t[0], &t[1], &t[2], None, 0.0, true, None, false,
+            )?;
+            let loss = (&y * &t[3])?.cast(DType::F32).sum_all()?;
+            let grads = tessel_tensor::grad(&loss, &[&t[0], &t[1], &t[2]])?;
+            Tensor::realize_all(&grads.iter().collect::<Vec<_>>())?;
+            Ok(grads[0].clone())
         },
     }
 }

@@ -71,7 +71,8 @@ pub(crate) fn find_backward(
                 continue;
             } else if op.lhs_transposed && lhs == a.factors[0] {
                 (AttentionPart::Key, rhs)
-            } else if !op.lhs_transposed && reads(graph, rhs, op.rhs_transposed, a.factors[1], false)
+            } else if !op.lhs_transposed
+                && reads(graph, rhs, op.rhs_transposed, a.factors[1], false)
             {
                 (AttentionPart::Query, lhs)
             } else {
@@ -155,7 +156,13 @@ fn to_materialize(graph: &Graph, operands: &[NodeId], top: NodeId) -> Vec<NodeId
 /// Whether a product operand read from `base` (`transposed` or not) is the matrix `node`
 /// stores, read transposed where `want_transposed`: `base` itself, or the transpose of
 /// `node` (or of a reshape of it: the same bytes) read the other way.
-fn reads(graph: &Graph, base: NodeId, transposed: bool, node: NodeId, want_transposed: bool) -> bool {
+fn reads(
+    graph: &Graph,
+    base: NodeId,
+    transposed: bool,
+    node: NodeId,
+    want_transposed: bool,
+) -> bool {
     if base == node {
         return transposed == want_transposed;
     }

@@ -19,8 +19,8 @@
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
 
 use crate::attention::{
-    Dropper, ROWS, Scorer, TILE_BYTES, checked_heads, copy_tile, exp_shift, index_dtype,
-    load_f32, store_as,
+    Dropper, ROWS, Scorer, TILE_BYTES, checked_heads, copy_tile, exp_shift, index_dtype, load_f32,
+    store_as,
 };
 use crate::builder::{Buf, KernelBuilder};
 use crate::kernel::{Access, Kernel, Mem, Value};
@@ -138,10 +138,7 @@ fn load_row(
 ) -> Mem {
     let row = kb.reg(DType::F32, width);
     let zero = kb.constant(Scalar::F32(0.0));
-    let (from, to) = (
-        kb.constant_as(0, idx),
-        kb.constant_as(width as i64, idx),
-    );
+    let (from, to) = (kb.constant_as(0, idx), kb.constant_as(width as i64, idx));
     kb.range(from, to, |kb, d| {
         kb.store(row, d, zero);
         kb.if_(valid, |kb| {
@@ -157,69 +154,55 @@ fn load_row(
 fn zeros(kb: &mut KernelBuilder, width: usize, idx: DType) -> Mem {
     let acc = kb.reg(DType::F32, width);
     let zero = kb.constant(Scalar::F32(0.0));
-    let (from, to) = (
-        kb.constant_as(0, idx),
-        kb.constant_as(width as i64, idx),
-    );
+    let (from, to) = (kb.constant_as(0, idx), kb.constant_as(width as i64, idx));
     kb.range(from, to, |kb, x| kb.store(acc, x, zero));
     acc
 }
 
-/// `acc[x] += factor · tile[x·stride + at]` for `x < width`.
-#[allow(clippy::too_many_arguments)]
-fn add_scaled(
+/// `acc[x] += Σ_t weights[t] · tile[x·n + t]` for `x < width`, `t < n`: each row of a
+/// transposed tile weighted, the tile's rows innermost (contiguous).
+fn accumulate(
     kb: &mut KernelBuilder,
     acc: Mem,
-    factor: Value,
+    weights: Mem,
     tile: Mem,
-    (at, stride): (Value, Value),
-    width: usize,
+    (width, n): (usize, usize),
     idx: DType,
 ) {
-    let (from, to) = (
-        kb.constant_as(0, idx),
+    let from = kb.constant_as(0, idx);
+    let (n_v, width_v) = (
+        kb.constant_as(n as i64, idx),
         kb.constant_as(width as i64, idx),
     );
-    kb.range(from, to, |kb, x| {
-        let from = kb.ternary(TernaryOp::MulAdd, x, stride, at);
-        let y = kb.load(tile, from);
+    kb.range(from, width_v, |kb, x| {
+        let base = kb.mul(x, n_v);
         let a = kb.load(acc, x);
-        let a = kb.ternary(TernaryOp::MulAdd, factor, y, a);
-        kb.store(acc, x, a);
-    });
-}
-
-/// `Σ_x row[x] · tile[x·stride + at]` for `x < width`.
-fn dot(
-    kb: &mut KernelBuilder,
-    row: Mem,
-    tile: Mem,
-    (at, stride): (Value, Value),
-    width: usize,
-    idx: DType,
-) -> Value {
-    let sum = kb.reg(DType::F32, 1);
-    let first = kb.constant_as(0, DType::I32);
-    let zero = kb.constant(Scalar::F32(0.0));
-    kb.store(sum, first, zero);
-    let (from, to) = (
-        kb.constant_as(0, idx),
-        kb.constant_as(width as i64, idx),
-    );
-    kb.range(from, to, |kb, x| {
-        let from = kb.ternary(TernaryOp::MulAdd, x, stride, at);
-        let y = kb.load(tile, from);
-        let r = kb.load(row, x);
+        let sum = kb.reg(DType::F32, 1);
+        let first = kb.constant_as(0, DType::I32);
+        kb.store(sum, first, a);
+        kb.range(from, n_v, |kb, t| {
+            let at = kb.add(base, t);
+            let y = kb.load(tile, at);
+            let w = kb.load(weights, t);
+            let s = kb.load(sum, first);
+            let s = kb.ternary(TernaryOp::MulAdd, w, y, s);
+            kb.store(sum, first, s);
+        });
         let s = kb.load(sum, first);
-        let s = kb.ternary(TernaryOp::MulAdd, r, y, s);
-        kb.store(sum, first, s);
+        kb.store(acc, x, s);
     });
-    kb.load(sum, first)
 }
 
 /// `scores[t] = Σ_d row[d] · tile[d·n + t]` for `t < n`: the dot products of one row with
 /// the `n` rows of a transposed tile, the tile's rows innermost (vectorizable).
-fn tile_dots(kb: &mut KernelBuilder, row: Mem, tile: Mem, width: usize, n: usize, idx: DType) -> Mem {
+fn tile_dots(
+    kb: &mut KernelBuilder,
+    row: Mem,
+    tile: Mem,
+    width: usize,
+    n: usize,
+    idx: DType,
+) -> Mem {
     let scores = kb.reg(DType::F32, n);
     let zero = kb.constant(Scalar::F32(0.0));
     let from = kb.constant_as(0, idx);
@@ -323,7 +306,7 @@ fn query_rows(
         let j0 = kb.mul(t, keys_v);
         copy_tile(kb, k_tile, ctx.k, (k_base, j0, s), (keys, e), true, idx);
         if let (Some(tile), Some((v, ..))) = (v_tile, row_inputs) {
-            copy_tile(kb, tile, v, (v_base, j0, s), (keys, ev), false, idx);
+            copy_tile(kb, tile, v, (v_base, j0, s), (keys, ev), true, idx);
         }
         kb.barrier();
         let scores = tile_dots(kb, q_row, k_tile, e, keys, idx);
@@ -331,14 +314,14 @@ fn query_rows(
         match (row_inputs, v_tile) {
             (Some((_, d_out, lse, delta)), Some(v_tile)) => {
                 let factors = dropper.as_ref().map(|d| d.factors(kb, i, j0, keys));
+                let dps = tile_dots(kb, d_out, v_tile, ev, keys, idx);
                 kb.range(zero_i, keys_end, |kb, jj| {
                     let qk = kb.load(scores, jj);
                     let j = kb.add(j0, jj);
                     let score = scorer.score(kb, qk, i, j, row_valid);
                     let lifted = kb.sub(score, lse);
                     let p = kb.unary(UnaryOp::Exp, lifted);
-                    let at = kb.mul(jj, ev_v);
-                    let dp = dot(kb, d_out, v_tile, (at, one), ev, idx);
+                    let dp = kb.load(dps, jj);
                     let dp = match factors {
                         Some(factors) => {
                             let f = kb.load(factors, jj);
@@ -348,8 +331,9 @@ fn query_rows(
                     };
                     let ds = kb.sub(dp, delta);
                     let ds = kb.mul(p, ds);
-                    add_scaled(kb, acc, ds, k_tile, (jj, keys_v), e, idx);
+                    kb.store(dps, jj, ds);
                 });
+                accumulate(kb, acc, dps, k_tile, (e, keys), idx);
             }
             _ => {
                 // The online max and sum, as the forward kernel keeps them.
@@ -479,12 +463,42 @@ fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> Result<KernelBu
     kb.range(first_tile, tiles, |kb, t| {
         let i0 = kb.mul(t, queries_v);
         copy_tile(kb, q_tile, ctx.q, (q_base, i0, l), (queries, e), true, idx);
-        copy_tile(kb, d_out_tile, b.d_out, (d_out_base, i0, l), (queries, ev), true, idx);
-        copy_tile(kb, lse_tile, b.lse, (stat_base, i0, l), (queries, 1), false, idx);
-        copy_tile(kb, delta_tile, b.delta, (stat_base, i0, l), (queries, 1), false, idx);
+        copy_tile(
+            kb,
+            d_out_tile,
+            b.d_out,
+            (d_out_base, i0, l),
+            (queries, ev),
+            true,
+            idx,
+        );
+        copy_tile(
+            kb,
+            lse_tile,
+            b.lse,
+            (stat_base, i0, l),
+            (queries, 1),
+            false,
+            idx,
+        );
+        copy_tile(
+            kb,
+            delta_tile,
+            b.delta,
+            (stat_base, i0, l),
+            (queries, 1),
+            false,
+            idx,
+        );
         kb.barrier();
         let scores = tile_dots(kb, k_row, q_tile, e, queries, idx);
         let queries_end = c(kb, queries);
+        // The weight of each query's row: `ds` for the key gradient (with the products
+        // `dO_i · v_j` of the whole tile first), `p · f` for the value gradient.
+        let weights = match v_row {
+            Some(v_row) => tile_dots(kb, v_row, d_out_tile, ev, queries, idx),
+            None => kb.reg(f32, queries),
+        };
         kb.range(zero_i, queries_end, |kb, ii| {
             let i = kb.add(i0, ii);
             let present = kb.lt(i, l);
@@ -496,27 +510,25 @@ fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> Result<KernelBu
             let p = kb.unary(UnaryOp::Exp, lifted);
             // Queries past `l` read zeros (their dO and delta too): they add nothing.
             let factor = dropper.as_ref().map(|d| d.factor(kb, i, j));
-            match v_row {
-                Some(v_row) => {
-                    let dp = dot(kb, v_row, d_out_tile, (ii, queries_v), ev, idx);
-                    let dp = match factor {
-                        Some(f) => kb.mul(dp, f),
-                        None => dp,
-                    };
-                    let delta = kb.load(delta_tile, ii);
-                    let ds = kb.sub(dp, delta);
-                    let ds = kb.mul(p, ds);
-                    add_scaled(kb, acc, ds, q_tile, (ii, queries_v), e, idx);
+            let weight = if v_row.is_some() {
+                let dp = kb.load(weights, ii);
+                let dp = match factor {
+                    Some(f) => kb.mul(dp, f),
+                    None => dp,
+                };
+                let delta = kb.load(delta_tile, ii);
+                let ds = kb.sub(dp, delta);
+                kb.mul(p, ds)
+            } else {
+                match factor {
+                    Some(f) => kb.mul(p, f),
+                    None => p,
                 }
-                None => {
-                    let weight = match factor {
-                        Some(f) => kb.mul(p, f),
-                        None => p,
-                    };
-                    add_scaled(kb, acc, weight, d_out_tile, (ii, queries_v), ev, idx);
-                }
-            }
+            };
+            kb.store(weights, ii, weight);
         });
+        let tile = if v_row.is_some() { q_tile } else { d_out_tile };
+        accumulate(kb, acc, weights, tile, (width, queries), idx);
         kb.barrier();
     });
 

@@ -641,7 +641,9 @@ impl AttentionBackward {
                         let kj = &k[g * ks + j * s.e..][..s.e];
                         let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
                         let added = s.mask_offset(b, i, j).map_or(0.0, |o| match &forward.mask {
-                            Some(m) if m.dtype == DType::Bool && mask[o] != 0.0 => f64::NEG_INFINITY,
+                            Some(m) if m.dtype == DType::Bool && mask[o] != 0.0 => {
+                                f64::NEG_INFINITY
+                            }
                             Some(m) if m.dtype == DType::Bool => 0.0,
                             _ => mask[o],
                         });

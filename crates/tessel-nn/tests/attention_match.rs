@@ -249,8 +249,15 @@ fn sdpa_gradients_are_the_fused_backward_pieces() -> Result<()> {
             (k, v)
         };
         Tensor::realize_all(&[&k, &v])?;
-        let mask = mask.map(|m| if m.dtype() == DType::Bool { m.clone() } else { m.cast(dtype) });
-        let y = scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), dropout, causal, None, gqa)?;
+        let mask = mask.map(|m| {
+            if m.dtype() == DType::Bool {
+                m.clone()
+            } else {
+                m.cast(dtype)
+            }
+        });
+        let y =
+            scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), dropout, causal, None, gqa)?;
         let r = Tensor::randn(y.dims(), dtype)?;
         let loss = (&y * &r)?.cast(DType::F32).sum_all()?;
         let grads = tessel_tensor::grad(&loss, &[&q, &k, &v])?;
@@ -265,7 +272,11 @@ fn sdpa_gradients_are_the_fused_backward_pieces() -> Result<()> {
                 (dtype, causal, mask.is_some(), dropout > 0.0),
                 "{what}: {a}"
             );
-            assert_eq!(a.kv_group, Dim::constant(if gqa { 3 } else { 1 }), "{what}: {a}");
+            assert_eq!(
+                a.kv_group,
+                Dim::constant(if gqa { 3 } else { 1 }),
+                "{what}: {a}"
+            );
         }
     }
     Ok(())

@@ -82,10 +82,8 @@ impl Conformance<'_> {
             };
             // Buffers as the part binds them.
             let masked = fwd.mask.as_ref().map(|m| (m.dtype, &mask[..], fwd_lens[3]));
-            let mut data: Vec<(DType, &[f64], Dim)> = vec![
-                (fwd.dtype, &q, fwd_lens[0]),
-                (fwd.dtype, &k, fwd_lens[1]),
-            ];
+            let mut data: Vec<(DType, &[f64], Dim)> =
+                vec![(fwd.dtype, &q, fwd_lens[0]), (fwd.dtype, &k, fwd_lens[1])];
             let (out_dtype, expected, out_len) = match part {
                 AttentionPart::LogSumExp => {
                     data.extend(masked);
@@ -107,11 +105,7 @@ impl Conformance<'_> {
                     }
                 }
             };
-            let lens: Vec<Dim> = data
-                .iter()
-                .map(|d| d.2)
-                .chain([out_len])
-                .collect();
+            let lens: Vec<Dim> = data.iter().map(|d| d.2).chain([out_len]).collect();
             let kernel =
                 attention_backward_kernel(&op, &lens).unwrap_or_else(|e| panic!("{op}: {e}"));
             let program = match backend.compile(device, &kernel) {

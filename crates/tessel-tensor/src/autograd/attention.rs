@@ -48,7 +48,8 @@ impl Tape {
         let scores = self.tensor(a.scores);
         let qk_node = &self.nodes[&qk];
         // `d_probs` (the probabilities' gradient) has `x`'s shape.
-        if values.batch.len() + 2 != scores.ndim() || self.tensor(a.factors[2]).shape() != scores.shape()
+        if values.batch.len() + 2 != scores.ndim()
+            || self.tensor(a.factors[2]).shape() != scores.shape()
         {
             return Ok(None);
         }
@@ -59,10 +60,7 @@ impl Tape {
         }
         // The softmax's dtype: f32 for half products.
         let wide = scores.dtype();
-        let d_probs = values
-            .g
-            .matmul(&values.y.transpose(-1, -2)?)?
-            .cast_to(wide);
+        let d_probs = values.g.matmul(&values.y.transpose(-1, -2)?)?.cast_to(wide);
         let d_probs = match a.keep {
             Some((keep, factor)) => {
                 let zero = d_probs.constant(0.0);
@@ -87,9 +85,10 @@ impl Tape {
         let output = self.tensor(*a.writes.first().unwrap_or(&pv));
         let product = mul(&g.cast_to(wide), &output.cast_to(wide));
         let delta = reduce(&product, ReduceOp::Sum, &[last], Shape::new(kept)).reshape_to(rows);
-        let lse = self
-            .tensor(a.row_max)
-            .raw_binary(BinaryOp::Add, &self.tensor(a.row_sum).raw_unary(UnaryOp::Log));
+        let lse = self.tensor(a.row_max).raw_binary(
+            BinaryOp::Add,
+            &self.tensor(a.row_sum).raw_unary(UnaryOp::Log),
+        );
         let probs = scores
             .raw_binary(BinaryOp::Sub, &lse.broadcast_to_shape(scores.shape()))
             .raw_unary(UnaryOp::Exp);

@@ -17,7 +17,9 @@
 mod attention;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_graph::{AtomicOp, AttentionNodes, Node, NodeId, Op, ReduceOp, attention_nodes, find_matmuls};
+use tessel_graph::{
+    AtomicOp, AttentionNodes, Node, NodeId, Op, ReduceOp, attention_nodes, find_matmuls,
+};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
 use crate::ops::movement::{pad_axis, shrink};

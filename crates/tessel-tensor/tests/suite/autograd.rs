@@ -515,3 +515,97 @@ fn gradients_of_operands_broadcast_over_many_rows() {
     assert_close("d/d scale", &read(&grads[0]), &ds, 1e-4);
     assert_close("d/d bias", &read(&grads[1]), &db, 1e-4);
 }
+
+/// Attention's gradients (`softmax(q kᵀ · s [causal | padding mask]) v`, recorded as
+/// `scaled_dot_product_attention` records it: half products, the softmax in f32) in f32 and
+/// bf16 against `tessel_ir::AttentionBackward::reference` in f64, however the plan computes
+/// them (the fused backward kernels or the composition).
+#[test]
+fn attention_gradients_match_the_f64_reference() {
+    use tessel_ir::{Attention, AttentionBackward, AttentionMask};
+    use tessel_shape::{Bindings, Dim, Scalar};
+    let (pairs, heads, l, s, e) = (6, 3, 37, 45, 16);
+    let scale = 0.25;
+    let mut rng = Rng::new(23);
+    let hidden: Vec<f64> = (0..2 * s)
+        .map(|i| f64::from(u8::from(i % 5 == 3)))
+        .collect();
+    for dtype in on_device([DType::F32, DType::BF16]) {
+        for causal in [true, false] {
+            let mut draw = |n: usize| -> Vec<f64> {
+                let raw: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                read(&tensor(dtype, &raw, &[n]))
+            };
+            let (qv, kv, vv, dv) = (
+                draw(pairs * l * e),
+                draw(pairs * s * e),
+                draw(pairs * s * e),
+                draw(pairs * l * e),
+            );
+            let dims = |rows: usize| [2, heads, rows, e];
+            let [q, k, v, d_out] =
+                [(&qv, l), (&kv, s), (&vv, s), (&dv, l)].map(|(x, r)| tensor(dtype, x, &dims(r)));
+            let product = q.matmul(&k.transpose(-2, -1).unwrap()).unwrap();
+            let mut scores = (&product.cast(DType::F32) * scale).unwrap();
+            scores = if causal {
+                let above = scores.ones_like().cast(DType::Bool).triu(1).unwrap();
+                scores.masked_fill(&above, f64::NEG_INFINITY).unwrap()
+            } else {
+                let padding = tensor(DType::Bool, &hidden, &[2, 1, 1, s]);
+                scores.masked_fill(&padding, f64::NEG_INFINITY).unwrap()
+            };
+            let probs = scores.softmax(-1).unwrap().cast(dtype);
+            let y = probs.matmul(&v).unwrap();
+            let loss = (&y * &d_out).unwrap().cast(DType::F32).sum_all().unwrap();
+            let grads = grad(&loss, &[&q, &k, &v]).unwrap();
+            if grads.iter().any(|g| skipped(g, "attention gradients")) {
+                return;
+            }
+            let op = Attention {
+                dtype,
+                batch: Dim::from(pairs as i64),
+                l: Dim::from(l as i64),
+                s: Dim::from(s as i64),
+                e: Dim::from(e as i64),
+                ev: Dim::from(e as i64),
+                q_batch_stride: Dim::from((l * e) as i64),
+                k_batch_stride: Dim::from((s * e) as i64),
+                v_batch_stride: Dim::from((s * e) as i64),
+                kv_group: Dim::from(1),
+                scale: Scalar::F32(scale as f32),
+                causal,
+                mask: (!causal).then(|| AttentionMask {
+                    dtype: DType::Bool,
+                    heads: Dim::from(heads as i64),
+                    strides: [s as i64, 0, 0, 1].map(Dim::from),
+                }),
+                dropout: None,
+            };
+            let sizes = op.sizes(&Bindings::new()).unwrap();
+            let want =
+                AttentionBackward::reference(&op, &sizes, [&qv, &kv, &vv, &hidden, &dv], [0; 4]);
+            // The reference's dk is transposed per pair.
+            let dk: Vec<f64> = (0..pairs * s * e)
+                .map(|at| {
+                    let (b, j, d) = (at / (s * e), at / e % s, at % e);
+                    want.dk[(b * e + d) * s + j]
+                })
+                .collect();
+            let rel = if dtype == DType::F32 {
+                1e-4
+            } else {
+                2f64.powi(-6)
+            };
+            for (name, got, want) in [("dq", 0, &want.dq), ("dk", 1, &dk), ("dv", 2, &want.dv)] {
+                let got = read(&grads[got]);
+                let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+                for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                    assert!(
+                        (g - w).abs() <= rel * largest,
+                        "{dtype} causal {causal}: {name}[{i}] is {g}, want {w} (largest {largest})"
+                    );
+                }
+            }
+        }
+    }
+}
