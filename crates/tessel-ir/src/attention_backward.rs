@@ -10,11 +10,13 @@
 //!   online max and sum; the query gradient accumulates `ds_ij k_j` in registers.
 //! - **Key rows** ([`AttentionPart::Key`], [`AttentionPart::Value`]): over tiles of
 //!   queries (with their output gradients, log-sum-exps and `delta`s), accumulating
-//!   `ds_ij q_i` (stored transposed) or `p_ij f_ij dO_i` for the invocation's key. A causal workgroup starts at
-//!   the first query that sees its first key. Dropout factors take one Philox block per
-//!   (query, key).
+//!   `ds_ij q_i` (stored transposed) or `p_ij f_ij dO_i` for the invocation's key. A causal
+//!   workgroup starts at the first query that sees its first key. Dropout factors take one
+//!   Philox block per (query, key).
 //!
-//! All arithmetic is `f32`.
+//! Every tile is stored transposed, so both the dot products of a row with a tile's rows
+//! and the weighted sums of a tile's rows run over the tile's rows innermost (contiguous,
+//! independent: a CPU compiler vectorizes them). All arithmetic is `f32`.
 
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
 
@@ -95,14 +97,11 @@ pub fn attention_backward_kernel(op: &AttentionBackward, lens: &[Dim]) -> Result
         e,
         ev,
     };
-    match (op.part, b) {
-        (AttentionPart::LogSumExp, _) => query_rows(kb, &ctx, None)?,
-        (AttentionPart::Query, Some(b)) => query_rows(kb, &ctx, Some(b))?,
-        (_, Some(b)) => key_rows(kb, &ctx, b)?,
-        (_, None) => unreachable!("gradients declare their buffers"),
-    }
-    .build()
-    .map_err(|e| e.to_string())
+    let kb = match (op.part, b) {
+        (AttentionPart::Key | AttentionPart::Value, Some(b)) => key_rows(kb, &ctx, b),
+        (_, b) => query_rows(kb, &ctx, b),
+    };
+    kb.build().map_err(|e| e.to_string())
 }
 
 /// The buffers a gradient reads besides `q`, `k` and the mask.
@@ -226,11 +225,7 @@ fn tile_dots(
 }
 
 /// The log-sum-exp (`grads` absent) or the query gradient, a query row per invocation.
-fn query_rows(
-    mut kb: KernelBuilder,
-    ctx: &Ctx,
-    grads: Option<GradBuffers>,
-) -> Result<KernelBuilder, String> {
+fn query_rows(mut kb: KernelBuilder, ctx: &Ctx, grads: Option<GradBuffers>) -> KernelBuilder {
     let fwd = &ctx.op.forward;
     let (e, ev, idx) = (ctx.e, ctx.ev, ctx.idx);
     let width = if grads.is_some() { e + ev } else { e };
@@ -311,8 +306,8 @@ fn query_rows(
         kb.barrier();
         let scores = tile_dots(kb, q_row, k_tile, e, keys, idx);
         let keys_end = c(kb, keys);
-        match (row_inputs, v_tile) {
-            (Some((_, d_out, lse, delta)), Some(v_tile)) => {
+        if let (Some((_, d_out, lse, delta)), Some(v_tile)) = (row_inputs, v_tile) {
+            {
                 let factors = dropper.as_ref().map(|d| d.factors(kb, i, j0, keys));
                 let dps = tile_dots(kb, d_out, v_tile, ev, keys, idx);
                 kb.range(zero_i, keys_end, |kb, jj| {
@@ -335,7 +330,8 @@ fn query_rows(
                 });
                 accumulate(kb, acc, dps, k_tile, (e, keys), idx);
             }
-            _ => {
+        } else {
+            {
                 // The online max and sum, as the forward kernel keeps them.
                 let tile_max = kb.reg(f32, 1);
                 kb.store(tile_max, first, neg_inf);
@@ -371,8 +367,8 @@ fn query_rows(
         kb.barrier();
     });
 
-    kb.if_(row_valid, |kb| match grads {
-        Some(_) => {
+    kb.if_(row_valid, |kb| {
+        if grads.is_some() {
             let scale = kb.constant(Scalar::F32(fwd.scale.to_f64() as f32));
             let l_e = kb.mul(l, e_v);
             let base = kb.mul(pair, l_e);
@@ -383,8 +379,7 @@ fn query_rows(
                 let at = kb.add(base, d);
                 store_as(kb, ctx.out, at, y, fwd.dtype);
             });
-        }
-        None => {
+        } else {
             let max = kb.load(stats, first);
             let sum = kb.load(stats, second);
             let log = kb.unary(UnaryOp::Log, sum);
@@ -392,11 +387,11 @@ fn query_rows(
             kb.store(ctx.out, stat, lse);
         }
     });
-    Ok(kb)
+    kb
 }
 
 /// The key or value gradient, a key row per invocation (per query pair).
-fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> Result<KernelBuilder, String> {
+fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> KernelBuilder {
     let fwd = &ctx.op.forward;
     let (e, ev, idx) = (ctx.e, ctx.ev, ctx.idx);
     let of_keys = ctx.op.part == AttentionPart::Key;
@@ -555,5 +550,5 @@ fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> Result<KernelBu
             store_as(kb, ctx.out, at, y, fwd.dtype);
         });
     });
-    Ok(kb)
+    kb
 }

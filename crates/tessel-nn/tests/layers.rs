@@ -1454,25 +1454,28 @@ fn functional_batch_norm_matches_the_reference_and_updates_statistics() {
 }
 
 /// Gradients of `scaled_dot_product_attention` with respect to `q`, `k` and `v` against
-/// central finite differences, in f64: causal, a boolean and an additive mask, and
-/// grouped-query heads.
+/// central finite differences, in f64: causal, a boolean and an additive mask, grouped-query
+/// heads, and dropout (every evaluation drawing the same bits). Autograd records them in
+/// flash attention's form (`autograd/attention.rs`).
 #[test]
 fn sdpa_gradients_match_finite_differences() {
     let mut rng = Rng(190);
     let (l, s, e) = (3, 4, 2);
     let keep: Vec<bool> = (0..l * s).map(|i| i % 4 != 2).collect();
     let add = rng.vec(l * s);
-    let cases: Vec<(Option<Tensor>, bool, bool)> = vec![
-        (None, true, false),
+    let cases: Vec<(Option<Tensor>, bool, bool, f64)> = vec![
+        (None, true, false, 0.0),
         (
             Some(Tensor::from_slice(&keep, [l, s]).unwrap()),
             false,
             false,
+            0.0,
         ),
-        (Some(t64(&add, &[l, s])), false, false),
-        (None, false, true),
+        (Some(t64(&add, &[l, s])), false, false, 0.0),
+        (None, false, true, 0.0),
+        (None, true, false, 0.3),
     ];
-    for (ci, (mask, causal, gqa)) in cases.iter().enumerate() {
+    for (ci, (mask, causal, gqa, dropout)) in cases.iter().enumerate() {
         let kv_heads = if *gqa { 1 } else { 2 };
         let data = [
             rng.vec(2 * l * e),
@@ -1483,9 +1486,18 @@ fn sdpa_gradients_match_finite_differences() {
         let r = Rng(200 + ci as u64).vec(2 * l * e);
         let loss = |values: &[Vec<f64>; 3]| -> (Tensor, [Tensor; 3]) {
             let [q, k, v] = [0, 1, 2].map(|i| t64(&values[i], &dims[i]));
-            let y =
-                scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), 0.0, *causal, None, *gqa)
-                    .unwrap();
+            let _same_draw = seeded(91);
+            let y = scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                mask.as_ref(),
+                *dropout,
+                *causal,
+                None,
+                *gqa,
+            )
+            .unwrap();
             let loss = (&y * &t64(&r, &[2, l, e])).unwrap().sum_all().unwrap();
             (loss, [q, k, v])
         };

@@ -15,7 +15,7 @@ fn epilogues_writing(y: &Tensor) -> Vec<Epilogue> {
         .filter(|m| m.writes.contains(&targets[0]))
         .filter_map(|m| match m.op {
             VendorOp::Matmul(op) => Some(op.epilogue),
-            VendorOp::Attention(_) => None,
+            VendorOp::Attention(_) | VendorOp::AttentionBackward(_) => None,
         })
         .collect()
 }

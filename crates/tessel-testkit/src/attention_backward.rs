@@ -84,12 +84,11 @@ impl Conformance<'_> {
             let masked = fwd.mask.as_ref().map(|m| (m.dtype, &mask[..], fwd_lens[3]));
             let mut data: Vec<(DType, &[f64], Dim)> =
                 vec![(fwd.dtype, &q, fwd_lens[0]), (fwd.dtype, &k, fwd_lens[1])];
-            let (out_dtype, expected, out_len) = match part {
-                AttentionPart::LogSumExp => {
-                    data.extend(masked);
-                    (DType::F32, &want.lse, stats)
-                }
-                _ => {
+            let (out_dtype, expected, out_len) = if part == AttentionPart::LogSumExp {
+                data.extend(masked);
+                (DType::F32, &want.lse, stats)
+            } else {
+                {
                     data.push((fwd.dtype, &v, fwd_lens[2]));
                     data.extend(masked);
                     if fwd.dropout.is_some() {
