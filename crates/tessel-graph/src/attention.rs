@@ -143,6 +143,19 @@ pub fn attention_nodes(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<AttentionN
             (Some(d), Op::Ternary(TernaryOp::Where, keep, ..)) => Some((*keep, d.scale)),
             _ => None,
         };
+        // Keys and values shared by every pair fold the pairs into the products' rows (one
+        // taller product); the attention still counts query rows within a pair (causality,
+        // masks), and `q` is then contiguous.
+        let dims = graph.node(softmax.x).shape.dims();
+        let l = dims[dims.len() - 2];
+        let (batch, q_batch_stride) = if qk.m == l {
+            (pv.batch, qk.lhs_batch_stride)
+        } else {
+            let pairs = dims[..dims.len() - 2]
+                .iter()
+                .fold(Dim::constant(1), |acc, d| acc * *d);
+            (pairs, l * qk.k)
+        };
         let reduce_of = |w: NodeId| match graph.node(w).op {
             Op::Cast(inner) => inner,
             _ => w,
@@ -150,12 +163,12 @@ pub fn attention_nodes(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<AttentionN
         found.push(AttentionNodes {
             op: Attention {
                 dtype: pv.dtype,
-                batch: pv.batch,
-                l: pv.m,
+                batch,
+                l,
                 s: pv.k,
                 e: qk.k,
                 ev: pv.n,
-                q_batch_stride: qk.lhs_batch_stride,
+                q_batch_stride,
                 k_batch_stride: qk.rhs_batch_stride,
                 v_batch_stride: pv.rhs_batch_stride,
                 kv_group,

@@ -281,3 +281,18 @@ fn sdpa_gradients_are_the_fused_backward_pieces() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn keys_and_values_shared_by_every_pair_keep_the_query_rows() -> Result<()> {
+    let q = Tensor::randn([2, 3, 5, 4], DType::F32)?;
+    let k = Tensor::randn([7, 4], DType::F32)?;
+    let v = Tensor::randn([7, 6], DType::F32)?;
+    Tensor::realize_all(&[&q, &k, &v])?;
+    let y = scaled_dot_product_attention(&q, &k, &v, None, 0.0, true, None, false)?;
+    for a in attentions_writing(&y) {
+        // A causal mask counts query rows within a pair: rows folded across pairs are no
+        // attention's.
+        assert_eq!((a.batch, a.l), (Dim::constant(6), Dim::constant(5)), "{a}");
+    }
+    Ok(())
+}
