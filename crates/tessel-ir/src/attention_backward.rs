@@ -17,7 +17,7 @@
 //! Every tile is stored transposed, so the dot products of a row with a tile's rows run
 //! over the tile's rows innermost (contiguous, independent sums: a CPU compiler vectorizes
 //! them); the weighted sums of a tile's rows loop in the order that measured faster on the
-//! CPU for each kernel ([`Order`]). All arithmetic is `f32`.
+//! CPU for each kernel (`Order`). All arithmetic is `f32`.
 
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
 
