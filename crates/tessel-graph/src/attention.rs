@@ -90,17 +90,7 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
 
 /// Every attention whose second product is among `matmuls`, as [`AttentionNodes`].
 pub fn attention_nodes(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<AttentionNodes> {
-    // Which plain product writes each node.
-    let mut products: FxHashMap<NodeId, (&Matmul, &VendorMatch)> = FxHashMap::default();
-    for m in matmuls {
-        if let VendorOp::Matmul(op) = &m.op
-            && op.epilogue.is_none()
-        {
-            for &w in &m.writes {
-                products.insert(w, (op, m));
-            }
-        }
-    }
+    let products = plain_products(matmuls);
     let mut found = Vec::new();
     for m in matmuls {
         let VendorOp::Matmul(pv) = &m.op else {
@@ -189,6 +179,23 @@ pub fn attention_nodes(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<AttentionN
         });
     }
     found
+}
+
+/// Which plain product (no epilogue) among `matmuls` writes each node.
+pub(crate) fn plain_products(
+    matmuls: &[VendorMatch],
+) -> FxHashMap<NodeId, (&Matmul, &VendorMatch)> {
+    let mut products = FxHashMap::default();
+    for m in matmuls {
+        if let VendorOp::Matmul(op) = &m.op
+            && op.epilogue.is_none()
+        {
+            for &w in &m.writes {
+                products.insert(w, (op, m));
+            }
+        }
+    }
+    products
 }
 
 /// `node` as `Tensor::dropout` records it over the probabilities `p`:

@@ -23,7 +23,7 @@ use rustc_hash::FxHashMap;
 use tessel_ir::{AttentionBackward, AttentionPart, Matmul, VendorOp};
 use tessel_shape::{BinaryOp, DType, TernaryOp, UnaryOp};
 
-use crate::attention::AttentionNodes;
+use crate::attention::{AttentionNodes, plain_products};
 use crate::graph::{Graph, NodeId, Op};
 use crate::vendor::{VendorMatch, swaps_last_two};
 
@@ -41,16 +41,7 @@ pub(crate) fn find_backward(
     matmuls: &[VendorMatch],
     found: &[AttentionNodes],
 ) -> Vec<VendorMatch> {
-    let mut products: FxHashMap<NodeId, (&Matmul, &VendorMatch)> = FxHashMap::default();
-    for m in matmuls {
-        if let VendorOp::Matmul(op) = &m.op
-            && op.epilogue.is_none()
-        {
-            for &w in &m.writes {
-                products.insert(w, (op, m));
-            }
-        }
-    }
+    let products = plain_products(matmuls);
     let mut out = Vec::new();
     let mut inputs: Vec<Option<Inputs>> = vec![None; found.len()];
     let mut values = Vec::new();
