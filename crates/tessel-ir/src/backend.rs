@@ -209,6 +209,23 @@ pub trait Backend: Send + Sync {
     /// hand-written ones included, can reach memory it does not own.
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError>;
 
+    /// How many kernels one [`Backend::compile_many`] call should build together: 1 (the
+    /// default) where each compile stands alone, more where every call to the compiler has
+    /// a large fixed cost (an OpenCL driver parses its whole builtin header per program).
+    fn compile_batch(&self) -> usize {
+        1
+    }
+
+    /// Compiles `kernels` for device `device`: one result per kernel, in order, each as
+    /// [`Backend::compile`] gives it. The default compiles them one by one.
+    fn compile_many(
+        &self,
+        device: usize,
+        kernels: &[&Kernel],
+    ) -> Vec<Result<ProgramId, BackendError>> {
+        kernels.iter().map(|k| self.compile(device, k)).collect()
+    }
+
     /// Launches a program; may return before it finishes.
     fn launch(
         &self,

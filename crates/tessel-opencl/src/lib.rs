@@ -51,7 +51,10 @@
 //! - **Programs**: each kernel is rendered in the device's dialect ([`OPENCL`], or
 //!   [`OPENCL_NO_FP64`] without `cl_khr_fp64`), built with
 //!   `-cl-fp32-correctly-rounded-divide-sqrt` where supported (and never with fast-math),
-//!   and cached by device and source (bounded, [`OpenClConfig::program_cache`]). A failed
+//!   and cached by device and source (bounded, [`OpenClConfig::program_cache`]).
+//!   [`Backend::compile_many`] builds the kernels it is given as one program, paying the
+//!   driver's fixed cost per build once (PoCL parses clang's whole `opencl-c.h` for every
+//!   program); if that build fails, each kernel is built alone. A failed
 //!   build is [`BackendError::Compile`] with the source and the driver's build log; a kernel
 //!   the device cannot express (an `f64` op without `cl_khr_fp64`, too much local memory, too
 //!   large a workgroup) is [`BackendError::Unsupported`] naming the op and dtype.
@@ -292,8 +295,7 @@ impl OpenClBackend {
         name: &str,
         source: &str,
     ) -> Result<(Arc<Built>, ProgramOrigin), BackendError> {
-        if let Some(built) = lock(&self.cache).get(device, source) {
-            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+        if let Some(built) = self.cached(device, source) {
             return Ok((built, ProgramOrigin::Cached));
         }
         // No lock is held while the driver builds, which may take a second.
@@ -301,6 +303,45 @@ impl OpenClBackend {
         self.counters.builds.fetch_add(1, Ordering::Relaxed);
         lock(&self.cache).insert(device, Arc::clone(&built));
         Ok((built, ProgramOrigin::Compiled))
+    }
+
+    /// The cached program built from `source` on `device`, if any.
+    fn cached(&self, device: usize, source: &str) -> Option<Arc<Built>> {
+        let built = lock(&self.cache).get(device, source)?;
+        self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+        Some(built)
+    }
+
+    /// The program of prepared `kernel` (rendered as `source`) from its built program.
+    fn program(
+        &self,
+        device: usize,
+        dev: &ClDevice,
+        (kernel, source): (Kernel, String),
+        (built, origin): (Arc<Built>, ProgramOrigin),
+    ) -> Result<ProgramId, BackendError> {
+        let entry = built
+            .entry
+            .clone()
+            .unwrap_or_else(|| codegen::entry_name(&kernel));
+        let cl = opencl3::kernel::Kernel::create(&built.program, &entry).map_err(|e| {
+            BackendError::Compile {
+                kernel: kernel.name.clone(),
+                code: source,
+                log: format!("clCreateKernel(`{entry}`) failed: {e}"),
+            }
+        })?;
+        let max_workgroup = cl
+            .get_work_group_size(dev.device.id())
+            .map_or(u64::from(dev.info.max_workgroup_size), |n| n as u64);
+        Ok(self.programs.insert(Program {
+            kernel,
+            device,
+            cl: Mutex::new(Handle::new(cl)),
+            _built: built,
+            max_workgroup,
+            origin,
+        }))
     }
 
     /// Checks a launch and queues it; returns its event and device, or `None` when the
@@ -415,6 +456,15 @@ fn launch_sizes(
 }
 
 /// `kernel` in `dev`'s dialect, with codegen errors as backend errors.
+/// `kernel` prepared for `dev` ([`tessel_ir::backend::prepare`]) and its source, the
+/// device's limits checked.
+fn prepared(dev: &ClDevice, kernel: &Kernel) -> Result<(Kernel, String), BackendError> {
+    let kernel = tessel_ir::backend::prepare(kernel)?;
+    let source = render(dev, &kernel)?;
+    programs::check_limits(dev, &kernel)?;
+    Ok((kernel, source))
+}
+
 fn render(dev: &ClDevice, kernel: &Kernel) -> Result<String, BackendError> {
     codegen::render(kernel, dev.dialect).map_err(|e| match e {
         CodegenError::Verify(e) => BackendError::Compile {
@@ -550,29 +600,81 @@ impl Backend for OpenClBackend {
 
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
         let dev = self.device(device)?;
-        let kernel = &tessel_ir::backend::prepare(kernel)?;
-        let source = render(dev, kernel)?;
-        programs::check_limits(dev, kernel)?;
-        let (built, origin) = self.built(device, dev, &kernel.name, &source)?;
-        let entry = codegen::entry_name(kernel);
-        let cl = opencl3::kernel::Kernel::create(&built.program, &entry).map_err(|e| {
-            BackendError::Compile {
-                kernel: kernel.name.clone(),
-                code: source.clone(),
-                log: format!("clCreateKernel(`{entry}`) failed: {e}"),
+        let prepared = prepared(dev, kernel)?;
+        let built = self.built(device, dev, &kernel.name, &prepared.1)?;
+        self.program(device, dev, prepared, built)
+    }
+
+    /// Enough kernels per program that the driver's fixed cost per build is paid rarely,
+    /// few enough that a failed build (then repeated kernel by kernel) costs little.
+    fn compile_batch(&self) -> usize {
+        32
+    }
+
+    /// Builds the kernels that are not cached as one program; if that build fails, each
+    /// alone, so each error is the kernel's own.
+    fn compile_many(
+        &self,
+        device: usize,
+        kernels: &[&Kernel],
+    ) -> Vec<Result<ProgramId, BackendError>> {
+        let Ok(dev) = self.device(device) else {
+            return kernels.iter().map(|k| self.compile(device, k)).collect();
+        };
+        let mut results: Vec<Option<Result<ProgramId, BackendError>>> =
+            kernels.iter().map(|_| None).collect();
+        let mut pending = Vec::new();
+        for (i, kernel) in kernels.iter().enumerate() {
+            match prepared(dev, kernel) {
+                Err(e) => results[i] = Some(Err(e)),
+                Ok(prepared) => match self.cached(device, &prepared.1) {
+                    Some(built) => {
+                        let built = (built, ProgramOrigin::Cached);
+                        results[i] = Some(self.program(device, dev, prepared, built));
+                    }
+                    None => pending.push((i, prepared)),
+                },
             }
-        })?;
-        let max_workgroup = cl
-            .get_work_group_size(dev.device.id())
-            .map_or(u64::from(dev.info.max_workgroup_size), |n| n as u64);
-        Ok(self.programs.insert(Program {
-            kernel: kernel.clone(),
-            device,
-            cl: Mutex::new(Handle::new(cl)),
-            _built: built,
-            max_workgroup,
-            origin,
-        }))
+        }
+        if pending.len() > 1 {
+            let entries: Vec<String> = pending
+                .iter()
+                .map(|(_, (k, _))| codegen::entry_name(k))
+                .collect();
+            let parts: Vec<(&str, &str, &str)> = pending
+                .iter()
+                .zip(&entries)
+                .map(|((_, (k, source)), entry)| (k.name.as_str(), source.as_str(), entry.as_str()))
+                .collect();
+            match programs::build_together(dev, &parts) {
+                Ok(builts) => {
+                    self.counters.builds.fetch_add(1, Ordering::Relaxed);
+                    for ((i, prepared), built) in pending.drain(..).zip(builts) {
+                        let built = Arc::new(built);
+                        lock(&self.cache).insert(device, Arc::clone(&built));
+                        let built = (built, ProgramOrigin::Compiled);
+                        results[i] = Some(self.program(device, dev, prepared, built));
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        "tessel-opencl: building {} kernels together failed, building each alone: {e}",
+                        pending.len()
+                    );
+                }
+            }
+        }
+        for (i, prepared) in pending {
+            results[i] = Some(
+                self.built(device, dev, &prepared.0.name, &prepared.1)
+                    .and_then(|built| self.program(device, dev, prepared, built)),
+            );
+        }
+        results
+            .into_iter()
+            .zip(kernels)
+            .map(|(result, kernel)| result.unwrap_or_else(|| self.compile(device, kernel)))
+            .collect()
     }
 
     fn launch(

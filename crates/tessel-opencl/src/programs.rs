@@ -5,6 +5,8 @@
 //! collision costs a rebuild, never a wrong kernel. Entries are evicted least recently used
 //! first; a live `ProgramId` holds its own reference, so eviction never invalidates one.
 
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use opencl3::program::Program;
@@ -14,10 +16,14 @@ use tessel_shape::{DType, Dim};
 
 use crate::device::ClDevice;
 
-/// A program built for one device.
+/// A kernel's program built for one device (shared by the kernels built together with it).
 pub(crate) struct Built {
-    pub(crate) program: Program,
+    pub(crate) program: Arc<Program>,
+    /// The kernel's own source, the cache's key.
     source: String,
+    /// The kernel function's name in `program` where it is not the source's own
+    /// ([`codegen::entry_name`](tessel_ir::codegen::entry_name)): renamed when built with others.
+    pub(crate) entry: Option<String>,
 }
 
 /// Built programs by device and source (see [`BuiltCache`]).
@@ -30,6 +36,81 @@ pub(crate) fn program_cache(capacity: usize) -> ProgramCache {
 
 /// Builds `source` for `device`; a failure carries the driver's build log.
 pub(crate) fn build(device: &ClDevice, kernel: &str, source: &str) -> Result<Built, BackendError> {
+    Ok(Built {
+        program: Arc::new(build_program(device, kernel, source)?),
+        source: source.to_owned(),
+        entry: None,
+    })
+}
+
+/// Builds the kernels `(name, source, entry)` of `parts` as one program: the driver's fixed
+/// cost per build (PoCL parses clang's whole `opencl-c.h` for every program, about 0.2 s)
+/// is paid once. An error names every kernel; the caller builds them one by one to learn
+/// which failed.
+pub(crate) fn build_together(
+    device: &ClDevice,
+    parts: &[(&str, &str, &str)],
+) -> Result<Vec<Built>, BackendError> {
+    let sources: Vec<(&str, &str)> = parts.iter().map(|&(_, s, e)| (s, e)).collect();
+    let names: Vec<&str> = parts.iter().map(|&(n, _, _)| n).collect();
+    let Some((source, entries)) = combine(&sources) else {
+        return Err(BackendError::Compile {
+            kernel: names.join(", "),
+            code: String::new(),
+            log: "a source without a `__kernel` function cannot be built with others".into(),
+        });
+    };
+    let program = Arc::new(build_program(device, &names.join(", "), &source)?);
+    Ok(parts
+        .iter()
+        .zip(entries)
+        .map(|(&(_, source, _), entry)| Built {
+            program: Arc::clone(&program),
+            source: source.to_owned(),
+            entry: Some(entry),
+        })
+        .collect())
+}
+
+/// One OpenCL C source defining the kernels of `sources` (each a whole rendered source and
+/// its kernel function's name), and the functions' names in it. What precedes each kernel
+/// function (the dialect's pragmas, the helper functions: blocks between blank lines, the
+/// same text in every source that uses them) is written once per distinct block; each
+/// kernel function is renamed `{entry}_{i}`, since two candidates may share a name.
+/// `None` where a source has no `__kernel` function.
+fn combine(sources: &[(&str, &str)]) -> Option<(String, Vec<String>)> {
+    let mut seen = HashSet::new();
+    let mut preamble = String::new();
+    let mut functions = String::new();
+    let mut entries = Vec::with_capacity(sources.len());
+    for (i, &(source, entry)) in sources.iter().enumerate() {
+        let at = source.find("\n__kernel ")? + 1;
+        // The leading comment names the kernel: not shared.
+        let shared = match source[..at].strip_prefix("/*") {
+            Some(rest) => &rest[rest.find("*/\n")? + 3..],
+            None => &source[..at],
+        };
+        for block in shared.split("\n\n") {
+            let block = block.trim_matches('\n');
+            if !block.is_empty() && seen.insert(block) {
+                preamble.push_str(block);
+                preamble.push_str("\n\n");
+            }
+        }
+        let renamed = format!("{entry}_{i}");
+        functions.push_str(&source[at..].replacen(
+            &format!(" {entry}("),
+            &format!(" {renamed}("),
+            1,
+        ));
+        functions.push('\n');
+        entries.push(renamed);
+    }
+    Some((preamble + &functions, entries))
+}
+
+/// Builds one program from `source`; `kernel` names what it holds in errors and logs.
+fn build_program(device: &ClDevice, kernel: &str, source: &str) -> Result<Program, BackendError> {
     let fail = |log: String| BackendError::Compile {
         kernel: kernel.to_owned(),
         code: source.to_owned(),
@@ -54,10 +135,7 @@ pub(crate) fn build(device: &ClDevice, kernel: &str, source: &str) -> Result<Bui
         tracing::debug!(kernel, "tessel-opencl: build log:\n{log}");
     }
     tracing::debug!(kernel, elapsed = ?started.elapsed(), device = %device.info.name, "tessel-opencl: program built");
-    Ok(Built {
-        program,
-        source: source.to_owned(),
-    })
+    Ok(program)
 }
 
 /// Checks what the device's limits decide before a launch: the kernel's local memory and,

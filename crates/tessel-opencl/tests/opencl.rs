@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use tessel_ir::{Access, Backend, BackendError, DeviceInfo, Kernel, KernelBuilder, samples};
 use tessel_opencl::{OpenClBackend, OpenClConfig};
-use tessel_shape::{BinaryOp, DType, TernaryOp, UnaryOp};
+use tessel_shape::{BinaryOp, Bindings, DType, TernaryOp, UnaryOp};
 use tessel_testkit::{Check, Conformance, Op, Tolerance};
 
 /// One backend for the whole test binary, over every device `TESSEL_OPENCL_DEVICE` allows
@@ -325,4 +325,74 @@ fn child_reports_devices() {
         "child: platforms={platforms} devices={}",
         cl.devices().len()
     );
+}
+
+/// Kernels compiled together are one driver build; each runs as it would alone (two of
+/// them share a name and differ in dtype), and compiling them again is all cache hits.
+#[test]
+fn kernels_compiled_together_are_one_build() {
+    let cl = OpenClBackend::new();
+    let (n, rows, cols) = (1000, 7, 33);
+    let kernels = [
+        samples::vector_add(DType::F32, n, 64).unwrap(),
+        samples::vector_add(DType::I32, n, 64).unwrap(),
+        samples::row_sum(rows, cols, DType::F32).unwrap(),
+    ];
+    let kernels: Vec<&Kernel> = kernels.iter().collect();
+    for device in 0..cl.devices().len() {
+        let before = cl.stats();
+        let programs: Vec<_> = cl
+            .compile_many(device, &kernels)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(cl.stats().builds - before.builds, 1, "device {device}");
+        let upload = |bytes: Vec<u8>| {
+            let id = cl.alloc(device, bytes.len()).unwrap();
+            cl.write(id, 0, &bytes).unwrap();
+            id
+        };
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let i32s = |v: &[i32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let read = |id, len: usize| {
+            let mut out = vec![0u8; len * 4];
+            cl.read(id, 0, &mut out).unwrap();
+            out.chunks(4)
+                .map(|c| [c[0], c[1], c[2], c[3]])
+                .collect::<Vec<_>>()
+        };
+        let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        let ids = [upload(f32s(&x)), upload(f32s(&x)), upload(vec![0; n * 4])];
+        cl.launch(programs[0], &ids, &Bindings::default()).unwrap();
+        let sums: Vec<f32> = read(ids[2], n)
+            .into_iter()
+            .map(f32::from_ne_bytes)
+            .collect();
+        assert_eq!(sums, x.iter().map(|v| v + v).collect::<Vec<_>>());
+        let k: Vec<i32> = (0..n as i32).map(|i| i - 500).collect();
+        let ids = [upload(i32s(&k)), upload(i32s(&k)), upload(vec![0; n * 4])];
+        cl.launch(programs[1], &ids, &Bindings::default()).unwrap();
+        let sums: Vec<i32> = read(ids[2], n)
+            .into_iter()
+            .map(i32::from_ne_bytes)
+            .collect();
+        assert_eq!(sums, k.iter().map(|v| v + v).collect::<Vec<_>>());
+        let m: Vec<f32> = (0..rows * cols).map(|i| (i % cols) as f32).collect();
+        let ids = [upload(f32s(&m)), upload(vec![0; rows * 4])];
+        cl.launch(programs[2], &ids, &Bindings::default()).unwrap();
+        let sums: Vec<f32> = read(ids[1], rows)
+            .into_iter()
+            .map(f32::from_ne_bytes)
+            .collect();
+        assert_eq!(sums, vec![(cols * (cols - 1) / 2) as f32; rows]);
+        let before = cl.stats();
+        for result in cl.compile_many(device, &kernels) {
+            cl.release(result.unwrap()).unwrap();
+        }
+        let stats = cl.stats();
+        assert_eq!(
+            (stats.builds, stats.cache_hits - before.cache_hits),
+            (before.builds, 3)
+        );
+    }
 }

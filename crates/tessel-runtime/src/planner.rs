@@ -877,7 +877,8 @@ pub(crate) fn compile(
     Ok(out)
 }
 
-/// Compiles `kernels` on `device`, first occurrences in parallel, repeats after them.
+/// Compiles `kernels` on `device`, first occurrences in parallel (in batches of the
+/// backend's [`Backend::compile_batch`]), repeats after them.
 fn compile_all(
     backend: &dyn Backend,
     device: Device,
@@ -888,57 +889,65 @@ fn compile_all(
         .filter(|&k| seen.insert(kernels[k].1.to_string()))
         .collect();
     let bar = crate::progress::bar(kernels.len(), "tessel: compiling kernels");
-    let compile = |kernel: &Kernel| {
-        tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
-        let built = backend.compile(device.ordinal, kernel);
-        if let Some(bar) = &bar {
-            bar.inc(1);
+    let compile = |batch: &[usize]| {
+        for &k in batch {
+            let kernel = kernels[k].1;
+            tracing::debug!(target: "tessel::kernels", "compiling {} on {device}:\n{kernel}", kernel.name);
         }
-        built
+        let batch_kernels: Vec<&Kernel> = batch.iter().map(|&k| kernels[k].1).collect();
+        let built = backend.compile_many(device.ordinal, &batch_kernels);
+        debug_assert_eq!(
+            built.len(),
+            batch.len(),
+            "compile_many gives one result per kernel"
+        );
+        if let Some(bar) = &bar {
+            bar.inc(batch.len() as u64);
+        }
+        batch.iter().copied().zip(built).collect::<Vec<_>>()
     };
-    let mut results: Vec<Option<std::result::Result<ProgramId, BackendError>>> =
-        (0..kernels.len()).map(|_| None).collect();
+    // Batches as large as the backend likes: where a build has a fixed cost, two half
+    // batches on two threads would pay it twice for little gain in latency.
+    let batches: Vec<&[usize]> = unique.chunks(backend.compile_batch().max(1)).collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
-        .min(unique.len());
-    if threads <= 1 {
-        for &k in &unique {
-            results[k] = Some(compile(kernels[k].1));
-        }
+        .min(batches.len());
+    let mut results: Vec<Option<std::result::Result<ProgramId, BackendError>>> =
+        (0..kernels.len()).map(|_| None).collect();
+    let done: Vec<(usize, std::result::Result<ProgramId, BackendError>)> = if threads <= 1 {
+        batches.iter().flat_map(|b| compile(b)).collect()
     } else {
         let next = AtomicUsize::new(0);
-        let done: Vec<(usize, std::result::Result<ProgramId, BackendError>)> =
-            std::thread::scope(|s| {
-                let workers: Vec<_> = (0..threads)
-                    .map(|_| {
-                        s.spawn(|| {
-                            let mut mine = Vec::new();
-                            loop {
-                                let n = next.fetch_add(1, Ordering::Relaxed);
-                                let Some(&k) = unique.get(n) else {
-                                    return mine;
-                                };
-                                mine.push((k, compile(kernels[k].1)));
-                            }
-                        })
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        while let Some(b) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
+                            mine.extend(compile(b));
+                        }
+                        mine
                     })
-                    .collect();
-                workers
-                    .into_iter()
-                    .flat_map(|w| {
-                        w.join()
-                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                    })
-                    .collect()
-            });
-        for (k, result) in done {
-            results[k] = Some(result);
-        }
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| {
+                    w.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        })
+    };
+    for (k, result) in done {
+        results[k] = Some(result);
     }
     let results = results
         .into_iter()
         .zip(kernels)
-        .map(|(result, (_, kernel))| result.unwrap_or_else(|| compile(kernel)))
+        .map(|(result, (_, kernel))| {
+            result.unwrap_or_else(|| backend.compile(device.ordinal, kernel))
+        })
         .collect();
     if let Some(bar) = &bar {
         bar.finish_and_clear();
