@@ -112,7 +112,8 @@ pub(crate) enum Lowering {
 /// In `Mode::Cooperative`, a kernel whose reductions are long gives each output element a
 /// workgroup instead of one invocation: the invocations stride through each top-level
 /// reduction together (adjacent invocations read adjacent elements) and combine their
-/// partial results through local memory. Such a kernel writes only its root. See [`Mode`]
+/// partial results through local memory; the first invocation stores the root and the
+/// outputs absorbed beside it (a softmax's max and sum next to its log-sum-exp). See [`Mode`]
 /// for `Mode::Rows`. `knobs` overrides the launch shape the heuristics below pick (scatters
 /// and sorts have no knobs).
 pub(crate) fn lower_kernel(
@@ -142,7 +143,7 @@ pub(crate) fn lower_kernel(
     let lanes = if mode == Mode::Serial {
         None
     } else {
-        cooperative_lanes(graph, root, materialized).map(|l| knobs.lanes.unwrap_or(l))
+        cooperative_lanes(graph, root, materialized, absorbable).map(|l| knobs.lanes.unwrap_or(l))
     };
     let is_reduce = matches!(graph.node(root).op, Op::Reduce(..));
     let row_len = graph.node(root).shape.dims().last().copied();
@@ -157,12 +158,6 @@ pub(crate) fn lower_kernel(
     let outputs = graph.node(root).shape.numel().bounds().hi;
     let lanes = lanes.filter(|&l| outputs.saturating_mul(l) <= MAX_COOPERATIVE_INVOCATIONS);
     let cooperative = lanes.is_some();
-    let nothing = FxHashSet::default();
-    let absorbable = if lanes.is_some() {
-        &nothing
-    } else {
-        absorbable
-    };
     let node = graph.node(root);
     let shape = node.shape.clone();
     let numel = shape.numel();
@@ -268,16 +263,7 @@ pub(crate) fn lower_kernel(
         }
     } else {
         let value = lw.eval_node(root, &root_coords, true)?;
-        if let Some((_, lane)) = lane {
-            // Every invocation of the workgroup holds the value; one stores it.
-            let zero = lw.kb.constant_as(0, idx);
-            let first = lw.kb.binary(BinaryOp::Eq, lane, zero);
-            let open = lw.kb.begin_if(first);
-            lw.kb.store(out, gid_value, value);
-            lw.kb.end_if(open);
-        } else {
-            lw.kb.store(out, gid_value, value);
-        }
+        lw.store_output(out, value);
     }
     if let Some(open) = guard {
         lw.close_if(open);
@@ -381,12 +367,19 @@ fn kernel_name(graph: &Graph, root: NodeId) -> String {
 /// The workgroup size for a cooperative kernel computing `root`: a power of two covering
 /// a quarter of its longest reduction (at most [`MAX_LANES`]), or `None` if it has no
 /// reduction of at least [`MIN_COOPERATIVE_EXTENT`] elements per output.
-fn cooperative_lanes(graph: &Graph, root: NodeId, materialized: &FxHashSet<NodeId>) -> Option<i64> {
+fn cooperative_lanes(
+    graph: &Graph,
+    root: NodeId,
+    materialized: &FxHashSet<NodeId>,
+    absorbable: &FxHashSet<NodeId>,
+) -> Option<i64> {
     let mut longest = 0;
     let mut stack = vec![root];
     let mut seen = FxHashSet::default();
     while let Some(n) = stack.pop() {
-        if !seen.insert(n) || (n != root && materialized.contains(&n)) {
+        // Absorbed outputs (a softmax's max and sum, written beside its log-sum-exp) are
+        // computed here, so their reductions count.
+        if !seen.insert(n) || (n != root && materialized.contains(&n) && !absorbable.contains(&n)) {
             continue;
         }
         let node = graph.node(n);
@@ -568,6 +561,20 @@ impl Lowerer<'_> {
         self.memo.iter().rev().find_map(|m| m.get(&key)).copied()
     }
 
+    /// Stores `value` of an output at the root's index: in a cooperative kernel every
+    /// invocation of the workgroup holds it, and the first stores it.
+    fn store_output(&mut self, buf: Buf, value: Value) {
+        if let Some((_, lane)) = self.lanes {
+            let zero = self.kb.constant_as(0, self.idx);
+            let first = self.kb.binary(BinaryOp::Eq, lane, zero);
+            let open = self.kb.begin_if(first);
+            self.kb.store(buf, self.out_index, value);
+            self.kb.end_if(open);
+        } else {
+            self.kb.store(buf, self.out_index, value);
+        }
+    }
+
     /// The value of node `n` at `coords`. `top` is true only for the kernel's root.
     fn eval_node(
         &mut self,
@@ -603,7 +610,7 @@ impl Lowerer<'_> {
             if absorb {
                 let len = node.shape.numel();
                 let buf = self.param(Slot::Node(n), node.dtype, len, Access::Write);
-                self.kb.store(buf, self.out_index, v);
+                self.store_output(buf, v);
                 self.writes.push(n);
             }
             v

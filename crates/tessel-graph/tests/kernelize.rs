@@ -658,3 +658,41 @@ fn a_shared_value_reading_many_buffers_is_computed_once() {
     }
     assert_close(&got[layers], &stream, 1e-5);
 }
+
+/// A log-sum-exp written beside its max and sum (as attention's autograd records it): one
+/// cooperative kernel computes the row statistics once and writes all three, the serial
+/// kernel's values.
+#[test]
+fn a_cooperative_kernel_writes_the_statistics_it_absorbs() {
+    for cols in [512, 2000] {
+        let mut env = Env::new();
+        let mut rng = Rng(3 + cols as u64);
+        let rows = 4;
+        let x = env.leaf(&[rows, cols], rng.vec(rows * cols));
+        let s = env.shape(x);
+        let max = env.reduce(ReduceOp::Max, x, &[1]);
+        let max_e = env.expand(max, &s);
+        let shifted = env.binary(BinaryOp::Sub, x, max_e);
+        let e = env.unary(UnaryOp::Exp, shifted);
+        let sum = env.reduce(ReduceOp::Sum, e, &[1]);
+        let log = env.unary(UnaryOp::Log, sum);
+        let lse = env.binary(BinaryOp::Add, max, log);
+        let targets = [lse, max, sum];
+        let (serial, _) = env.realize(&targets);
+        let schedule = kernelize_cooperative(&env.g, &targets).unwrap();
+        let kernels: Vec<(&str, usize)> = schedule
+            .kernels
+            .iter()
+            .map(|k| (k.kernel.name.as_str(), k.writes.len()))
+            .collect();
+        assert!(
+            kernels.len() == 1 && kernels[0].0.ends_with("_g") && kernels[0].1 == 3,
+            "{cols} columns: kernels {kernels:?}"
+        );
+        let (cooperative, _) = env.run(&targets, &schedule);
+        for (a, b) in serial.iter().zip(&cooperative) {
+            let want: Vec<f64> = a.iter().map(|&v| f64::from(v)).collect();
+            assert_close(b, &want, 1e-5);
+        }
+    }
+}

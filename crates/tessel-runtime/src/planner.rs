@@ -372,6 +372,8 @@ pub(crate) fn partition(
     let internal = |e: tessel_graph::KernelizeError| Error::Internal(e.to_string());
     let mut numbering = Numbering::default();
     let mut parts: Option<Partitions> = None;
+    // The nodes the default partition materializes (form 0's graph).
+    let mut default_materialized: Vec<NodeId> = Vec::new();
     for (f, form) in forms.iter().enumerate() {
         let (graph, targets) = (&form.graph, form.targets.as_slice());
         let order = graph.toposort(targets);
@@ -402,6 +404,7 @@ pub(crate) fn partition(
         if f == 0 {
             let default = kernelize(graph, targets).map_err(internal)?;
             add(parts, &default, Origin::Default);
+            default_materialized = default.buffers.iter().map(|b| b.0).collect();
             let written: FxHashSet<usize> = parts
                 .candidates
                 .iter()
@@ -446,6 +449,22 @@ pub(crate) fn partition(
         }
         let alternative = kernelize_with(graph, targets, &separate).map_err(internal)?;
         add(parts, &alternative, Origin::Routine);
+        // A value the default partition materializes and the routine one fuses away may be
+        // read by a chosen kernel of another partition; its only producer would then be
+        // the default kernel computing a product inline (GPT-2's MLP output with its
+        // residual: a naive matmul, 10 ms against cuBLAS's 0.4 ms). Materializing both
+        // partitions' values gives each a producer reading the routines' products.
+        if f == 0 {
+            let routine: FxHashSet<NodeId> = alternative.buffers.iter().map(|b| b.0).collect();
+            if default_materialized.iter().any(|n| !routine.contains(n)) {
+                let mut both = separate.clone();
+                both.extend(default_materialized.iter().filter(|n| !routine.contains(n)));
+                both.sort_unstable();
+                both.dedup();
+                let union = kernelize_with(graph, targets, &both).map_err(internal)?;
+                add(parts, &union, Origin::Routine);
+            }
+        }
         for m in &matches {
             for &w in &m.writes {
                 let node = graph.node(w);
@@ -1140,8 +1159,9 @@ impl Compiled {
 
 #[cfg(test)]
 mod tests {
-    use tessel_graph::{Op, signature};
+    use tessel_graph::{Op, ReduceOp, signature};
     use tessel_ir::VendorOp;
+    use tessel_shape::BinaryOp;
 
     use super::{Work, partition};
     use crate::test_graph::{matmul, node, random_leaf};
@@ -1212,6 +1232,55 @@ mod tests {
                 .iter()
                 .any(|c| c.default && c.writes.contains(&target))
         );
+        Ok(())
+    }
+
+    /// `y = x @ w + r` read by a row sum and a column sum: the default partition
+    /// materializes `y` (the product computed inline), the routine partition inlines `y`
+    /// into both sums. Every value the default partition writes also has a producer of
+    /// another partition, so a plan mixing partitions never needs the inline product.
+    #[test]
+    fn default_values_have_producers_reading_the_routines() -> Result<()> {
+        let (m, k, n) = (24, 16, 12);
+        let p = matmul(
+            random_leaf(11, &[m, k]),
+            random_leaf(12, &[k, n]),
+            &[],
+            m,
+            k,
+            n,
+        );
+        let y = node(
+            Op::Binary(BinaryOp::Add, p, random_leaf(13, &[m, n])),
+            &[m, n],
+        );
+        let rows = node(Op::Reduce(ReduceOp::Sum, y, vec![1].into()), &[m, 1]);
+        let cols = node(Op::Reduce(ReduceOp::Sum, y, vec![0].into()), &[1, n]);
+        let st = runtime().lock();
+        let (graph, targets) = (&st.graph, vec![rows, cols]);
+        let (_, leaves) = signature(graph, &targets);
+        let parts = partition(
+            graph,
+            &targets,
+            &leaves,
+            &[Device::cpu()],
+            crate::Float32MatmulPrecision::Highest,
+            crate::Tuning::Default,
+        )?;
+        assert!(
+            parts.candidates.iter().any(|c| c.for_routine),
+            "the product is matched"
+        );
+        for c in parts.candidates.iter().filter(|c| c.default) {
+            for w in &c.writes {
+                assert!(
+                    parts.candidates.iter().any(|o| !o.default
+                        && matches!(o.work, Work::Kernel(_))
+                        && o.writes.contains(w)),
+                    "value {w} has only the default partition's producer"
+                );
+            }
+        }
         Ok(())
     }
 
