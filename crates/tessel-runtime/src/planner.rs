@@ -9,7 +9,8 @@
 //!    In the simplified form: the default partition from
 //!    the kernelizer, and where the graph holds matrix products ([`find_matmuls`]), a
 //!    second partition with each product materialized on its own plus a library routine
-//!    ([`VendorOp`]) that can write it; where two products make an attention
+//!    ([`VendorOp`]) that can write it, and where the default partition materializes
+//!    values that one fuses away, a partition materializing both; where two products make an attention
 //!    ([`find_attention`]), a routine that writes the second from the operands of the
 //!    first. Every kernel and routine is a [`Candidate`] that
 //!    writes some values (graph positions) and reads others.
