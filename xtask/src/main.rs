@@ -17,7 +17,8 @@ const USAGE: &str = "usage: cargo xtask <task> [options]   (any task with --help
 
 tasks:
   ci          cargo fmt --check, cargo clippy -D warnings, cargo test --workspace,
-              cargo xtask test-gpu --backends cpu,wgpu,opencl where those drivers exist,
+              cargo xtask test-gpu --backends wgpu,opencl --suite-only where those
+              drivers exist (the CPU's suite ran in cargo test --workspace),
               cargo doc -D warnings (what .ci/run runs)
   test-gpu    build the conformance suite with the GPU backends' features and run it once
               per backend present, then print one table (backend, device, passed, failed,
@@ -32,6 +33,8 @@ tasks:
                         drivers with slow kernel compiles, such as NVIDIA's OpenCL);
                         also accepted by `DIR/run`
       --release         build the suite with the release profile
+      --suite-only      skip each backend crate's own tests (`cargo test --workspace`
+                        runs them on every driver present)
   fuzz        the seeded public-API fuzzing campaign (tessel-tensor/tests/fuzz.rs) in
               release: random calls from 14 op families in child processes; fails on any
               panic, abort or hang and names the call

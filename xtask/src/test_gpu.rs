@@ -46,6 +46,9 @@ struct Options {
     /// Processes per test binary: each runs a share of its tests. Above 1 it helps where
     /// kernel compiles are slow and do not overlap within a process (NVIDIA's OpenCL).
     jobs: usize,
+    /// Skip each backend crate's own tests (CI runs them in `cargo test --workspace`,
+    /// where they find every driver present).
+    suite_only: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -54,6 +57,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         bundle: None,
         release: false,
         jobs: 1,
+        suite_only: false,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -76,6 +80,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 options.bundle = Some(PathBuf::from(dir));
             }
             "--release" => options.release = true,
+            "--suite-only" => options.suite_only = true,
             "--jobs" => {
                 options.jobs = args
                     .next()
@@ -105,6 +110,7 @@ pub(crate) fn main(root: &Path, args: &[String]) -> Result<(), String> {
         &binaries,
         options.backends.as_deref(),
         options.jobs,
+        options.suite_only,
         &target_dir(root).join("test-gpu"),
     )
 }
@@ -133,6 +139,7 @@ pub(crate) fn run_bundle(args: &[String]) -> Result<(), String> {
         &binaries,
         options.backends.as_deref(),
         options.jobs,
+        options.suite_only,
         &dir.join("logs"),
     )
 }
@@ -309,6 +316,7 @@ fn run_suite(
     binaries: &[Binary],
     requested: Option<&[String]>,
     jobs: usize,
+    suite_only: bool,
     logs: &Path,
 ) -> Result<(), String> {
     fs::create_dir_all(logs).map_err(|e| format!("creating {}: {e}", logs.display()))?;
@@ -324,7 +332,13 @@ fn run_suite(
             absent.push(backend.clone());
             continue;
         };
-        rows.push(run_backend(binaries, backend, &device.1, jobs, logs)?);
+        rows.push(run_backend(
+            binaries,
+            backend,
+            &device.1,
+            (jobs, suite_only),
+            logs,
+        )?);
     }
 
     let mut table = String::from(
@@ -418,12 +432,12 @@ fn probe(binaries: &[Binary]) -> Result<Vec<(String, String)>, String> {
     Ok(found)
 }
 
-/// Runs the suite on `backend` and the backend crate's own tests.
+/// Runs the suite on `backend` and, unless `suite_only`, the backend crate's own tests.
 fn run_backend(
     binaries: &[Binary],
     backend: &str,
     device: &str,
-    jobs: usize,
+    (jobs, suite_only): (usize, bool),
     logs: &Path,
 ) -> Result<Row, String> {
     let own = format!("tessel-{backend}");
@@ -438,7 +452,9 @@ fn run_backend(
         fs::File::create(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
     let start = Instant::now();
     for b in binaries.iter().filter(|b| {
-        b.package == SUITE || ON_EVERY_BACKEND.contains(&b.package.as_str()) || b.package == own
+        b.package == SUITE
+            || ON_EVERY_BACKEND.contains(&b.package.as_str())
+            || (b.package == own && !suite_only)
     }) {
         let (passed, failed, skipped) = (row.passed, row.failed, row.skipped);
         let binary_start = Instant::now();
