@@ -1164,9 +1164,23 @@ mod tests {
     use tessel_ir::VendorOp;
     use tessel_shape::BinaryOp;
 
-    use super::{Work, partition};
+    use super::{Partitions, Work, partition};
     use crate::test_graph::{matmul, node, random_leaf};
     use crate::{Device, Result, runtime};
+
+    /// The partitions of `targets`' subgraph for the CPU (default precision and tuning).
+    fn cpu_partitions(targets: &[tessel_graph::NodeId]) -> Result<Partitions> {
+        let st = runtime().lock();
+        let (_, leaves) = signature(&st.graph, targets);
+        partition(
+            &st.graph,
+            targets,
+            &leaves,
+            &[Device::cpu()],
+            crate::Float32MatmulPrecision::Highest,
+            crate::Tuning::Default,
+        )
+    }
 
     /// Attention scores after a head split: `k.transpose(-2, -1)` composes with the split
     /// into one `[0, 2, 3, 1]` permute. The simplified form materializes that layout for
@@ -1193,17 +1207,7 @@ mod tests {
             &[b, h, d, s],
         );
         let scores = matmul(heads(0), k_t, &[b, h], s, d, s);
-        let st = runtime().lock();
-        let (graph, targets) = (&st.graph, vec![scores]);
-        let (_, leaves) = signature(graph, &targets);
-        let parts = partition(
-            graph,
-            &targets,
-            &leaves,
-            &[Device::cpu()],
-            crate::Float32MatmulPrecision::Highest,
-            crate::Tuning::Default,
-        )?;
+        let parts = cpu_partitions(&[scores])?;
         let routines: Vec<(bool, &[usize])> = parts
             .candidates
             .iter()
@@ -1257,17 +1261,7 @@ mod tests {
         );
         let rows = node(Op::Reduce(ReduceOp::Sum, y, vec![1].into()), &[m, 1]);
         let cols = node(Op::Reduce(ReduceOp::Sum, y, vec![0].into()), &[1, n]);
-        let st = runtime().lock();
-        let (graph, targets) = (&st.graph, vec![rows, cols]);
-        let (_, leaves) = signature(graph, &targets);
-        let parts = partition(
-            graph,
-            &targets,
-            &leaves,
-            &[Device::cpu()],
-            crate::Float32MatmulPrecision::Highest,
-            crate::Tuning::Default,
-        )?;
+        let parts = cpu_partitions(&[rows, cols])?;
         assert!(
             parts.candidates.iter().any(|c| c.for_routine),
             "the product is matched"
@@ -1299,17 +1293,7 @@ mod tests {
             20,
         );
         let y = node(Op::Permute(product, vec![1, 0].into()), &[20, 24]);
-        let st = runtime().lock();
-        let (graph, targets) = (&st.graph, vec![y]);
-        let (_, leaves) = signature(graph, &targets);
-        let parts = partition(
-            graph,
-            &targets,
-            &leaves,
-            &[Device::cpu()],
-            crate::Float32MatmulPrecision::Highest,
-            crate::Tuning::Default,
-        )?;
+        let parts = cpu_partitions(&[y])?;
         let target = parts.targets[0];
         let direct: Vec<_> = parts
             .candidates
