@@ -5,9 +5,11 @@
 //! emitter). So a new compiler, new flags or a new Tessel never load a stale library, and a
 //! second process finds every kernel the first one compiled.
 //!
-//! Writes are atomic: the compiler writes a uniquely named temporary file, which is then
-//! renamed to its final name, so a concurrent reader (another thread or process) sees
-//! either no library or a complete one, never a partial one.
+//! Kernels compiled together share one library file, linked under each kernel's key, so a
+//! later process finds each kernel alone whatever it was built with. Writes are atomic: the
+//! compiler writes a uniquely named temporary file, which is then linked and renamed to each
+//! final name, so a concurrent reader (another thread or process) sees either no library or
+//! a complete one, never a partial one.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -16,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tessel_ir::cache::{Fnv128, temp_suffix};
+use tessel_ir::codegen;
 
 /// Flags for every kernel. `-fwrapv` and `-ffp-contract=off` keep C's arithmetic equal to
 /// the interpreter's (wrapping integers, no fused multiply-adds the IR did not ask for);
@@ -39,6 +42,10 @@ pub(crate) const FLAGS: &[&str] = &[
 /// `-fno-thread-jumps`: GCC threads the jumps of consecutive selects on one value (the
 /// range clamps in `tsl_expf`) into control flow its vectorizer then refuses.
 const OPTIONAL_FLAGS: &[&str] = &["-fno-thread-jumps"];
+
+/// How a library names what it defines ([`symbol`]): part of the cache key, so a library
+/// from a build that named its entry functions otherwise is never loaded.
+const LAYOUT: &str = "entry functions named tessel_kernel_{key}";
 
 /// Libraries linked after the source.
 const LIBS: &[&str] = &["-lm"];
@@ -112,29 +119,51 @@ impl Compiler {
             hash.field(flag.as_bytes());
         }
         hash.field(env!("CARGO_PKG_VERSION").as_bytes());
+        hash.field(LAYOUT.as_bytes());
         hash.finish()
     }
 
-    /// Compiles `source` into the library `dir/<key>.so`, unless it is already there.
-    /// Returns whether a compile ran. The source is kept next to it as `<key>.c`, for
-    /// whoever debugs a kernel.
-    pub(crate) fn build(&self, dir: &Path, key: u128, source: &str) -> Result<bool, BuildError> {
-        let library = library_path(dir, key);
-        if library.is_file() {
-            return Ok(false);
+    /// Builds the library `dir/<key>.so` of every part that is not there yet, with one
+    /// compiler run: the sources are combined into one ([`codegen::combine`]), each entry
+    /// function renamed [`symbol`]`(key)`, and the library is linked under each
+    /// missing key. Returns, per part, whether a compile built it. Each source is kept next
+    /// to its library as `<key>.c`, for whoever debugs a kernel.
+    ///
+    /// A compiler run costs about 50 ms before its first kernel (starting the compiler,
+    /// reading the headers, linking), the same again as an average kernel's own code: a
+    /// planner's candidates built together cost half as much.
+    pub(crate) fn build(&self, dir: &Path, parts: &[Part<'_>]) -> Result<Vec<bool>, BuildError> {
+        let mut seen = std::collections::HashSet::new();
+        let missing: Vec<bool> = parts
+            .iter()
+            .map(|p| !library_path(dir, p.key).is_file())
+            .collect();
+        let pending: Vec<&Part<'_>> = (parts.iter().zip(&missing))
+            .filter(|&(p, &missing)| missing && seen.insert(p.key))
+            .map(|(p, _)| p)
+            .collect();
+        if pending.is_empty() {
+            return Ok(missing);
         }
         fs::create_dir_all(dir)
             .map_err(|e| BuildError::Io(format!("cannot create {}: {e}", dir.display())))?;
+        let symbols: Vec<String> = pending.iter().map(|p| symbol(p.key)).collect();
+        let combined: Vec<(&str, &str, &str)> = (pending.iter().zip(&symbols))
+            .map(|(p, symbol)| (p.source, ENTRY, symbol.as_str()))
+            .collect();
+        let source = codegen::combine(&combined)
+            .ok_or_else(|| BuildError::Compiler(format!("a source does not define `{ENTRY}`")))?;
         let unique = temp_suffix();
-        let c_temp = dir.join(format!("{key:032x}.{unique}.c"));
+        let first = pending[0].key;
+        let c_temp = dir.join(format!("{first:032x}.{unique}.c"));
         let lib_temp = dir.join(format!(
-            "{key:032x}.{unique}{}",
+            "{first:032x}.{unique}{}",
             std::env::consts::DLL_SUFFIX
         ));
         let io = |what: &str, path: &Path, e: io::Error| {
             BuildError::Io(format!("cannot {what} {}: {e}", path.display()))
         };
-        fs::write(&c_temp, source).map_err(|e| io("write", &c_temp, e))?;
+        fs::write(&c_temp, &source).map_err(|e| io("write", &c_temp, e))?;
         let out = Command::new(&self.path)
             .args(&self.flags)
             .arg("-o")
@@ -157,19 +186,63 @@ impl Compiler {
                     log.trim_end()
                 )))
             }
-            Ok(_) => {
-                fs::rename(&lib_temp, &library).map_err(|e| io("rename into place", &library, e))
-            }
+            Ok(_) => pending
+                .iter()
+                .try_for_each(|p| publish(&lib_temp, &library_path(dir, p.key), &unique))
+                .map_err(|(path, e)| io("put into place", &path, e)),
         };
-        if let Err(e) = result {
-            let _ = fs::remove_file(&lib_temp);
-            let _ = fs::remove_file(&c_temp);
-            return Err(e);
+        let _ = fs::remove_file(&lib_temp);
+        let _ = fs::remove_file(&c_temp);
+        result?;
+        for p in &pending {
+            // For reading only; losing it to a concurrent writer of the same text is harmless.
+            let _ = fs::write(dir.join(format!("{:032x}.c", p.key)), p.source);
         }
-        // The source is for reading only; losing it to a concurrent rename is harmless.
-        let _ = fs::rename(&c_temp, dir.join(format!("{key:032x}.c")));
-        Ok(true)
+        Ok(missing)
     }
+}
+
+/// One kernel of a [`Compiler::build`].
+pub(crate) struct Part<'a> {
+    /// [`Compiler::key`] of `source`.
+    pub(crate) key: u128,
+    /// The kernel's source, [`anonymous`].
+    pub(crate) source: &'a str,
+}
+
+/// The entry function's name in an [`anonymous`] source.
+const ENTRY: &str = "tessel_kernel";
+
+/// `source`, a kernel that [`codegen::render`] printed, without what names the kernel: the
+/// leading comment, and the entry function `entry` named [`ENTRY`]. Kernels that differ only
+/// in name (a suite's tests record the same reduction under several) share one library.
+pub(crate) fn anonymous(source: &str, entry: &str) -> String {
+    let body = match source.strip_prefix("/*") {
+        Some(rest) => rest.find("*/\n").map_or(source, |end| &rest[end + 3..]),
+        None => source,
+    };
+    body.replacen(&format!(" {entry}("), &format!(" {ENTRY}("), 1)
+}
+
+/// The name the library `<key>.so` gives the entry function of the [`anonymous`] source with
+/// key `key`: unique in a library built from several sources, and the same whichever other
+/// kernels a library was built with.
+pub(crate) fn symbol(key: u128) -> String {
+    format!("{ENTRY}_{key:032x}")
+}
+
+/// Puts the built library `built` at `library`, atomically: a hard link (or, where the file
+/// system has none, a copy) under a temporary name, renamed into place, so a concurrent
+/// reader sees no library or a complete one.
+fn publish(built: &Path, library: &Path, unique: &str) -> Result<(), (PathBuf, io::Error)> {
+    let temp = library.with_extension(format!("{unique}.link"));
+    fs::hard_link(built, &temp)
+        .or_else(|_| fs::copy(built, &temp).map(drop))
+        .and_then(|()| fs::rename(&temp, library))
+        .map_err(|e| {
+            let _ = fs::remove_file(&temp);
+            (library.to_owned(), e)
+        })
 }
 
 /// Why a library could not be built.

@@ -25,9 +25,10 @@
 //!   `tracing::warn!`.
 //! - **Caches.** Libraries are cached on disk under [`CpuConfig::cache_dir`], keyed by
 //!   source, compiler identity, flags, the instruction set `-march=native` selects and
-//!   this crate's version, so a second process compiles nothing; loaded libraries are
-//!   also kept in memory (bounded, see [`LIBRARY_CACHE`]). [`CpuBackend::stats`] counts
-//!   compiles and hits.
+//!   this crate's version (not by the kernel's name), so a second process compiles
+//!   nothing; loaded libraries are also kept in memory (bounded, see [`LIBRARY_CACHE`]).
+//!   [`Backend::compile_many`] builds its uncached kernels with one compiler run.
+//!   [`CpuBackend::stats`] counts compiles, compiler runs and hits.
 //! - **Memory.** 64-byte-aligned host buffers with a bounded cache of freed ones, each
 //!   buffer behind its own lock (see `memory.rs`).
 //! - **Launches** are synchronous: workgroups are split into contiguous ranges run on a
@@ -60,7 +61,7 @@ use tessel_ir::{
 };
 use tessel_shape::Bindings;
 
-use crate::compiler::{BuildError, Compiler};
+use crate::compiler::{BuildError, Compiler, Part};
 use crate::launch::KernelFn;
 use crate::memory::{HostBuffer, Memory};
 use crate::vendor::VendorProgram;
@@ -68,6 +69,10 @@ use crate::vendor::VendorProgram;
 /// The most loaded libraries kept in memory for reuse. Libraries of live programs stay
 /// loaded regardless; this bounds only those kept for future compiles of the same source.
 pub const LIBRARY_CACHE: usize = 512;
+
+/// The most kernels one compiler run builds: a failed batch is built again one by one, and
+/// one slow kernel holds back every other kernel of its batch.
+const MAX_BATCH: usize = 32;
 
 /// How a [`CpuBackend`] is set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +110,8 @@ impl CpuConfig {
 pub struct CpuStats {
     /// Kernels compiled by the C compiler.
     pub compiles: u64,
+    /// Runs of the C compiler (one builds every kernel of a [`Backend::compile_many`] batch).
+    pub builds: u64,
     /// Kernels whose library was found in the disk cache.
     pub disk_hits: u64,
     /// Kernels whose library was already loaded.
@@ -118,6 +125,7 @@ pub struct CpuStats {
 #[derive(Default)]
 struct Counters {
     compiles: AtomicU64,
+    builds: AtomicU64,
     disk_hits: AtomicU64,
     memory_hits: AtomicU64,
     launches: AtomicU64,
@@ -136,6 +144,14 @@ struct KernelProgram {
     /// The compiled entry point; `None` runs the interpreter.
     native: Option<Native>,
     origin: ProgramOrigin,
+}
+
+/// A library loaded for one kernel (possibly shared with the kernels built with it).
+struct Loaded {
+    library: Arc<Library>,
+    origin: ProgramOrigin,
+    /// The kernel's cache key, which names its entry function ([`compiler::symbol`]).
+    key: u128,
 }
 
 struct Native {
@@ -217,6 +233,7 @@ impl CpuBackend {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CpuStats {
             compiles: get(&self.counters.compiles),
+            builds: get(&self.counters.builds),
             disk_hits: get(&self.counters.disk_hits),
             memory_hits: get(&self.counters.memory_hits),
             launches: get(&self.counters.launches),
@@ -255,18 +272,17 @@ impl CpuBackend {
         self.config.cache_dir.join("cpu")
     }
 
-    /// Builds (or finds) the library `key` in the cache directory, else, where that
+    /// Builds (or finds) the libraries of `parts` in the cache directory, else, where that
     /// directory cannot be used (a file, unwritable), in the temporary directory's
-    /// `tessel-<user>/cpu`, with a warning the first time. Returns the directory used and
-    /// whether a compile ran.
+    /// `tessel-<user>/cpu`, with a warning the first time. Returns the directory used and,
+    /// per part, whether a compile built it.
     fn build(
         &self,
         compiler: &Compiler,
-        key: u128,
-        source: &str,
-    ) -> Result<(PathBuf, bool), BuildError> {
+        parts: &[Part<'_>],
+    ) -> Result<(PathBuf, Vec<bool>), BuildError> {
         let dir = self.library_dir();
-        match compiler.build(&dir, key, source) {
+        let built = match compiler.build(&dir, parts) {
             Ok(compiled) => Ok((dir, compiled)),
             Err(BuildError::Io(msg)) => {
                 let fallback = fallback_cache_dir();
@@ -278,45 +294,114 @@ impl CpuBackend {
                     );
                 }
                 compiler
-                    .build(&fallback, key, source)
+                    .build(&fallback, parts)
                     .map(|compiled| (fallback, compiled))
             }
             Err(e) => Err(e),
+        };
+        if let Ok((_, compiled)) = &built
+            && compiled.contains(&true)
+        {
+            self.counters.builds.fetch_add(1, Ordering::Relaxed);
         }
+        built
     }
 
-    /// The loaded library for `source`, from memory, disk, or a fresh compile, and which.
-    fn library(
+    /// The loaded library of each `(kernel, source)`, from memory, from disk, or compiled:
+    /// every missing one in one compiler run, else (a source the compiler rejects) each
+    /// alone, so that each error is the kernel's own.
+    fn libraries(
         &self,
         compiler: &Compiler,
-        kernel: &Kernel,
-        source: &str,
-    ) -> Result<(Arc<Library>, ProgramOrigin), BackendError> {
-        let key = compiler.key(source);
-        if let Some(library) = lock(&self.libraries).map.get(&key) {
-            self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok((Arc::clone(library), ProgramOrigin::Cached));
-        }
-        let compile_error = |log: String| BackendError::Compile {
-            kernel: kernel.name.clone(),
-            code: source.to_owned(),
-            log,
+        kernels: &[(&Kernel, &str)],
+    ) -> Vec<Result<Loaded, BackendError>> {
+        let sources: Vec<String> = kernels
+            .iter()
+            .map(|(k, s)| compiler::anonymous(s, &codegen::entry_name(k)))
+            .collect();
+        let keys: Vec<u128> = sources.iter().map(|s| compiler.key(s)).collect();
+        let mut results: Vec<Option<Result<Loaded, BackendError>>> = {
+            let cache = lock(&self.libraries);
+            keys.iter()
+                .map(|key| {
+                    let library = cache.map.get(key)?;
+                    self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
+                    Some(Ok(Loaded {
+                        library: Arc::clone(library),
+                        origin: ProgramOrigin::Cached,
+                        key: *key,
+                    }))
+                })
+                .collect()
         };
-        tracing::debug!(target: "tessel::kernels", kernel = %kernel.name, "C source:\n{source}");
-        let started = Instant::now();
-        // No lock is held here: compiling takes long, and other kernels may compile meanwhile.
-        let (dir, compiled) = self.build(compiler, key, source).map_err(|e| match e {
-            BuildError::Compiler(log) => compile_error(log),
-            BuildError::Io(msg) => compile_error(format!("cannot use the kernel cache: {msg}")),
-        })?;
+        let pending: Vec<usize> = (0..kernels.len())
+            .filter(|&i| results[i].is_none())
+            .collect();
+        let part = |i: usize| Part {
+            key: keys[i],
+            source: &sources[i],
+        };
+        for &i in &pending {
+            let (kernel, source) = kernels[i];
+            tracing::debug!(target: "tessel::kernels", kernel = %kernel.name, "C source:\n{source}");
+        }
+        if pending.len() > 1 {
+            let started = Instant::now();
+            // No lock is held here: compiling takes long, and other kernels may compile meanwhile.
+            let parts: Vec<Part<'_>> = pending.iter().map(|&i| part(i)).collect();
+            match self.build(compiler, &parts) {
+                Ok((dir, compiled)) => {
+                    tracing::debug!(kernels = pending.len(), elapsed = ?started.elapsed(), "tessel-cpu: libraries ready");
+                    for (&i, compiled) in pending.iter().zip(compiled) {
+                        results[i] = Some(self.load(compiler, &dir, kernels[i], part(i), compiled));
+                    }
+                }
+                Err(e) => tracing::debug!(
+                    "tessel-cpu: building {} kernels together failed, building each alone: {}",
+                    pending.len(),
+                    match e {
+                        BuildError::Compiler(log) | BuildError::Io(log) => log,
+                    }
+                ),
+            }
+        }
+        for i in pending {
+            if results[i].is_none() {
+                let (kernel, source) = kernels[i];
+                let started = Instant::now();
+                let built = self
+                    .build(compiler, &[part(i)])
+                    .map_err(|e| compile_error(kernel, source, e));
+                results[i] = Some(built.and_then(|(dir, compiled)| {
+                    tracing::debug!(kernel = %kernel.name, compiled = compiled[0], elapsed = ?started.elapsed(), "tessel-cpu: library ready");
+                    self.load(compiler, &dir, kernels[i], part(i), compiled[0])
+                }));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| unreachable!("every kernel's library was looked up")))
+            .collect()
+    }
+
+    /// Loads the library `part` in `dir`, just built (`compiled`) or found there, and keeps
+    /// it in memory.
+    fn load(
+        &self,
+        compiler: &Compiler,
+        dir: &Path,
+        (kernel, source): (&Kernel, &str),
+        part: Part<'_>,
+        compiled: bool,
+    ) -> Result<Loaded, BackendError> {
         let counter = if compiled {
             &self.counters.compiles
         } else {
             &self.counters.disk_hits
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(kernel = %kernel.name, compiled, elapsed = ?started.elapsed(), "tessel-cpu: library ready");
-        let path = compiler::library_path(&dir, key);
+        let fail = |log: String| compile_error(kernel, source, BuildError::Compiler(log));
+        let path = compiler::library_path(dir, part.key);
         let library = match load(&path) {
             Ok(library) => library,
             // A cached library that does not load (truncated, empty, garbage) is built
@@ -327,23 +412,28 @@ impl CpuBackend {
                     path.display()
                 );
                 let _ = std::fs::remove_file(&path);
-                compiler.build(&dir, key, source).map_err(|e| match e {
-                    BuildError::Compiler(log) => compile_error(log),
-                    BuildError::Io(msg) => {
-                        compile_error(format!("cannot use the kernel cache: {msg}"))
-                    }
-                })?;
+                let key = part.key;
+                compiler
+                    .build(dir, &[part])
+                    .map_err(|e| compile_error(kernel, source, e))?;
                 self.counters.compiles.fetch_add(1, Ordering::Relaxed);
-                load(&path)
-                    .map_err(|e| compile_error(format!("cannot load {}: {e}", path.display())))?
+                self.counters.builds.fetch_add(1, Ordering::Relaxed);
+                return load(&path)
+                    .map_err(|e| fail(format!("cannot load {}: {e}", path.display())))
+                    .map(|library| self.keep(key, library, ProgramOrigin::Compiled));
             }
-            Err(e) => {
-                return Err(compile_error(format!(
-                    "cannot load {}: {e}",
-                    path.display()
-                )));
-            }
+            Err(e) => return Err(fail(format!("cannot load {}: {e}", path.display()))),
         };
+        let origin = if compiled {
+            ProgramOrigin::Compiled
+        } else {
+            ProgramOrigin::Cached
+        };
+        Ok(self.keep(part.key, library, origin))
+    }
+
+    /// Keeps a loaded library in memory (bounded by [`LIBRARY_CACHE`]).
+    fn keep(&self, key: u128, library: Library, origin: ProgramOrigin) -> Loaded {
         let library = Arc::new(library);
         let mut cache = lock(&self.libraries);
         if cache.map.insert(key, Arc::clone(&library)).is_none() {
@@ -354,16 +444,75 @@ impl CpuBackend {
                 cache.map.remove(&old);
             }
         }
-        let origin = if compiled {
-            ProgramOrigin::Compiled
-        } else {
-            ProgramOrigin::Cached
+        Loaded {
+            library,
+            origin,
+            key,
+        }
+    }
+
+    /// The program of a prepared kernel: its compiled entry point, or, where the compiler
+    /// rejected the source (or the toolchain is broken), the interpreter, which costs speed,
+    /// not the realize.
+    fn program(
+        &self,
+        kernel: Kernel,
+        source: &str,
+        loaded: Result<Loaded, BackendError>,
+    ) -> Result<ProgramId, BackendError> {
+        let native = match loaded {
+            Ok(loaded) => {
+                let symbol = compiler::symbol(loaded.key);
+                // SAFETY: `codegen::render` defines the entry function with the
+                // `Launch::Serial` signature, which `KernelFn` spells exactly, and
+                // `Compiler::build` names it `symbol`.
+                let entry = unsafe { loaded.library.get::<KernelFn>(symbol.as_bytes()) }
+                    .map(|f| *f)
+                    .map_err(|e| BackendError::Compile {
+                        kernel: kernel.name.clone(),
+                        code: source.to_owned(),
+                        log: format!("the compiled library lacks `{symbol}`: {e}"),
+                    })?;
+                let native = Native {
+                    entry,
+                    _library: loaded.library,
+                };
+                (Some(native), loaded.origin)
+            }
+            Err(e @ BackendError::Compile { .. }) => {
+                tracing::warn!(
+                    "tessel-cpu: {e}\n(running the kernel in the reference interpreter \
+                     instead, which is much slower)"
+                );
+                self.counters
+                    .compile_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                (None, ProgramOrigin::Interpreted)
+            }
+            Err(e) => return Err(e),
         };
-        Ok((library, origin))
+        let (native, origin) = native;
+        Ok(self.programs.insert(Program::Kernel(KernelProgram {
+            kernel,
+            native,
+            origin,
+        })))
     }
 
     fn check_device(&self, device: usize) -> Result<(), BackendError> {
         handles::device("cpu", &self.devices, device).map(drop)
+    }
+}
+
+/// The error of a kernel whose library could not be built.
+fn compile_error(kernel: &Kernel, source: &str, e: BuildError) -> BackendError {
+    BackendError::Compile {
+        kernel: kernel.name.clone(),
+        code: source.to_owned(),
+        log: match e {
+            BuildError::Compiler(log) => log,
+            BuildError::Io(msg) => format!("cannot use the kernel cache: {msg}"),
+        },
     }
 }
 
@@ -556,71 +705,81 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError> {
-        self.check_device(device)?;
-        // Verify first: an invalid kernel is reported the same way with or without a compiler.
-        let kernel = &tessel_ir::backend::prepare(kernel)?;
-        let native = match self.compiler() {
-            None => None,
-            Some(compiler) => {
-                let source = codegen::render(kernel, &codegen::C).map_err(|e| match e {
-                    CodegenError::Verify(e) => BackendError::Compile {
+        let mut built = self.compile_many(device, &[kernel]);
+        debug_assert_eq!(built.len(), 1, "one result per kernel");
+        built
+            .pop()
+            .unwrap_or_else(|| unreachable!("one result per kernel"))
+    }
+
+    /// One compiler run costs about 50 ms before its first kernel: batches share it, one
+    /// per thread, so that every core compiles.
+    fn compile_batch(&self, kernels: usize, threads: usize) -> usize {
+        kernels.div_ceil(threads.max(1)).clamp(1, MAX_BATCH)
+    }
+
+    /// Builds the kernels that are not cached with one compiler run; if that fails, each
+    /// alone, so each error is the kernel's own.
+    fn compile_many(
+        &self,
+        device: usize,
+        kernels: &[&Kernel],
+    ) -> Vec<Result<ProgramId, BackendError>> {
+        if let Err(e) = self.check_device(device) {
+            let mut errors = vec![Err(e)];
+            errors.extend(kernels.iter().skip(1).map(|k| self.compile(device, k)));
+            return errors;
+        }
+        let mut results: Vec<Option<Result<ProgramId, BackendError>>> =
+            kernels.iter().map(|_| None).collect();
+        let mut rendered: Vec<(usize, Kernel, String)> = Vec::new();
+        for (i, kernel) in kernels.iter().enumerate() {
+            // Verify first: an invalid kernel is reported the same way with or without a
+            // compiler.
+            let kernel = match tessel_ir::backend::prepare(kernel) {
+                Ok(kernel) => kernel,
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            if self.compiler().is_none() {
+                results[i] = Some(Ok(self.programs.insert(Program::Kernel(KernelProgram {
+                    kernel,
+                    native: None,
+                    origin: ProgramOrigin::Interpreted,
+                }))));
+                continue;
+            }
+            match codegen::render(&kernel, &codegen::C) {
+                Ok(source) => rendered.push((i, kernel, source)),
+                Err(CodegenError::Verify(e)) => {
+                    results[i] = Some(Err(BackendError::Compile {
                         kernel: kernel.name.clone(),
                         code: kernel.to_string(),
                         log: e.to_string(),
-                    },
-                    other => BackendError::Unsupported {
+                    }));
+                }
+                Err(other) => {
+                    results[i] = Some(Err(BackendError::Unsupported {
                         backend: "cpu",
                         what: other.to_string(),
-                    },
-                })?;
-                let (library, origin) = match self.library(compiler, kernel, &source) {
-                    Ok(found) => found,
-                    // A compiler that rejects the source (or a toolchain that is broken)
-                    // costs speed, not the realize: the interpreter runs the kernel.
-                    Err(e @ BackendError::Compile { .. }) => {
-                        tracing::warn!(
-                            "tessel-cpu: {e}\n(running the kernel in the reference interpreter \
-                             instead, which is much slower)"
-                        );
-                        self.counters
-                            .compile_failures
-                            .fetch_add(1, Ordering::Relaxed);
-                        return Ok(self.programs.insert(Program::Kernel(KernelProgram {
-                            kernel: kernel.clone(),
-                            native: None,
-                            origin: ProgramOrigin::Interpreted,
-                        })));
-                    }
-                    Err(e) => return Err(e),
-                };
-                let symbol = codegen::entry_name(kernel);
-                // SAFETY: `codegen::render` defines `symbol` with the `Launch::Serial`
-                // signature, which `KernelFn` spells exactly.
-                let entry = unsafe { library.get::<KernelFn>(symbol.as_bytes()) }
-                    .map(|f| *f)
-                    .map_err(|e| BackendError::Compile {
-                        kernel: kernel.name.clone(),
-                        code: source.clone(),
-                        log: format!("the compiled library lacks `{symbol}`: {e}"),
-                    })?;
-                Some((
-                    Native {
-                        entry,
-                        _library: library,
-                    },
-                    origin,
-                ))
+                    }));
+                }
             }
-        };
-        let (native, origin) = match native {
-            Some((native, origin)) => (Some(native), origin),
-            None => (None, ProgramOrigin::Interpreted),
-        };
-        Ok(self.programs.insert(Program::Kernel(KernelProgram {
-            kernel: kernel.clone(),
-            native,
-            origin,
-        })))
+        }
+        if let Some(compiler) = self.compiler() {
+            let sources: Vec<(&Kernel, &str)> =
+                rendered.iter().map(|(_, k, s)| (k, s.as_str())).collect();
+            let loaded = self.libraries(compiler, &sources);
+            for ((i, kernel, source), loaded) in rendered.into_iter().zip(loaded) {
+                results[i] = Some(self.program(kernel, &source, loaded));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| unreachable!("every kernel was compiled or failed")))
+            .collect()
     }
 
     fn launch(

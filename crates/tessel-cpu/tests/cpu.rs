@@ -232,6 +232,44 @@ fn child_process_compiles_nothing() {
     assert_eq!((stats.compiles, stats.disk_hits), (0, 1));
 }
 
+/// The kernels of one `compile_many` are one compiler run; each runs. A kernel that differs
+/// only in its name shares its library, and a later instance finds each kernel's library
+/// alone.
+#[test]
+fn kernels_compiled_together_are_one_compiler_run() {
+    if !has_compiler() {
+        tessel_testkit::skip(
+            "cpu::kernels_compiled_together_are_one_compiler_run",
+            "no C compiler",
+        );
+        return;
+    }
+    let dir = temp_dir("compiled-together");
+    let add = samples::vector_add(DType::F32, 10, 4).unwrap();
+    let reduce = samples::tree_reduce(1000, 64).unwrap();
+    let mut renamed = add.clone();
+    renamed.name = "the same sum".into();
+    let cpu = compiled_in(dir.clone());
+    assert_eq!(cpu.compile_batch(3, 2), 2, "one batch per thread");
+    let programs: Vec<_> = cpu
+        .compile_many(0, &[&add, &reduce, &renamed])
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let stats = cpu.stats();
+    assert_eq!((stats.builds, stats.compiles), (1, 3), "{stats:?}");
+    for &program in &programs {
+        assert_eq!(cpu.origin(program).unwrap(), ProgramOrigin::Compiled);
+    }
+    vector_add_runs(&cpu, programs[0]);
+    vector_add_runs(&cpu, programs[2]);
+    let second = compiled_in(dir);
+    let program = second.compile(0, &reduce).unwrap();
+    assert_eq!(second.origin(program).unwrap(), ProgramOrigin::Cached);
+    let stats = second.stats();
+    assert_eq!((stats.builds, stats.disk_hits), (0, 1), "{stats:?}");
+}
+
 /// Runs `samples::vector_add` (f32, 10 elements) on `cpu` and checks the sums.
 fn vector_add_runs(cpu: &CpuBackend, program: tessel_ir::ProgramId) {
     let a: Vec<f32> = (0..10).map(|i| i as f32).collect();

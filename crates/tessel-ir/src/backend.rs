@@ -209,10 +209,13 @@ pub trait Backend: Send + Sync {
     /// hand-written ones included, can reach memory it does not own.
     fn compile(&self, device: usize, kernel: &Kernel) -> Result<ProgramId, BackendError>;
 
-    /// How many kernels one [`Backend::compile_many`] call should build together: 1 (the
-    /// default) where each compile stands alone, more where every call to the compiler has
-    /// a large fixed cost (an OpenCL driver parses its whole builtin header per program).
-    fn compile_batch(&self) -> usize {
+    /// How many of `kernels` kernels to compile, on `threads` threads, one
+    /// [`Backend::compile_many`] call should build together: 1 (the default) where each
+    /// compile stands alone, more where every call to the compiler has a fixed cost (an
+    /// OpenCL driver parses its whole builtin header per program; a C compiler starts,
+    /// reads its headers and links).
+    fn compile_batch(&self, kernels: usize, threads: usize) -> usize {
+        let _ = (kernels, threads);
         1
     }
 

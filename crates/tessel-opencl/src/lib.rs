@@ -607,7 +607,9 @@ impl Backend for OpenClBackend {
 
     /// Enough kernels per program that the driver's fixed cost per build is paid rarely,
     /// few enough that a failed build (then repeated kernel by kernel) costs little.
-    fn compile_batch(&self) -> usize {
+    /// One program for up to 32 kernels, whatever the threads: two half batches on two
+    /// threads would parse the builtin header twice for little gain in latency.
+    fn compile_batch(&self, _kernels: usize, _threads: usize) -> usize {
         32
     }
 

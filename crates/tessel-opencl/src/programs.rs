@@ -5,13 +5,12 @@
 //! collision costs a rebuild, never a wrong kernel. Entries are evicted least recently used
 //! first; a live `ProgramId` holds its own reference, so eviction never invalidates one.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use opencl3::program::Program;
 use tessel_ir::cache::BuiltCache;
-use tessel_ir::{BackendError, Inst, Kernel};
+use tessel_ir::{BackendError, Inst, Kernel, codegen};
 use tessel_shape::{DType, Dim};
 
 use crate::device::ClDevice;
@@ -22,7 +21,7 @@ pub(crate) struct Built {
     /// The kernel's own source, the cache's key.
     source: String,
     /// The kernel function's name in `program` where it is not the source's own
-    /// ([`codegen::entry_name`](tessel_ir::codegen::entry_name)): renamed when built with others.
+    /// ([`codegen::entry_name`]): renamed when built with others.
     pub(crate) entry: Option<String>,
 }
 
@@ -51,13 +50,20 @@ pub(crate) fn build_together(
     device: &ClDevice,
     parts: &[(&str, &str, &str)],
 ) -> Result<Vec<Built>, BackendError> {
-    let sources: Vec<(&str, &str)> = parts.iter().map(|&(_, s, e)| (s, e)).collect();
     let names: Vec<&str> = parts.iter().map(|&(n, _, _)| n).collect();
-    let Some((source, entries)) = combine(&sources) else {
+    // Renamed `{entry}_{i}`: two candidates may share a name.
+    let entries: Vec<String> = (parts.iter().enumerate())
+        .map(|(i, &(_, _, entry))| format!("{entry}_{i}"))
+        .collect();
+    let combined: Vec<(&str, &str, &str)> = (parts.iter().zip(&entries))
+        .map(|(&(_, source, entry), renamed)| (source, entry, renamed.as_str()))
+        .collect();
+    let Some(source) = codegen::combine(&combined) else {
         return Err(BackendError::Compile {
             kernel: names.join(", "),
             code: String::new(),
-            log: "a source without a `__kernel` function cannot be built with others".into(),
+            log: "a source that does not define its entry function cannot be built with others"
+                .into(),
         });
     };
     let program = Arc::new(build_program(device, &names.join(", "), &source)?);
@@ -70,43 +76,6 @@ pub(crate) fn build_together(
             entry: Some(entry),
         })
         .collect())
-}
-
-/// One OpenCL C source defining the kernels of `sources` (each a whole rendered source and
-/// its kernel function's name), and the functions' names in it. What precedes each kernel
-/// function (the dialect's pragmas, the helper functions: blocks between blank lines, the
-/// same text in every source that uses them) is written once per distinct block; each
-/// kernel function is renamed `{entry}_{i}`, since two candidates may share a name.
-/// `None` where a source has no `__kernel` function.
-fn combine(sources: &[(&str, &str)]) -> Option<(String, Vec<String>)> {
-    let mut seen = HashSet::new();
-    let mut preamble = String::new();
-    let mut functions = String::new();
-    let mut entries = Vec::with_capacity(sources.len());
-    for (i, &(source, entry)) in sources.iter().enumerate() {
-        let at = source.find("\n__kernel ")? + 1;
-        // The leading comment names the kernel: not shared.
-        let shared = match source[..at].strip_prefix("/*") {
-            Some(rest) => &rest[rest.find("*/\n")? + 3..],
-            None => &source[..at],
-        };
-        for block in shared.split("\n\n") {
-            let block = block.trim_matches('\n');
-            if !block.is_empty() && seen.insert(block) {
-                preamble.push_str(block);
-                preamble.push_str("\n\n");
-            }
-        }
-        let renamed = format!("{entry}_{i}");
-        functions.push_str(&source[at..].replacen(
-            &format!(" {entry}("),
-            &format!(" {renamed}("),
-            1,
-        ));
-        functions.push('\n');
-        entries.push(renamed);
-    }
-    Some((preamble + &functions, entries))
 }
 
 /// Builds one program from `source`; `kernel` names what it holds in errors and logs.

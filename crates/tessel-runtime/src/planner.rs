@@ -926,12 +926,10 @@ fn compile_all(
         }
         batch.iter().copied().zip(built).collect::<Vec<_>>()
     };
-    // Batches as large as the backend likes: where a build has a fixed cost, two half
-    // batches on two threads would pay it twice for little gain in latency.
-    let batches: Vec<&[usize]> = unique.chunks(backend.compile_batch().max(1)).collect();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(batches.len());
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let batch = backend.compile_batch(unique.len(), threads).max(1);
+    let batches: Vec<&[usize]> = unique.chunks(batch).collect();
+    let threads = threads.min(batches.len());
     let mut results: Vec<Option<std::result::Result<ProgramId, BackendError>>> =
         (0..kernels.len()).map(|_| None).collect();
     let done: Vec<(usize, std::result::Result<ProgramId, BackendError>)> = if threads <= 1 {

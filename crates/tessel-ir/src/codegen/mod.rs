@@ -245,3 +245,51 @@ fn c_ident(name: &str) -> String {
         })
         .collect()
 }
+
+/// One source defining the entry functions of several sources that [`render`] printed in
+/// one dialect, so that one compiler run builds them all (a run's fixed cost, a C compiler
+/// starting or an OpenCL driver parsing its builtin header, is paid once).
+///
+/// Each part is `(source, entry, renamed)`: the entry function named `entry` (its
+/// [`entry_name`]) is defined as `renamed` instead, since two kernels may share a name.
+/// What precedes each entry function (includes, pragmas, helper functions: blocks between
+/// blank lines, the same text in every source that uses them) is written once per distinct
+/// block; the leading comment naming the kernel is dropped. `None` where a source defines
+/// no function `entry`.
+///
+/// ```
+/// use tessel_ir::codegen::{self, C};
+/// use tessel_ir::samples;
+/// use tessel_shape::DType;
+///
+/// let add = codegen::render(&samples::vector_add(DType::F32, 1000, 64).unwrap(), &C).unwrap();
+/// let entry = "tessel_vector_add";
+/// let both = codegen::combine(&[(&add, entry, "add_0"), (&add, entry, "add_1")]).unwrap();
+/// assert_eq!(both.matches("#include <math.h>").count(), 1);
+/// assert!(both.contains(" add_0(") && both.contains(" add_1(") && !both.contains(entry));
+/// ```
+pub fn combine(parts: &[(&str, &str, &str)]) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut preamble = String::new();
+    let mut functions = String::new();
+    for &(source, entry, renamed) in parts {
+        let name = format!(" {entry}(");
+        let at = source[..source.find(&name)?]
+            .rfind('\n')
+            .map_or(0, |n| n + 1);
+        let shared = match source[..at].strip_prefix("/*") {
+            Some(rest) => &rest[rest.find("*/\n")? + 3..],
+            None => &source[..at],
+        };
+        for block in shared.split("\n\n") {
+            let block = block.trim_matches('\n');
+            if !block.is_empty() && seen.insert(block) {
+                preamble.push_str(block);
+                preamble.push_str("\n\n");
+            }
+        }
+        functions.push_str(&source[at..].replacen(&name, &format!(" {renamed}("), 1));
+        functions.push('\n');
+    }
+    Some(preamble + &functions)
+}
