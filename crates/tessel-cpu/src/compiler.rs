@@ -25,7 +25,9 @@ use tessel_ir::codegen;
 /// `-fno-math-errno` lets `sqrt` compile to one instruction and `-fno-trapping-math` lets
 /// the vectorizer compute both arms of a select (nothing reads the floating-point
 /// exception flags), neither changing any result. No `-ffast-math`: it would trade IEEE
-/// results for speed.
+/// results for speed. The C dialect declares the `<math.h>` functions it calls itself;
+/// `-Werror=implicit-function-declaration` makes one it missed a compile error, never a
+/// call through an implicit `int` declaration.
 pub(crate) const FLAGS: &[&str] = &[
     "-std=c11",
     "-O3",
@@ -36,6 +38,7 @@ pub(crate) const FLAGS: &[&str] = &[
     "-ffp-contract=off",
     "-fno-math-errno",
     "-fno-trapping-math",
+    "-Werror=implicit-function-declaration",
 ];
 
 /// Flags used where the compiler accepts them (GCC's, which Clang rejects).
@@ -49,6 +52,12 @@ const LAYOUT: &str = "entry functions named tessel_kernel_{key}";
 
 /// Libraries linked after the source.
 const LIBS: &[&str] = &["-lm"];
+
+/// A lean link, used where a probe library linked so loads ([`links_lean`]): no C runtime
+/// start files or default libraries, only libm and libgcc's static helpers (the C library's
+/// functions a compiler may call, `memcpy`, resolve against the process's own). The
+/// default link is a fifth of a small kernel's build.
+const LEAN_LIBS: &[&str] = &["-nostdlib", "-lm", "-lgcc"];
 
 /// A C compiler that ran `--version` successfully.
 #[derive(Clone, Debug)]
@@ -64,6 +73,8 @@ pub(crate) struct Compiler {
     target: String,
     /// [`FLAGS`] and the [`OPTIONAL_FLAGS`] this compiler accepts.
     flags: Vec<&'static str>,
+    /// [`LEAN_LIBS`] where they link a library that loads, else [`LIBS`].
+    pub(crate) libs: &'static [&'static str],
 }
 
 impl Compiler {
@@ -89,11 +100,17 @@ impl Compiler {
                 flags.push(flag);
             }
         }
+        let libs = if links_lean(path, &flags) {
+            LEAN_LIBS
+        } else {
+            LIBS
+        };
         Some(Compiler {
             path: path.to_owned(),
             version: String::from_utf8_lossy(&out.stdout).into_owned(),
             target: macros(&flags).unwrap_or_default(),
             flags,
+            libs,
         })
     }
 
@@ -115,7 +132,7 @@ impl Compiler {
         hash.field(self.path.as_os_str().as_encoded_bytes());
         hash.field(self.version.as_bytes());
         hash.field(self.target.as_bytes());
-        for flag in self.flags.iter().chain(LIBS) {
+        for flag in self.flags.iter().chain(self.libs) {
             hash.field(flag.as_bytes());
         }
         hash.field(env!("CARGO_PKG_VERSION").as_bytes());
@@ -169,7 +186,7 @@ impl Compiler {
             .arg("-o")
             .arg(&lib_temp)
             .arg(&c_temp)
-            .args(LIBS)
+            .args(self.libs)
             .output();
         let result = match out {
             Err(e) => Err(BuildError::Io(format!(
@@ -181,7 +198,7 @@ impl Compiler {
                 log.push_str(&String::from_utf8_lossy(&out.stdout));
                 Err(BuildError::Compiler(format!(
                     "{} exited with {}:\n{}",
-                    command_line(&self.path, &self.flags, &lib_temp, &c_temp),
+                    command_line(self, &lib_temp, &c_temp),
                     out.status,
                     log.trim_end()
                 )))
@@ -260,16 +277,85 @@ pub(crate) fn library_path(dir: &Path, key: u128) -> PathBuf {
 }
 
 /// The compiler invocation as a shell would show it, for error messages.
-fn command_line(cc: &Path, flags: &[&str], out: &Path, input: &Path) -> String {
-    let mut parts: Vec<&OsStr> = vec![cc.as_os_str()];
-    parts.extend(flags.iter().map(OsStr::new));
+fn command_line(cc: &Compiler, out: &Path, input: &Path) -> String {
+    let mut parts: Vec<&OsStr> = vec![cc.path.as_os_str()];
+    parts.extend(cc.flags.iter().map(OsStr::new));
     parts.push(OsStr::new("-o"));
     parts.push(out.as_os_str());
     parts.push(input.as_os_str());
-    parts.extend(LIBS.iter().map(OsStr::new));
+    parts.extend(cc.libs.iter().map(OsStr::new));
     parts
         .iter()
         .map(|p| p.to_string_lossy())
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Whether `cc` with `flags` and [`LEAN_LIBS`] links a library that loads: one calling libm
+/// and a loop the compiler turns into `memcpy`, in a temporary directory removed after.
+fn links_lean(cc: &Path, flags: &[&str]) -> bool {
+    let dir = std::env::temp_dir().join(format!("tessel-cc-probe.{}", temp_suffix()));
+    let source = dir.join("probe.c");
+    let library = dir.join(format!("probe{}", std::env::consts::DLL_SUFFIX));
+    let probe = "double erf(double);\n\
+                 double tsl_probe(double x) { return erf(x); }\n\
+                 void tsl_copy(char *restrict d, const char *restrict s, long n) { for (long i = 0; i < n; ++i) d[i] = s[i]; }\n";
+    let linked = fs::create_dir_all(&dir).is_ok()
+        && fs::write(&source, probe).is_ok()
+        && Command::new(cc)
+            .args(flags)
+            .arg("-o")
+            .arg(&library)
+            .arg(&source)
+            .args(LEAN_LIBS)
+            .output()
+            .is_ok_and(|out| out.status.success())
+        && load(&library).is_ok();
+    let _ = fs::remove_dir_all(&dir);
+    linked
+}
+
+/// Loads the library at `path`, resolving every symbol now: a symbol missing from the
+/// process is an error here, never a crash at a kernel's first call.
+pub(crate) fn load(path: &Path) -> Result<libloading::Library, libloading::Error> {
+    #[cfg(unix)]
+    {
+        use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+        // SAFETY: the library was built by `Compiler::build` from source that
+        // `codegen::render` generated (or by `links_lean` from its probe): plain C
+        // functions, with no initializers or destructors that could run on load or unload.
+        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Into::into)
+    }
+    #[cfg(not(unix))]
+    {
+        // SAFETY: as above.
+        unsafe { libloading::Library::new(path) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GCC on Linux links kernels lean, and the probe leaves no files behind.
+    #[test]
+    fn gcc_on_linux_links_lean() {
+        let Some(gcc) = Compiler::probe(Path::new("gcc")) else {
+            return;
+        };
+        if cfg!(target_os = "linux") {
+            assert_eq!(gcc.libs, LEAN_LIBS);
+        }
+        let probes = fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("tessel-cc-probe.")
+                    && name.contains(&format!(".{}.", std::process::id()))
+            })
+            .count();
+        assert_eq!(probes, 0);
+    }
 }

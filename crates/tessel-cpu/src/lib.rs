@@ -61,7 +61,7 @@ use tessel_ir::{
 };
 use tessel_shape::Bindings;
 
-use crate::compiler::{BuildError, Compiler, Part};
+use crate::compiler::{BuildError, Compiler, Part, load};
 use crate::launch::KernelFn;
 use crate::memory::{HostBuffer, Memory};
 use crate::vendor::VendorProgram;
@@ -251,7 +251,11 @@ impl CpuBackend {
             .get_or_init(|| {
                 let found = Compiler::discover(self.config.cc.as_deref());
                 if let Some(c) = &found {
-                    tracing::debug!("tessel-cpu: compiling kernels with {}", c.path.display());
+                    tracing::debug!(
+                        "tessel-cpu: compiling kernels with {} (linking {})",
+                        c.path.display(),
+                        c.libs.join(" ")
+                    );
                 } else {
                     tracing::warn!(
                         "tessel-cpu: no working C compiler ({}); kernels run in the reference \
@@ -514,14 +518,6 @@ fn compile_error(kernel: &Kernel, source: &str, e: BuildError) -> BackendError {
             BuildError::Io(msg) => format!("cannot use the kernel cache: {msg}"),
         },
     }
-}
-
-/// Loads the library at `path`.
-fn load(path: &Path) -> Result<Library, libloading::Error> {
-    // SAFETY: the library was built by `Compiler::build` from source that
-    // `codegen::render` generated: plain C functions, with no initializers or
-    // destructors that could run on load or unload.
-    unsafe { Library::new(path) }
 }
 
 /// Where libraries are cached when the configured directory cannot be used: per user, so

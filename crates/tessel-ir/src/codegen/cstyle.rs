@@ -187,11 +187,56 @@ fn c_atomic(op: AtomicOp, dtype: DType, at: &str, value: &str) -> Option<String>
     ))
 }
 
-const C_PRELUDE: &str = "\
-#include <math.h>
-#include <stdbool.h>
+/// `<math.h>`'s names that C kernels use, declared here (the libm functions, which GCC and
+/// Clang know as builtins) or defined through the compilers' builtins, as glibc's header
+/// does: parsing the header is a fifth of a small kernel's compile. The CPU backend compiles
+/// with `-Werror=implicit-function-declaration`, so a name missing here fails the build
+/// instead of being called with the wrong types.
+const C_PRELUDE: &str = r#"#include <stdbool.h>
 #include <stdint.h>
-";
+#define INFINITY (__builtin_inff())
+#define NAN (__builtin_nanf(""))
+#define isinf(x) __builtin_isinf(x)
+#define isnan(x) __builtin_isnan(x)
+#define isfinite(x) __builtin_isfinite(x)
+#define signbit(x) __builtin_signbit(x)
+double fabs(double); float fabsf(float);
+double sqrt(double); float sqrtf(float);
+double cbrt(double); float cbrtf(float);
+double exp(double); float expf(float);
+double exp2(double); float exp2f(float);
+double expm1(double); float expm1f(float);
+double log(double); float logf(float);
+double log2(double); float log2f(float);
+double log10(double); float log10f(float);
+double log1p(double); float log1pf(float);
+double sin(double); float sinf(float);
+double cos(double); float cosf(float);
+double tan(double); float tanf(float);
+double asin(double); float asinf(float);
+double acos(double); float acosf(float);
+double atan(double); float atanf(float);
+double sinh(double); float sinhf(float);
+double cosh(double); float coshf(float);
+double tanh(double); float tanhf(float);
+double erf(double); float erff(float);
+double erfc(double); float erfcf(float);
+double floor(double); float floorf(float);
+double ceil(double); float ceilf(float);
+double rint(double); float rintf(float);
+double round(double); float roundf(float);
+double trunc(double); float truncf(float);
+double nearbyint(double); float nearbyintf(float);
+double fmod(double, double); float fmodf(float, float);
+double remainder(double, double); float remainderf(float, float);
+double pow(double, double); float powf(float, float);
+double atan2(double, double); float atan2f(float, float);
+double hypot(double, double); float hypotf(float, float);
+double copysign(double, double); float copysignf(float, float);
+double fmax(double, double); float fmaxf(float, float);
+double fmin(double, double); float fminf(float, float);
+double fma(double, double, double); float fmaf(float, float, float);
+"#;
 
 /// The serial launch's loop variables, which [`Launch::Serial`] kernels define.
 fn serial_group_id(axis: u8) -> String {

@@ -265,7 +265,7 @@ fn c_ident(name: &str) -> String {
 /// let add = codegen::render(&samples::vector_add(DType::F32, 1000, 64).unwrap(), &C).unwrap();
 /// let entry = "tessel_vector_add";
 /// let both = codegen::combine(&[(&add, entry, "add_0"), (&add, entry, "add_1")]).unwrap();
-/// assert_eq!(both.matches("#include <math.h>").count(), 1);
+/// assert_eq!(both.matches("#include <stdint.h>").count(), 1);
 /// assert!(both.contains(" add_0(") && both.contains(" add_1(") && !both.contains(entry));
 /// ```
 pub fn combine(parts: &[(&str, &str, &str)]) -> Option<String> {
