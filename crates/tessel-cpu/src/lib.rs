@@ -652,6 +652,15 @@ impl Backend for CpuBackend {
         self.memory.alloc(bytes)
     }
 
+    fn upload(&self, device: usize, data: &[u8]) -> Result<BufferId, BackendError> {
+        self.check_device(device)?;
+        if data.is_empty() {
+            // As `alloc` gives every buffer at least a byte.
+            return self.memory.alloc(1);
+        }
+        self.memory.upload(data)
+    }
+
     fn free(&self, buffer: BufferId) -> Result<(), BackendError> {
         self.memory.free(buffer)
     }

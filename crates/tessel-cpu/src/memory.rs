@@ -8,12 +8,15 @@
 //! find a buffer, never while copying or while a kernel runs, so transfers and launches on
 //! different buffers proceed in parallel.
 //!
-//! Freed buffers are kept for reuse, by power-of-two size class: an allocation rounds its
-//! capacity up to its class (at most twice the request, at least one chunk), so any cached
-//! buffer of the class fits any request of the class. The cache is bounded both in total
-//! bytes ([`CACHE_BYTES`]) and per class ([`CACHE_PER_CLASS`]); a freed buffer that does
-//! not fit is returned to the system allocator. A reused buffer keeps its old contents
-//! (like `cudaMalloc`, an allocation's contents are unspecified); fresh ones are zeroed.
+//! Freed buffers are kept for reuse, by power-of-two size class: an allocation reserves
+//! its class as capacity (at most twice the request, at least one chunk), so any cached
+//! buffer of the class fits any request of the class, but holds only the chunks its bytes
+//! need: the rest of the class is never written, so the system never maps its pages. The
+//! cache is bounded both in total bytes ([`CACHE_BYTES`]) and per class
+//! ([`CACHE_PER_CLASS`]); a freed buffer that does not fit is returned to the system
+//! allocator. A reused buffer keeps its old contents (like `cudaMalloc`, an allocation's
+//! contents are unspecified); fresh ones are zeroed, or hold the bytes they were made from
+//! ([`Memory::upload`]: one pass over the memory instead of zeroing it and then copying).
 
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -95,6 +98,11 @@ pub(crate) struct Memory {
     cache: Mutex<Cache>,
 }
 
+/// The chunks holding `bytes` (at least one, so every buffer has an address to pass).
+fn chunks_for(bytes: usize) -> usize {
+    bytes.div_ceil(size_of::<Chunk>()).max(1)
+}
+
 impl Memory {
     pub(crate) fn new(device: String) -> Self {
         Memory {
@@ -106,6 +114,30 @@ impl Memory {
 
     /// Allocates `bytes`, reusing a cached buffer of the same size class when there is one.
     pub(crate) fn alloc(&self, bytes: usize) -> Result<BufferId, BackendError> {
+        let mut chunks = self.storage(bytes)?;
+        chunks.resize(chunks_for(bytes), Chunk::zeroed());
+        Ok(self.insert(chunks, bytes))
+    }
+
+    /// Allocates a buffer holding `data`.
+    pub(crate) fn upload(&self, data: &[u8]) -> Result<BufferId, BackendError> {
+        let mut chunks = self.storage(data.len())?;
+        chunks.clear();
+        let whole = data.chunks_exact(size_of::<Chunk>());
+        let rest = whole.remainder();
+        chunks.extend(whole.map(bytemuck::pod_read_unaligned::<Chunk>));
+        if !rest.is_empty() || chunks.is_empty() {
+            let mut last = Chunk::zeroed();
+            last.0[..rest.len()].copy_from_slice(rest);
+            chunks.push(last);
+        }
+        debug_assert_eq!(chunks.len(), chunks_for(data.len()));
+        Ok(self.insert(chunks, data.len()))
+    }
+
+    /// Empty storage with the capacity of `bytes`' size class: a cached buffer of the class
+    /// (holding its old chunks) or a fresh reservation.
+    fn storage(&self, bytes: usize) -> Result<Vec<Chunk>, BackendError> {
         let oom = || BackendError::OutOfMemory {
             device: self.device.clone(),
             requested: bytes,
@@ -122,18 +154,18 @@ impl Memory {
             }
             chunks
         };
-        let chunks = if let Some(chunks) = cached {
-            chunks
-        } else {
-            let n = class / size_of::<Chunk>();
-            let mut chunks = Vec::new();
-            chunks.try_reserve_exact(n).map_err(|_| oom())?;
-            chunks.resize(n, Chunk::zeroed());
-            chunks
-        };
-        Ok(self
-            .buffers
-            .insert(RwLock::new(HostBuffer { chunks, len: bytes })))
+        if let Some(chunks) = cached {
+            return Ok(chunks);
+        }
+        let mut chunks = Vec::new();
+        chunks
+            .try_reserve_exact(class / size_of::<Chunk>())
+            .map_err(|_| oom())?;
+        Ok(chunks)
+    }
+
+    fn insert(&self, chunks: Vec<Chunk>, len: usize) -> BufferId {
+        self.buffers.insert(RwLock::new(HostBuffer { chunks, len }))
     }
 
     /// Frees a buffer. Its storage goes to the cache once no in-flight operation holds it.
@@ -148,7 +180,11 @@ impl Memory {
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
             .chunks;
-        let class = chunks.len() * size_of::<Chunk>();
+        // The largest class the storage holds (`try_reserve_exact` may give more).
+        let Some(bits) = (chunks.capacity() * size_of::<Chunk>()).checked_ilog2() else {
+            return Ok(());
+        };
+        let class = 1usize << bits;
         let mut cache = lock_cache(&self.cache);
         if cache.bytes + class <= CACHE_BYTES {
             let list = cache.classes.entry(class).or_default();
@@ -219,5 +255,24 @@ mod tests {
         assert!(memory.free(b).is_ok());
         assert!(memory.free(b).is_err(), "double free is an error");
         assert!(memory.cached_bytes() <= CACHE_BYTES);
+    }
+
+    #[test]
+    fn uploads_hold_their_bytes_and_reuse_the_cache() {
+        let memory = Memory::new("test".into());
+        let a = memory.alloc(3000).unwrap();
+        let addr = memory.get(a).unwrap().read().unwrap().addr();
+        memory.free(a).unwrap();
+        assert_eq!(memory.cached_bytes(), 4096);
+        let data: Vec<u8> = (0..2500u32).map(|i| (i * 7 % 251) as u8).collect();
+        let b = memory.upload(&data).unwrap();
+        let buffer = memory.get(b).unwrap();
+        let guard = buffer.read().unwrap();
+        assert_eq!(guard.addr(), addr);
+        assert_eq!(guard.bytes(), &data[..]);
+        for len in [0, 1, 64, 65] {
+            let c = memory.upload(&data[..len]).unwrap();
+            assert_eq!(memory.get(c).unwrap().read().unwrap().bytes(), &data[..len]);
+        }
     }
 }

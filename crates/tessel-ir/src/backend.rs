@@ -187,6 +187,20 @@ pub trait Backend: Send + Sync {
     /// Frees a buffer; its id becomes invalid.
     fn free(&self, buffer: BufferId) -> Result<(), BackendError>;
 
+    /// Allocates a buffer on device `device` holding `data`. The default allocates and
+    /// writes; a backend whose allocation touches its memory (host memory, zeroed) fills
+    /// it in one pass.
+    fn upload(&self, device: usize, data: &[u8]) -> Result<BufferId, BackendError> {
+        let buffer = self.alloc(device, data.len().max(1))?;
+        if !data.is_empty()
+            && let Err(e) = self.write(buffer, 0, data)
+        {
+            let _ = self.free(buffer);
+            return Err(e);
+        }
+        Ok(buffer)
+    }
+
     /// Host to device: copies `data` into `buffer` at byte `offset`.
     fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<(), BackendError>;
 

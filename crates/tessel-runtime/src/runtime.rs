@@ -765,10 +765,7 @@ impl Runtime {
             Some(LeafData::Host(bytes)) => bytes.clone(),
             None => return Err(Error::Internal(format!("leaf {leaf:?} has no data"))),
         };
-        let buffer = backend.alloc(device.ordinal, bytes.len().max(1))?;
-        if !bytes.is_empty() {
-            backend.write(buffer, 0, &bytes)?;
-        }
+        let buffer = backend.upload(device.ordinal, &bytes)?;
         let held = LeafData::Device {
             device,
             buffer,
