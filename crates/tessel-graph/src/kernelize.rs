@@ -37,7 +37,7 @@ use tessel_ir::Kernel;
 use tessel_shape::{DType, Dim};
 
 use crate::graph::{Graph, LeafId, Node, NodeId, Op};
-use crate::lower::{Lowering, MIN_COOPERATIVE_EXTENT, Mode, lower_kernel};
+use crate::lower::{Cone, LowerMemo, Lowering, MIN_COOPERATIVE_EXTENT, Mode, lower_kernel};
 use crate::tune::{Knobs, Recipe};
 
 /// Where a kernel argument comes from.
@@ -117,7 +117,7 @@ pub fn signature(graph: &Graph, targets: &[NodeId]) -> (Signature, Vec<LeafId>) 
     (Signature { nodes, targets }, leaves)
 }
 
-fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {
+pub(crate) fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {
     match op {
         Op::Leaf(_) | Op::Const(_) | Op::Index(_) => op.clone(),
         Op::Random(key, word) => Op::Random(f(key), *word),
@@ -384,6 +384,8 @@ fn build(
     let mut empty: Vec<NodeId> = Vec::new();
     // Shared by every kernel's recipe, made on the first.
     let mut context = None;
+    // Lowerings by cone: a model's layers repeat their kernels.
+    let memo = Arc::new(LowerMemo::default());
     for &root in order.iter().rev() {
         if !materialized.contains(&root) || written_by.contains_key(&root) {
             continue;
@@ -406,14 +408,28 @@ fn build(
             })
             .collect();
         let lowered = loop {
-            let lowered = match lower_kernel(
-                graph,
-                root,
-                materialized,
-                &absorbable,
-                leaf_slot,
-                mode,
-                Knobs::default(),
+            let cone = Cone::new(graph, root, materialized, &absorbable, format!("{mode:?}"));
+            let mut not_done = None;
+            let done = memo.get_or_lower(graph, leaf_slot, cone, || {
+                match lower_kernel(
+                    graph,
+                    root,
+                    materialized,
+                    &absorbable,
+                    leaf_slot,
+                    mode,
+                    Knobs::default(),
+                )? {
+                    Lowering::Done(k) => Ok(Some(vec![(Knobs::default(), *k)])),
+                    other => {
+                        not_done = Some(other);
+                        Ok(None)
+                    }
+                }
+            })?;
+            let lowered = match done.and_then(|mut k| k.pop()).map(|(_, k)| k).map_or_else(
+                || not_done.ok_or_else(|| KernelizeError("a kept lowering was empty".into())),
+                |k| Ok(Lowering::Done(Box::new(k))),
             )? {
                 Lowering::Done(k) => *k,
                 Lowering::Unsuitable(root, why) => return Err(Unsuitable::Mode(root, why)),
@@ -456,6 +472,7 @@ fn build(
                 absorbable,
                 leaf_slot: context.1.clone(),
                 mode,
+                memo: memo.clone(),
             }));
         }
         kernels.push(lowered);

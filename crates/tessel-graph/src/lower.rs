@@ -20,11 +20,13 @@ use crate::graph::{Graph, LeafId, NodeId, Op, ReduceOp};
 use crate::kernelize::{KernelizeError, ScheduledKernel, Slot};
 use crate::tune::Knobs;
 
+mod memo;
 mod rows;
 mod scatter;
 mod sort;
 mod tile;
 
+pub(crate) use memo::{Cone, LowerMemo};
 pub(crate) use tile::lower_tiled_kernel;
 
 /// Invocations per workgroup of a kernel computing one output (or `upcast` outputs) each,
@@ -162,7 +164,7 @@ pub(crate) fn lower_kernel(
     let shape = node.shape.clone();
     let numel = shape.numel();
     let idx = index_dtype(graph, root, materialized);
-    let name = kernel_name(graph, root);
+    let name = kernel_name(graph, root, materialized, absorbable);
     let mut kb = KernelBuilder::new(&if lanes.is_some() {
         format!("{name}_g")
     } else {
@@ -338,13 +340,30 @@ fn index_dtype(graph: &Graph, root: NodeId, materialized: &FxHashSet<NodeId>) ->
 }
 
 /// `r_7_13` (a reduction producing 7×13) or `e_64` (elementwise): the shape, not a
-/// counter, so equal kernels get equal names and hit the compile caches.
-fn kernel_name(graph: &Graph, root: NodeId) -> String {
+/// counter, so equal kernels get equal names and hit the compile caches. `r` where the
+/// kernel itself reduces: its walk stops at the buffers it loads, as lowering's does, so
+/// the name depends only on what the kernel computes (see `memo`).
+fn kernel_name(
+    graph: &Graph,
+    root: NodeId,
+    materialized: &FxHashSet<NodeId>,
+    absorbable: &FxHashSet<NodeId>,
+) -> String {
     let node = graph.node(root);
-    let reduces = graph
-        .toposort(&[root])
-        .iter()
-        .any(|&n| matches!(graph.node(n).op, Op::Reduce(..)));
+    let mut seen = FxHashSet::default();
+    let mut stack = vec![root];
+    let mut reduces = false;
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n) || (n != root && materialized.contains(&n) && !absorbable.contains(&n)) {
+            continue;
+        }
+        let op = &graph.node(n).op;
+        if matches!(op, Op::Reduce(..)) {
+            reduces = true;
+            break;
+        }
+        stack.extend(op.children());
+    }
     let dims: Vec<String> = node
         .shape
         .iter()

@@ -16,7 +16,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::graph::{Graph, LeafId, NodeId};
 use crate::kernelize::ScheduledKernel;
-use crate::lower::{Lowering, Mode, lower_kernel, lower_tiled_kernel};
+use crate::lower::{Cone, LowerMemo, Lowering, Mode, lower_kernel, lower_tiled_kernel};
 use crate::spec::{KernelSpec, TILE_EDGES};
 
 /// Overrides of the launch-shape heuristics; `None` keeps the heuristic's choice.
@@ -74,6 +74,8 @@ pub(crate) struct Recipe {
     pub(crate) absorbable: FxHashSet<NodeId>,
     pub(crate) leaf_slot: Arc<FxHashMap<LeafId, usize>>,
     pub(crate) mode: Mode,
+    /// The kernelization's lowerings by cone (see `lower::memo`).
+    pub(crate) memo: Arc<LowerMemo>,
 }
 
 const LOCAL_SIZES: [i64; 6] = [32, 64, 128, 256, 512, 1024];
@@ -134,6 +136,35 @@ impl ScheduledKernel {
         let Some(recipe) = &self.recipe else {
             return Vec::new();
         };
+        // Each variant is a kernel of its own here, named by its knobs after the last one.
+        let cone = Cone::new(
+            graph,
+            recipe.root,
+            &recipe.materialized,
+            &recipe.absorbable,
+            format!("{:?} variants {search:?} {}", recipe.mode, self.cooperative),
+        );
+        let lowered = recipe
+            .memo
+            .get_or_lower(graph, &recipe.leaf_slot, cone, || {
+                Ok(Some(self.lower_variants(graph, recipe, search)))
+            });
+        // Variants kept for another kernel of this structure read and write what it does
+        // in the same order where this kernel was lowered the same way; others are dropped.
+        let mut variants = lowered.ok().flatten().unwrap_or_default();
+        variants.retain(|(_, k)| k.args == self.args && k.writes == self.writes);
+        for (_, k) in &mut variants {
+            k.recipe.clone_from(&self.recipe);
+        }
+        variants
+    }
+
+    fn lower_variants(
+        &self,
+        graph: &Graph,
+        recipe: &Recipe,
+        search: Search,
+    ) -> Vec<(Knobs, ScheduledKernel)> {
         let spec = KernelSpec::new(graph, recipe, self.cooperative);
         let mut seen = vec![self.kernel.clone()];
         let mut out = Vec::new();

@@ -696,3 +696,73 @@ fn a_cooperative_kernel_writes_the_statistics_it_absorbs() {
         }
     }
 }
+
+/// Layers of the same structure over different weights are lowered once per
+/// kernelization (their kernels moved over by position): every layer's kernels, and their
+/// tuning variants, still read and write their own layer's values.
+#[test]
+fn repeated_layers_read_their_own_values() {
+    let mut env = Env::new();
+    let mut rng = Rng(23);
+    let (rows, cols, layers) = (5, 300, 3);
+    let x = rng.vec(rows * cols);
+    let mut h = env.leaf(&[rows, cols], x.clone());
+    let mut weights = Vec::new();
+    let mut targets = Vec::new();
+    for _ in 0..layers {
+        weights.push(rng.vec(rows * cols));
+        let w = env.leaf(&[rows, cols], weights[weights.len() - 1].clone());
+        let a = env.binary(BinaryOp::Mul, h, w);
+        let s = env.softmax_rows(a);
+        h = env.binary(BinaryOp::Add, s, h);
+        targets.push(env.reduce(ReduceOp::Sum, h, &[1]));
+    }
+    targets.push(h);
+    // The same in f64.
+    let mut want_h: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    let mut want = Vec::new();
+    for w in &weights {
+        let mut next = want_h.clone();
+        for r in 0..rows {
+            let row = r * cols..(r + 1) * cols;
+            let a: Vec<f64> = row.clone().map(|i| want_h[i] * f64::from(w[i])).collect();
+            let max = a.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = a.iter().map(|v| (v - max).exp()).sum();
+            for (i, v) in row.zip(&a) {
+                next[i] += (v - max).exp() / sum;
+            }
+        }
+        want_h = next;
+        want.push(
+            (0..rows)
+                .map(|r| want_h[r * cols..(r + 1) * cols].iter().sum())
+                .collect::<Vec<f64>>(),
+        );
+    }
+    want.push(want_h);
+    let schedule = kernelize(&env.g, &targets).unwrap();
+    let check = |schedule: &Schedule, what: &str| {
+        let (got, _) = env.run(&targets, schedule);
+        for (got, want) in got.iter().zip(&want) {
+            assert_eq!(got.len(), want.len(), "{what}");
+            assert_close(got, want, 1e-4);
+        }
+    };
+    check(&schedule, "default");
+    // Some kernel serves two layers (the same text over other slots).
+    let kernels = &schedule.kernels;
+    let shared = kernels.iter().enumerate().any(|(i, a)| {
+        kernels[i + 1..]
+            .iter()
+            .any(|b| a.kernel == b.kernel && a.args != b.args)
+    });
+    assert!(shared, "{kernels:#?}");
+    for (k, kernel) in schedule.kernels.iter().enumerate() {
+        for (knobs, variant) in kernel.variants(&env.g, Search::Default) {
+            assert_eq!(variant.args, kernel.args, "{knobs}");
+            let mut one = schedule.clone();
+            one.kernels[k] = variant;
+            check(&one, &format!("kernel {k} {knobs}"));
+        }
+    }
+}

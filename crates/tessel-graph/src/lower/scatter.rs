@@ -24,7 +24,7 @@ pub(super) fn lower_scatter_kernel(
     let space = graph.node(index).shape.clone();
     let numel = space.numel();
     let idx = index_dtype(graph, root, materialized);
-    let name = kernel_name(graph, root);
+    let name = kernel_name(graph, root, materialized, &FxHashSet::default());
     let mut kb = KernelBuilder::new(&format!("s{}", &name[1..]));
     let local = match numel.as_const() {
         Some(n) if n < LOCAL_SIZE => n.max(1),

@@ -47,7 +47,10 @@ pub(super) fn lower_argsort_kernel(
     let outer_shape = Shape::new(outer_dims.to_vec());
     let rows = outer_shape.numel();
     let idx = index_dtype(graph, root, materialized);
-    let mut kb = KernelBuilder::new(&format!("{}_sort", kernel_name(graph, root)));
+    let mut kb = KernelBuilder::new(&format!(
+        "{}_sort",
+        kernel_name(graph, root, materialized, &FxHashSet::default())
+    ));
     kb.grid([rows, Dim::constant(1), Dim::constant(1)], [lanes, 1, 1]);
     let group = kb.group_id(0, idx);
     let lane = kb.local_id(0, idx);

@@ -50,7 +50,12 @@ pub(crate) fn lower_tiled_kernel(
     let groups = tiles_last * tiles_k * rest;
     let idx = index_dtype(graph, root, &recipe.materialized);
 
-    let mut kb = KernelBuilder::new(&kernel_name(graph, root));
+    let mut kb = KernelBuilder::new(&kernel_name(
+        graph,
+        root,
+        &recipe.materialized,
+        &recipe.absorbable,
+    ));
     let invocations = edge * edge;
     kb.grid([groups, 1, 1], [invocations, 1, 1]);
     let (group_var, lane_var) = (
