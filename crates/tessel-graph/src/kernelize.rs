@@ -395,18 +395,32 @@ fn build(
             empty.push(root);
             continue;
         }
-        let mut absorbable: FxHashSet<NodeId> = materialized
-            .iter()
-            .copied()
-            .filter(|m| {
-                absorb
-                    && *m != root
-                    && !separate.contains(m)
-                    && !written_by.contains_key(m)
-                    && graph.node(*m).shape == graph.node(root).shape
-                    && !graph.node(*m).op.runs_alone()
-            })
-            .collect();
+        // The materialized values this kernel may write beside its root: those it reaches
+        // through values it computes in place (the only ones lowering can absorb), found by
+        // walking its cone rather than by testing every materialized value per kernel, which
+        // made a training step's kernelization quadratic.
+        let qualifies = |m: NodeId| {
+            absorb
+                && !separate.contains(&m)
+                && !written_by.contains_key(&m)
+                && graph.node(m).shape == graph.node(root).shape
+                && !graph.node(m).op.runs_alone()
+        };
+        let mut absorbable: FxHashSet<NodeId> = FxHashSet::default();
+        let mut seen: FxHashSet<NodeId> = FxHashSet::default();
+        let mut stack = vec![root];
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            if n != root && materialized.contains(&n) {
+                if !qualifies(n) {
+                    continue;
+                }
+                absorbable.insert(n);
+            }
+            stack.extend(graph.node(n).op.children());
+        }
         let lowered = loop {
             let cone = Cone::new(graph, root, materialized, &absorbable, format!("{mode:?}"));
             let mut not_done = None;
