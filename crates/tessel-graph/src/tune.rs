@@ -136,7 +136,7 @@ impl ScheduledKernel {
         let Some(recipe) = &self.recipe else {
             return Vec::new();
         };
-        // Each variant is a kernel of its own here, named by its knobs after the last one.
+        // Kernels of equal cones (a model's layers) share one lowering of their variants.
         let cone = Cone::new(
             graph,
             recipe.root,
