@@ -1,5 +1,6 @@
 //! The models bench: GPT-2 small, BERT-base and ResNet-50 at full size, from the files
-//! `benches/models_torch.py DIR` writes (random weights, inputs and PyTorch's outputs),
+//! `benches/models_torch.py DIR` writes (random weights, inputs and PyTorch's outputs), and
+//! a small MLP's training step (`mlp-train`, built here: it needs no files),
 //! timed as a user sees them (record + realize + `Device::synchronize`): the first call
 //! (plan, compile, measure) and the median of later calls. Each output is checked against
 //! PyTorch's for the same weights.
@@ -210,6 +211,42 @@ fn gpt2_train(
     Ok(())
 }
 
+/// One `AdamW` step of a 784-128-10 MLP (`Linear` → `ReLU` → `Linear`, cross-entropy) on a
+/// batch of 64: a step of a few dozen small kernels, where launch overhead is the cost.
+fn mlp_train(device: Device, runs: usize) -> Result<()> {
+    Tensor::manual_seed(0);
+    let opts = tessel_nn::ParamOptions {
+        dtype: DType::F32,
+        device,
+    };
+    let start = Instant::now();
+    let model = tessel_nn::Sequential::new()
+        .layer(tessel_nn::Linear::with_options(784, 128, true, &opts)?)
+        .layer(tessel_nn::ReLU)
+        .layer(tessel_nn::Linear::with_options(128, 10, true, &opts)?);
+    let x = Tensor::rand([64, 784], DType::F32)?.to(&device)?;
+    let labels: Vec<i64> = (0..64).map(|i| i % 10).collect();
+    let y = Tensor::from_vec(labels, [64])?.to(&device)?;
+    Tensor::realize_all(&[&x, &y])?;
+    let mut opt = AdamW::new(model.parameters(), AdamWConfig::default())?;
+    let load = start.elapsed();
+    let (first, steady) = timed(device, runs, || {
+        let logits = tessel_nn::Forward::forward(&model, &x)?;
+        let loss = cross_entropy(&logits, &y, &CrossEntropyOptions::default())?;
+        opt.step(&loss)
+    })?;
+    report(
+        "mlp 784-128-10 AdamW step [64] f32",
+        load,
+        first,
+        steady,
+        64.0,
+        "samples/s",
+        "",
+    );
+    Ok(())
+}
+
 fn bert(dir: &Path, device: Device, dtype: DType, runs: usize) -> Result<()> {
     let r = reference(dir, device)?;
     let start = Instant::now();
@@ -341,6 +378,7 @@ fn main() -> std::process::ExitCode {
             "gpt2-train-f32",
             Box::new(|| gpt2_train(&gpt2, device, runs.min(3), tokens, None)),
         ),
+        ("mlp-train", Box::new(|| mlp_train(device, runs.max(20)))),
         (
             "gpt2-train-bf16",
             Box::new(|| gpt2_train(&gpt2, device, runs.min(3), tokens, Some(DType::BF16))),

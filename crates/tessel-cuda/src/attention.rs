@@ -40,6 +40,10 @@ pub(crate) struct AttentionProgram {
 }
 
 impl AttentionProgram {
+    pub(crate) fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
     pub(crate) fn origin(&self) -> ProgramOrigin {
         self.origin
     }

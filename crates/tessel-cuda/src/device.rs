@@ -2,7 +2,7 @@
 //! pool and staging buffer, its cuBLAS handle (made on first use), and what the driver
 //! says about it.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::CUdevice_attribute as Attr;
@@ -24,6 +24,13 @@ pub(crate) struct CudaDevice {
     /// `(major, minor)`.
     pub(crate) capability: (i32, i32),
     pub(crate) stream: Stream,
+    /// Held shared by every call that queues work on `stream` or waits for it ([`Self::submit`]),
+    /// exclusively while a launch sequence is recorded from it (`graphs.rs`): a capture
+    /// must see no other thread's work, and a wait on a capturing stream fails.
+    pub(crate) gate: RwLock<()>,
+    /// While a capture is open: the scratch blocks its launches used, which the recording
+    /// keeps (every replay writes them) instead of returning them to the pool.
+    pub(crate) captured_scratch: Mutex<Option<Vec<(u64, usize)>>>,
     pub(crate) pool: Mutex<Pool>,
     pub(crate) staging: Mutex<Staging>,
     /// The cuBLAS handle, queueing on `stream`; created by the first vendor program.
@@ -35,6 +42,23 @@ pub(crate) struct CudaDevice {
 }
 
 impl CudaDevice {
+    /// Shared access to the stream, for queueing work or waiting on it.
+    pub(crate) fn submit(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Returns a scratch block the queued work is done with to the pool (stream-ordered:
+    /// whoever gets it next queues after that work), or to the open capture.
+    pub(crate) fn release_scratch(&self, ptr: u64, class: usize) {
+        if let Some(kept) = lock(&self.captured_scratch).as_mut() {
+            kept.push((ptr, class));
+            return;
+        }
+        lock(&self.pool).release(ptr, class);
+    }
+
     /// A failed driver call on this device, which leaves it in an unknown state.
     pub(crate) fn lost(&self, call: &str, e: DriverError) -> BackendError {
         BackendError::DeviceLost {
@@ -248,6 +272,8 @@ fn set_up(index: usize, ordinal: usize, driver_version: i32) -> Result<CudaDevic
         info,
         capability,
         stream,
+        gate: RwLock::new(()),
+        captured_scratch: Mutex::new(None),
         pool: Mutex::new(Pool::default()),
         staging: Mutex::new(Staging::default()),
         blas: Mutex::new(None),

@@ -54,6 +54,12 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuEventQuery",
     "cuEventElapsedTime_v2",
     "cuEventDestroy_v2",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
     "cuGetErrorString",
     "cuGetErrorName",
 ];
@@ -673,4 +679,90 @@ fn c_chars_to_string(chars: &[c_char]) -> String {
 /// Whether a driver error means memory ran out.
 pub(crate) fn is_out_of_memory(e: DriverError) -> bool {
     e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Starts recording `stream`: until [`end_capture`], work queued on it is added to a graph
+/// instead of running. Relaxed mode: other threads may make calls the global mode forbids
+/// while a capture is open (allocating, loading modules), since none of them touches this
+/// stream (the caller holds the device's submission gate).
+pub(crate) fn begin_capture(ctx: &Context, stream: &Stream) -> Result<(), DriverError> {
+    ctx.bind()?;
+    // SAFETY: the stream is live and not capturing (captures are serialized by the gate).
+    unsafe {
+        cu::stream::begin_capture(
+            stream.0,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        )
+    }
+}
+
+/// Ends the capture [`begin_capture`] opened on `stream`: the graph of what was queued, or
+/// the error that invalidated the capture. The stream runs work again either way.
+pub(crate) fn end_capture(ctx: &Context, stream: &Stream) -> Result<Graph, DriverError> {
+    ctx.bind()?;
+    // SAFETY: the stream is live and capturing; on success the graph is new and owned here.
+    unsafe { cu::stream::end_capture(stream.0) }.map(Graph)
+}
+
+/// A graph recorded from a stream, not yet instantiated.
+pub(crate) struct Graph(sys::CUgraph);
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if self.0.is_null() {
+            return;
+        }
+        // SAFETY: the graph is live and destroyed once; an executable graph made from it
+        // does not depend on it.
+        if let Err(e) = unsafe { cu::graph::destroy(self.0) } {
+            tracing::debug!("tessel-cuda: destroying a graph failed: {e}");
+        }
+    }
+}
+
+/// An executable graph: recorded launches replayed with one `cuGraphLaunch`.
+pub(crate) struct GraphExec {
+    exec: sys::CUgraphExec,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: executable graphs may be launched and destroyed from any thread with their
+// context current.
+unsafe impl Send for GraphExec {}
+// SAFETY: the driver orders concurrent launches of one executable graph (each launch runs
+// after the previous one).
+unsafe impl Sync for GraphExec {}
+
+impl GraphExec {
+    /// Instantiates `graph` in `ctx`.
+    pub(crate) fn new(ctx: &Context, graph: &Graph) -> Result<GraphExec, DriverError> {
+        ctx.bind()?;
+        // SAFETY: the graph is live; the executable copies what it needs from it.
+        let exec = unsafe { cu::graph::instantiate(graph.0, sys::CUgraphInstantiate_flags(0)) }?;
+        Ok(GraphExec { exec, ctx: ctx.ctx })
+    }
+
+    /// Queues the recorded work on `stream`.
+    pub(crate) fn launch(&self, ctx: &Context, stream: &Stream) -> Result<(), DriverError> {
+        ctx.bind()?;
+        // SAFETY: both are live and belong to `ctx`. The recorded launches name device
+        // pointers that the owner keeps allocated for every replay (it replays only with
+        // the very buffers it recorded, and holds any scratch memory the recording used)
+        // and functions whose modules it keeps loaded.
+        unsafe { cu::graph::launch(self.exec, stream.0) }
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        // SAFETY: the context outlives the backend's graphs (dropped with its devices'
+        // state, before the contexts); the executable is destroyed once, and one still
+        // running is freed by the driver when it completes.
+        let result = unsafe {
+            cu::ctx::set_current(self.ctx).and_then(|()| cu::graph::exec_destroy(self.exec))
+        };
+        if let Err(e) = result {
+            tracing::debug!("tessel-cuda: destroying an executable graph failed: {e}");
+        }
+    }
 }

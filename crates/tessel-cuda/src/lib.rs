@@ -116,6 +116,7 @@
 mod attention;
 mod device;
 mod ffi;
+mod graphs;
 mod matmul;
 mod memory;
 mod mma;
@@ -141,6 +142,8 @@ use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Event, Module};
 use crate::routine::MatmulProgram;
 
+pub use crate::graphs::CudaGraphs;
+
 /// How a [`CudaBackend`] is set up.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct CudaConfig {
@@ -153,6 +156,8 @@ pub struct CudaConfig {
     pub nvrtc_path: Option<PathBuf>,
     /// Which products get the generated tensor-core matmul as well.
     pub generated_matmul: GeneratedMatmul,
+    /// Whether repeated launch sequences run as CUDA graphs.
+    pub graphs: CudaGraphs,
 }
 
 /// Which `f16`/`bf16` products the generated tensor-core matmul (`mma.cu`) is offered for,
@@ -207,11 +212,20 @@ impl CudaConfig {
             }
             _ => GeneratedMatmul::Fallback,
         };
+        let graphs = match std::env::var("TESSEL_CUDA_GRAPHS") {
+            Ok(v) if matches!(v.trim(), "off" | "0") => CudaGraphs::Off,
+            Ok(v) if !matches!(v.trim(), "" | "on" | "1") => {
+                tracing::warn!("tessel-cuda: TESSEL_CUDA_GRAPHS={v} is not on or off; using on");
+                CudaGraphs::On
+            }
+            _ => CudaGraphs::On,
+        };
         CudaConfig {
             device,
             cache_dir: Some(root.join("cuda")),
             nvrtc_path: var("TESSEL_NVRTC_PATH"),
             generated_matmul,
+            graphs,
         }
     }
 }
@@ -234,6 +248,11 @@ pub struct CudaStats {
     pub pool_reuses: u64,
     /// Allocations that went to the driver.
     pub driver_allocs: u64,
+    /// Launch sequences recorded as CUDA graphs.
+    pub graph_recordings: u64,
+    /// CUDA graph launches (each runs a whole recorded sequence; its kernels are not
+    /// counted in `launches`).
+    pub graph_launches: u64,
 }
 
 #[derive(Default)]
@@ -243,6 +262,8 @@ struct Counters {
     memory_hits: AtomicU64,
     launches: AtomicU64,
     vendor_launches: AtomicU64,
+    graph_recordings: AtomicU64,
+    graph_launches: AtomicU64,
 }
 
 /// A live buffer; its block returns to its device's pool when the last reference drops.
@@ -267,6 +288,17 @@ enum Program {
     Attention(attention::AttentionProgram),
 }
 
+impl Program {
+    /// The device the program runs on.
+    fn device(&self) -> &Arc<CudaDevice> {
+        match self {
+            Program::Kernel(kernel) => &kernel.device,
+            Program::Matmul(matmul) => matmul.device(),
+            Program::Attention(attention) => attention.device(),
+        }
+    }
+}
+
 /// A compiled kernel.
 struct KernelProgram {
     kernel: Kernel,
@@ -289,6 +321,7 @@ pub struct CudaBackend {
     programs: Handles<ProgramId, Program>,
     modules: Mutex<FxHashMap<(usize, u128), Arc<Module>>>,
     buffers: Handles<BufferId, DeviceBuffer>,
+    graphs: graphs::Graphs,
     counters: Counters,
     devices: Vec<Arc<CudaDevice>>,
 }
@@ -317,6 +350,7 @@ impl CudaBackend {
             programs: Handles::new("cuda"),
             modules: Mutex::default(),
             buffers: Handles::new("cuda"),
+            graphs: graphs::Graphs::default(),
             counters: Counters::default(),
             devices,
         }
@@ -344,6 +378,8 @@ impl CudaBackend {
             vendor_launches: get(&self.counters.vendor_launches),
             pool_reuses,
             driver_allocs,
+            graph_recordings: get(&self.counters.graph_recordings),
+            graph_launches: get(&self.counters.graph_launches),
         }
     }
 
@@ -413,6 +449,7 @@ impl CudaBackend {
     /// Returns the freed memory kept for reuse on every device to the driver.
     pub fn trim(&self) -> Result<(), BackendError> {
         for dev in &self.devices {
+            let _gate = dev.submit();
             lock(&dev.pool)
                 .trim(&dev.ctx, &dev.stream)
                 .map_err(|e| dev.lost("cuMemFree", e))?;
@@ -505,7 +542,20 @@ impl CudaBackend {
         timed: bool,
     ) -> Result<Option<Timing>, BackendError> {
         let program = self.programs.get(program)?;
-        match &*program {
+        let _gate = program.device().submit();
+        self.enqueue_unguarded(&program, buffers, dims, timed)
+    }
+
+    /// [`Self::enqueue`] without taking the submission gate: for the caller that holds it
+    /// exclusively (a capture).
+    fn enqueue_unguarded(
+        &self,
+        program: &Program,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        timed: bool,
+    ) -> Result<Option<Timing>, BackendError> {
+        match program {
             Program::Kernel(kernel) => self.enqueue_kernel(kernel, buffers, dims, timed),
             Program::Matmul(matmul) => self.enqueue_matmul(matmul, buffers, dims, timed),
             Program::Attention(attention) => {
@@ -709,6 +759,7 @@ impl Backend for CudaBackend {
         if bytes as u64 > dev.info.memory_bytes {
             return Err(oom());
         }
+        let _gate = dev.submit();
         let (ptr, class) = lock(&dev.pool)
             .alloc(&dev.ctx, &dev.stream, bytes)
             .map_err(|e| {
@@ -740,6 +791,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let dev = &b.device;
+        let _gate = dev.submit();
         lock(&dev.staging)
             .write(&dev.ctx, &dev.stream, b.ptr + offset as u64, data)
             .map_err(|e| dev.lost("cuMemcpyHtoDAsync", e))
@@ -752,6 +804,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let dev = &b.device;
+        let _gate = dev.submit();
         ffi::fill(&dev.ctx, &dev.stream, b.ptr, value, bytes)
             .map_err(|e| dev.lost("cuMemsetD8Async", e))
     }
@@ -760,6 +813,7 @@ impl Backend for CudaBackend {
         let b = self.buffers.get(buffer)?;
         check_range("read", buffer, offset, out.len(), b.bytes)?;
         let dev = &b.device;
+        let _gate = dev.submit();
         if out.is_empty() {
             // Nothing to copy, but the caller may rely on the wait.
             return dev
@@ -786,6 +840,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let dev = &from.device;
+        let _gate = dev.submit();
         ffi::copy_on_device(&dev.ctx, &dev.stream, to.ptr, from.ptr, bytes)
             .map_err(|e| dev.lost("cuMemcpyDtoDAsync", e))
     }
@@ -819,6 +874,15 @@ impl Backend for CudaBackend {
         self.enqueue(program, buffers, dims, false).map(drop)
     }
 
+    fn launch_sequence(
+        &self,
+        sequence: tessel_ir::SequenceId,
+        launches: &[tessel_ir::SequenceLaunch<'_>],
+        dims: &Bindings,
+    ) -> Result<(), BackendError> {
+        self.run_sequence(sequence, launches, dims)
+    }
+
     fn time(
         &self,
         program: ProgramId,
@@ -828,17 +892,20 @@ impl Backend for CudaBackend {
         let Some((start, end, dev)) = self.enqueue(program, buffers, dims, true)? else {
             return Ok(Duration::ZERO);
         };
+        let gate = dev.submit();
         let result = end
             .synchronize(&dev.ctx)
             .and_then(|()| start.elapsed_ms(&dev.ctx, &end));
         start.destroy(&dev.ctx);
         end.destroy(&dev.ctx);
+        drop(gate);
         let ms = result.map_err(|e| dev.lost("cuEventElapsedTime", e))?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1000.0))
     }
 
     fn synchronize(&self, device: usize) -> Result<(), BackendError> {
         let dev = self.device(device)?;
+        let _gate = dev.submit();
         dev.stream
             .synchronize(&dev.ctx)
             .map_err(|e| dev.lost("cuStreamSynchronize", e))

@@ -249,6 +249,10 @@ impl CudaBackend {
 }
 
 impl MatmulProgram {
+    pub(crate) fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
     /// Where the program came from: a generated kernel's module origin; a cuBLAS call has
     /// nothing compiled.
     pub(crate) fn origin(&self) -> ProgramOrigin {
@@ -297,8 +301,7 @@ impl MatmulProgram {
                 )
                 .map_err(|e| dev.lost("cuMemcpy2DAsync", e))
             });
-        // Stream-ordered: whoever gets the block next queues after this copy.
-        lock(&dev.pool).release(scratch, class);
+        dev.release_scratch(scratch, class);
         ran
     }
 

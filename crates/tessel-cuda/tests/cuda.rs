@@ -1005,3 +1005,117 @@ fn generated_matmul_is_offered_as_configured() {
         }
     }
 }
+
+/// A launch sequence run again and again is recorded once and replayed as one CUDA graph:
+/// every round gives what plain launches give, after its inputs' values change and after
+/// its buffers do (a new recording). It holds two dependent kernels and a cuBLAS `bf16`
+/// product whose rows run padded through scratch memory, which the recording must keep
+/// (the allocations in between would otherwise reuse it).
+#[test]
+fn repeated_sequences_replay_as_graphs() {
+    const N: usize = 3001;
+    let test = "repeated_sequences_replay_as_graphs";
+    if devices(test) == 0 {
+        return;
+    }
+    let cuda = backend();
+    let add = cuda
+        .compile(0, &samples::vector_add(DType::F32, N, 128).unwrap())
+        .unwrap();
+    // Integers small enough that the product is exact in `bf16` and `f32`.
+    let [m, n, k] = [130usize, 8195, 24];
+    let op = matmul(
+        DType::BF16,
+        [1, m as i64, n as i64, k as i64],
+        (false, false),
+        ((m * k) as i64, (k * n) as i64),
+    );
+    let Some(product) = cublas(test, 0, &op) else {
+        return;
+    };
+    let f32s =
+        |rng: &mut Rng| -> Vec<f64> { (0..N).map(|_| rounded(DType::F32, rng.unit())).collect() };
+    // -1, 0 or 1: sums of 24 products stay exact in `bf16`.
+    let ints = |rng: &mut Rng, len: usize| -> Vec<f64> {
+        (0..len).map(|_| (rng.unit() * 1.5).round()).collect()
+    };
+    let alloc = |bytes: usize| cuda.alloc(0, bytes).unwrap();
+    let vectors = || [0; 4].map(|_| alloc(N * 4));
+    let mut sets = [vectors(), vectors()];
+    let [lhs, rhs, out] = [m * k, k * n, m * n].map(|len| alloc(len * 2));
+    let sequence = tessel_ir::SequenceId::new();
+    let before = cuda.stats();
+    let mut rng = Rng(0x6a4f);
+    for round in 0..7 {
+        // Rounds 0–3 use the first buffers, 4–6 the second; every round new values.
+        let [a, b, c, d] = sets[usize::from(round >= 4)];
+        let (av, bv) = (f32s(&mut rng), f32s(&mut rng));
+        let (lv, rv) = (ints(&mut rng, m * k), ints(&mut rng, k * n));
+        cuda.write(a, 0, &encode(DType::F32, &av)).unwrap();
+        cuda.write(b, 0, &encode(DType::F32, &bv)).unwrap();
+        cuda.write(lhs, 0, &encode(DType::BF16, &lv)).unwrap();
+        cuda.write(rhs, 0, &encode(DType::BF16, &rv)).unwrap();
+        // Scratch memory changes hands between rounds: a recording that gave its padded
+        // rows back to the pool would share them with this buffer.
+        let other = alloc(m * 8200 * 2);
+        cuda.write(other, 0, &vec![0xff; m * 8200 * 2]).unwrap();
+        cuda.launch_sequence(
+            sequence,
+            &[
+                (add, &[a, b, c][..]),
+                (product, &[lhs, rhs, out][..]),
+                (add, &[c, a, d][..]),
+            ],
+            &Bindings::new(),
+        )
+        .unwrap();
+        cuda.free(other).unwrap();
+        let read = |id, dtype: DType, len: usize| {
+            let mut bytes = vec![0u8; len * dtype.size_bytes()];
+            cuda.read(id, 0, &mut bytes).unwrap();
+            decode(dtype, &bytes)
+        };
+        let (cv, dv) = (read(c, DType::F32, N), read(d, DType::F32, N));
+        for i in 0..N {
+            let sum = rounded(DType::F32, av[i] + bv[i]);
+            assert_eq!(cv[i], sum, "cuda::{test}: round {round}: c[{i}]");
+            assert_eq!(
+                dv[i],
+                rounded(DType::F32, sum + av[i]),
+                "cuda::{test}: round {round}: d[{i}]"
+            );
+        }
+        let got = read(out, DType::BF16, m * n);
+        for row in 0..m {
+            for col in (0..n).step_by(97).chain([n - 1]) {
+                let want: f64 = (0..k).map(|j| lv[row * k + j] * rv[j * n + col]).sum();
+                assert_eq!(
+                    got[row * n + col],
+                    want,
+                    "cuda::{test}: round {round}: out[{row}, {col}]"
+                );
+            }
+        }
+    }
+    let after = cuda.stats();
+    // Round 0 launches plainly, 1 and 4 record, the other four replay.
+    assert_eq!(
+        after.graph_recordings - before.graph_recordings,
+        2,
+        "cuda::{test}"
+    );
+    assert_eq!(
+        after.graph_launches - before.graph_launches,
+        6,
+        "cuda::{test}"
+    );
+    for id in sets
+        .iter_mut()
+        .flat_map(|s| s.iter())
+        .chain(&[lhs, rhs, out])
+    {
+        cuda.free(*id).unwrap();
+    }
+    cuda.release(add).unwrap();
+    cuda.release(product).unwrap();
+}

@@ -25,6 +25,28 @@ pub struct BufferId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProgramId(pub u64);
 
+/// A list of launches a caller may run more than once ([`Backend::launch_sequence`]): one
+/// id per list of programs in one order, never reused in a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SequenceId(pub u64);
+
+impl SequenceId {
+    /// An id no other sequence of this process has.
+    pub fn new() -> SequenceId {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        SequenceId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Default for SequenceId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One launch of a sequence: a program and one buffer per parameter.
+pub type SequenceLaunch<'a> = (ProgramId, &'a [BufferId]);
+
 /// What a device can do.
 // Capabilities are independent yes/no facts, so bools are the honest type here.
 #[allow(clippy::struct_excessive_bools)]
@@ -250,6 +272,23 @@ pub trait Backend: Send + Sync {
         buffers: &[BufferId],
         dims: &Bindings,
     ) -> Result<(), BackendError>;
+
+    /// Launches `launches` in order, as one [`Backend::launch`] each, and may return before
+    /// they finish. The caller runs `sequence` with the same programs in the same order
+    /// every time (buffers and dims may change), so a backend that can record a sequence
+    /// once and replay it in one submission (CUDA graphs) keys its recordings by it. The
+    /// default launches one by one.
+    fn launch_sequence(
+        &self,
+        sequence: SequenceId,
+        launches: &[SequenceLaunch<'_>],
+        dims: &Bindings,
+    ) -> Result<(), BackendError> {
+        let _ = sequence;
+        launches
+            .iter()
+            .try_for_each(|&(program, buffers)| self.launch(program, buffers, dims))
+    }
 
     /// Launches a program and measures its execution with the device's own timer.
     fn time(

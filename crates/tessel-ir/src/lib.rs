@@ -36,6 +36,7 @@ pub mod verify;
 
 pub use backend::{
     Backend, BackendError, BufferId, DeviceInfo, DeviceKind, Features, ProgramId, ProgramOrigin,
+    SequenceId, SequenceLaunch,
 };
 pub use builder::{Buf, KernelBuilder};
 pub use display::inst_text;

@@ -83,6 +83,8 @@ pub(crate) struct Plan {
     pub(crate) fallback: Option<Arc<Plan>>,
     /// What the plan was chosen from, for `tessel_tensor::inspect::plan_to_dot`.
     pub(crate) view: Option<Arc<PlanView>>,
+    /// Names the plan's launches for [`tessel_ir::Backend::launch_sequence`].
+    pub(crate) sequence: tessel_ir::SequenceId,
 }
 
 /// What a plan was chosen from: every program that was compiled, with its measured time
@@ -1071,6 +1073,7 @@ impl Compiled {
             outputs: self.outputs.clone(),
             fallback: None,
             view: None,
+            sequence: tessel_ir::SequenceId::new(),
         }
     }
 

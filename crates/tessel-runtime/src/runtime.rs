@@ -707,6 +707,33 @@ impl Runtime {
             PlanSlot::Input(i) if p.device == 0 => inputs[i],
             _ => temps[p].0,
         };
+        if let [(device, backend)] = &plan.devices[..] {
+            // One device and launches only (no copy between devices): one sequence, which
+            // a backend may replay in one submission.
+            let mut args = Vec::new();
+            let mut ranges = Vec::with_capacity(plan.steps.len());
+            for step in &plan.steps {
+                let PlanStep::Launch {
+                    program, args: a, ..
+                } = step
+                else {
+                    return Err(Error::Internal(
+                        "a copy between devices in a one-device plan".into(),
+                    ));
+                };
+                let start = args.len();
+                args.extend(a.iter().map(buffer));
+                ranges.push((program.id()?, start..args.len()));
+            }
+            let launches: Vec<tessel_ir::SequenceLaunch<'_>> = ranges
+                .iter()
+                .map(|(program, range)| (*program, &args[range.clone()]))
+                .collect();
+            backend.launch_sequence(plan.sequence, &launches, dims)?;
+            self.launched
+                .fetch_add(launches.len() as u64, Ordering::Relaxed);
+            return backend.synchronize(device.ordinal).map_err(Error::from);
+        }
         for step in &plan.steps {
             match step {
                 PlanStep::Launch {
@@ -907,6 +934,7 @@ mod tests {
                 outputs: plan.outputs.clone(),
                 fallback: Some(runner_up.clone()),
                 view: None,
+                sequence: tessel_ir::SequenceId::new(),
             };
             st.plans.insert(key.clone(), Arc::new(broken));
             (plan, runner_up)

@@ -81,6 +81,47 @@ fn mlp_over_five_batch_sizes_compiles_once() -> Result<()> {
     Ok(())
 }
 
+/// The same MLP at one size, realized six times with new inputs each time, the weights
+/// updated in place halfway: every realize after the first replays the cached plan (on
+/// CUDA as a recorded graph, replayed for as long as its buffers stay the same) and gives
+/// that round's values.
+#[test]
+fn replayed_plans_follow_new_inputs() -> Result<()> {
+    let (w1r, b1r, w2r) = (random(4, &[16, 32]), random(5, &[32]), random(6, &[32, 10]));
+    let (w1, b1, w2) = (
+        w1r.tensor(DType::F32),
+        b1r.tensor(DType::F32),
+        w2r.tensor(DType::F32),
+    );
+    let mut w2r = w2r;
+    for round in 0..6 {
+        if round == 3 {
+            w2r = random(7, &[32, 10]);
+            w2.assign(&w2r.tensor(DType::F32))?;
+            w2.realize()?;
+        }
+        let xr = random(20 + round, &[9, 16]);
+        let x = xr.tensor(DType::F32);
+        let probs = (&x.matmul(&w1)? + &b1)?.relu().matmul(&w2)?.softmax(-1)?;
+        let report = Tensor::realize_all(&[&probs])?;
+        if round > 0 && round != 3 {
+            assert_eq!(
+                report.kernels_prepared(),
+                0,
+                "round {round} compiled kernels"
+            );
+        }
+        let want = softmax_ref(&bias_relu_ref(&xr.matmul(&w1r), &b1r).matmul(&w2r));
+        assert_nd(
+            &format!("probs, round {round}"),
+            &Nd::of(&probs),
+            &want,
+            reduce_tol(DType::F32, 32),
+        );
+    }
+    Ok(())
+}
+
 /// Attention over a dynamic sequence length: `softmax(q kᵀ / √d) v` with the head
 /// split by a reshape through `-1`, at five lengths, compiling once.
 #[test]
