@@ -50,6 +50,7 @@
 //! |---|---|
 //! | `TESSEL_CUDA_DEVICE` | uses only the device of this ordinal (`0`, `1`, ...) |
 //! | `TESSEL_NVRTC_PATH` | the NVRTC library, or the folder holding it, to use instead of searching |
+//! | `TESSEL_CUDA_GRAPHS` | `off` launches every kernel on its own instead of replaying repeated plans as CUDA graphs |
 //! | `TESSEL_CACHE_DIR` | the cache root: compiled kernels go to its `cuda/` folder (default `$XDG_CACHE_HOME/tessel/cuda`, else `~/.cache/tessel/cuda`) |
 //! | `CUDA_PATH`, `CUDA_HOME` | CUDA toolkit roots searched for NVRTC |
 //!
@@ -74,6 +75,15 @@
 //!   kernel with `groups` blocks of `local` threads, the buffers' device pointers and then
 //!   the dims by value as arguments, and return; [`Backend::synchronize`] waits.
 //!   [`Backend::time`] brackets its launch with CUDA events on the stream.
+//! - **CUDA graphs**: [`Backend::launch_sequence`] (a cached plan's launches) launches
+//!   plainly on a sequence's first call; its second call records the launches from the
+//!   stream (cuBLAS calls and fills included) into a graph, and later calls with the same
+//!   buffers and dims replay it with one `cuGraphLaunch`. A recording is keyed by every
+//!   buffer's device pointer and size and the dims' values, so a replay runs exactly what
+//!   plain launches would; up to four recordings are kept per sequence. A capture the
+//!   driver refuses, or buffers that change on every call, leave the sequence on plain
+//!   launches. The stream is shared by every thread, so work is queued under a gate that a
+//!   capture holds exclusively. [`CudaStats::graph_launches`] counts replays.
 //! - **Vendor matmul**: [`Backend::vendor`] gives float [`Matmul`](tessel_ir::Matmul)s a program that calls
 //!   cuBLAS (`cublas{S,D}gemm`, `cublas{S,D}gemmStridedBatched` when `batch > 1`; for
 //!   `f16`/`bf16`, `cublasGemmEx`/`cublasGemmStridedBatchedEx` with `CUBLAS_COMPUTE_32F`,
