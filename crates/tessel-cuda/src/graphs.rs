@@ -240,6 +240,7 @@ impl CudaBackend {
         launches: &[SequenceLaunch<'_>],
         dims: &Bindings,
     ) -> Result<(GraphExec, Vec<(u64, usize)>), String> {
+        let started = std::time::Instant::now();
         let gate = dev
             .gate
             .write()
@@ -265,7 +266,14 @@ impl CudaBackend {
             GraphExec::new(&dev.ctx, &graph).map_err(|e| format!("cuGraphInstantiate failed: {e}"))
         });
         match exec {
-            Ok(exec) => Ok((exec, scratch)),
+            Ok(exec) => {
+                tracing::debug!(
+                    "tessel-cuda: {} launches recorded as a graph in {:.0} µs",
+                    launches.len(),
+                    started.elapsed().as_secs_f64() * 1e6
+                );
+                Ok((exec, scratch))
+            }
             Err(why) => {
                 // Nothing recorded ran, so the blocks are free now.
                 let mut pool = lock(&dev.pool);

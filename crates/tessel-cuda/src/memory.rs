@@ -4,11 +4,14 @@
 //! tensor program allocates and frees the same sizes over and over, so freed blocks go to
 //! a free list per size class and are handed out again. Reuse needs no synchronization:
 //! every command on a device goes to its one in-order stream, so whatever the new owner
-//! queues runs after everything the old owner queued. Cached blocks go back to the driver
+//! queues runs after everything the old owner queued. A class hands out its lowest free
+//! address first, so a loop that frees what it allocated gets the same blocks back on every
+//! iteration, whatever order it frees them in: the same device pointers, which CUDA graph
+//! recordings are keyed by (`graphs.rs`). Cached blocks go back to the driver
 //! when an allocation fails (then the allocation is retried once) or on
 //! [`CudaBackend::trim`](crate::CudaBackend::trim).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use cudarc::driver::result::DriverError;
 
@@ -29,7 +32,8 @@ pub(crate) fn size_class(bytes: usize) -> usize {
 /// Free blocks of one device, by size class.
 #[derive(Default)]
 pub(crate) struct Pool {
-    free: BTreeMap<usize, Vec<u64>>,
+    /// By class: the free blocks' addresses, lowest first.
+    free: BTreeMap<usize, BTreeSet<u64>>,
     /// Bytes held in `free`.
     pub(crate) cached_bytes: usize,
     /// Allocations answered from the free lists.
@@ -49,7 +53,7 @@ impl Pool {
         bytes: usize,
     ) -> Result<(u64, usize), DriverError> {
         let class = size_class(bytes);
-        if let Some(ptr) = self.free.get_mut(&class).and_then(Vec::pop) {
+        if let Some(ptr) = self.free.get_mut(&class).and_then(BTreeSet::pop_first) {
             self.cached_bytes -= class;
             self.reuses += 1;
             return Ok((ptr, class));
@@ -72,7 +76,7 @@ impl Pool {
 
     /// Keeps a block for reuse.
     pub(crate) fn release(&mut self, ptr: u64, class: usize) {
-        self.free.entry(class).or_default().push(ptr);
+        self.free.entry(class).or_default().insert(ptr);
         self.cached_bytes += class;
     }
 
