@@ -2,9 +2,11 @@
 //! device's stream once and replayed with one `cuGraphLaunch`, instead of one driver call
 //! per kernel, cuBLAS call and fill.
 //!
-//! A sequence's first call launches plainly: most plans run once, and recording costs more
-//! than it saves there. Its second call, and every later call whose buffers or dims match
-//! no recording kept, records: the launches are queued while the stream captures (holding
+//! A call whose buffers and dims match no recording kept launches plainly, unless one of the
+//! sequence's last [`PER_SEQUENCE`] calls had the same ones: then it records. So a plan run
+//! once costs nothing, nor does one whose buffers or dims change every call (a decoding
+//! step, whose cache grows); one run again on the same buffers records on its second call.
+//! Recording queues the launches while the stream captures (holding
 //! the device's submission gate exclusively, so no other thread's work joins the graph),
 //! the graph is instantiated, then launched. A recording replays only for the very buffers
 //! (device pointers and sizes) and dim values it was recorded with, so a replay runs
@@ -48,12 +50,14 @@ struct State {
 
 #[derive(Default)]
 struct Sequence {
-    calls: u64,
     last_used: u64,
     /// Never record again: a capture failed, or recordings go unused.
     plain: bool,
     /// Recordings evicted without a replay.
     wasted: u32,
+    /// Fingerprints of the buffers and dims of the last calls that matched no recording,
+    /// newest last.
+    recent: std::collections::VecDeque<u64>,
     /// Most recently used first, each with its replay count.
     recordings: Vec<(Arc<Recording>, u64)>,
 }
@@ -102,7 +106,6 @@ impl Graphs {
             }
         }
         let seq = st.sequences.entry(sequence).or_default();
-        seq.calls += 1;
         seq.last_used = now;
         if seq.plain {
             return Decision::Plain;
@@ -117,11 +120,16 @@ impl Graphs {
                 .insert(0, (Arc::clone(&recording), replays + 1));
             return Decision::Replay(recording);
         }
-        if seq.calls == 1 {
-            Decision::Plain
-        } else {
-            Decision::Record
+        let seen = fingerprint(key, dims);
+        if seq.recent.contains(&seen) {
+            seq.recent.retain(|&f| f != seen);
+            return Decision::Record;
         }
+        if seq.recent.len() == PER_SEQUENCE {
+            seq.recent.pop_front();
+        }
+        seq.recent.push_back(seen);
+        Decision::Plain
     }
 
     fn keep(&self, sequence: SequenceId, recording: Arc<Recording>) {
@@ -151,6 +159,15 @@ impl Graphs {
         seq.plain = true;
         seq.recordings.clear();
     }
+}
+
+/// A hash of a call's buffers and dims (the dims in any order).
+fn fingerprint(key: &[u64], dims: &Bindings) -> u64 {
+    use std::hash::BuildHasher;
+    let build = rustc_hash::FxBuildHasher;
+    dims.iter().fold(build.hash_one(key), |total, binding| {
+        total.wrapping_add(build.hash_one(binding))
+    })
 }
 
 impl CudaBackend {

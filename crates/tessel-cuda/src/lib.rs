@@ -76,9 +76,9 @@
 //!   the dims by value as arguments, and return; [`Backend::synchronize`] waits.
 //!   [`Backend::time`] brackets its launch with CUDA events on the stream.
 //! - **CUDA graphs**: [`Backend::launch_sequence`] (a cached plan's launches) launches
-//!   plainly on a sequence's first call; its second call records the launches from the
-//!   stream (cuBLAS calls and fills included) into a graph, and later calls with the same
-//!   buffers and dims replay it with one `cuGraphLaunch`. A recording is keyed by every
+//!   plainly on a call with buffers and dims it has not seen lately; the next call with the
+//!   same ones records the launches from the stream (cuBLAS calls and fills included) into
+//!   a graph, and later calls with them replay it with one `cuGraphLaunch`. A recording is keyed by every
 //!   buffer's device pointer and size and the dims' values, so a replay runs exactly what
 //!   plain launches would; up to four recordings are kept per sequence. A capture the
 //!   driver refuses, or buffers that change on every call, leave the sequence on plain
