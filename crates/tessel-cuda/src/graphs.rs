@@ -304,12 +304,14 @@ impl CudaBackend {
 }
 
 /// Whether launch sequences the runtime repeats run as CUDA graphs (`$TESSEL_CUDA_GRAPHS`:
-/// `on`, `off`).
+/// `on`, `off`). Off by default until graphs are measured faster on the models bench: the
+/// one GPU measurement so far (benches/README.md, session 27) is of an earlier version that
+/// recorded anew on every call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum CudaGraphs {
-    /// Recorded on their second call and replayed (see the crate docs).
-    #[default]
+    /// Recorded once their buffers and dims repeat, then replayed (see the crate docs).
     On,
     /// Every launch queued on its own.
+    #[default]
     Off,
 }

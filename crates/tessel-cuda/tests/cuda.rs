@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tessel_cuda::{CudaBackend, CudaConfig, GeneratedMatmul};
+use tessel_cuda::{CudaBackend, CudaConfig, CudaGraphs, GeneratedMatmul};
 use tessel_ir::{
     Access, Backend, BackendError, DeviceInfo, KernelBuilder, Matmul, MatmulSizes, ProgramId,
     VendorOp, VendorProgram, samples,
@@ -19,12 +19,13 @@ use tessel_testkit::{Check, Conformance, Op, Rng, Tolerance, decode, encode};
 
 /// One backend for the whole test binary (compiles are what take time, and its module cache
 /// is shared this way). It offers the generated tensor-core matmul next to cuBLAS, so the
-/// matmul tests check both.
+/// matmul tests check both, and replays repeated launch sequences as CUDA graphs.
 fn backend() -> &'static CudaBackend {
     static BACKEND: OnceLock<CudaBackend> = OnceLock::new();
     BACKEND.get_or_init(|| {
         CudaBackend::with_config(CudaConfig {
             generated_matmul: GeneratedMatmul::Always,
+            graphs: CudaGraphs::On,
             ..CudaConfig::from_env()
         })
     })
