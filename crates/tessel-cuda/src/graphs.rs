@@ -315,3 +315,68 @@ pub enum CudaGraphs {
     #[default]
     Off,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Decision, Graphs, PER_SEQUENCE};
+    use tessel_ir::SequenceId;
+    use tessel_shape::{Bindings, Var};
+
+    fn decisions(graphs: &Graphs, sequence: SequenceId, calls: &[(&[u64], &Bindings)]) -> String {
+        calls
+            .iter()
+            .map(|(key, dims)| match graphs.decide(sequence, key, dims) {
+                Decision::Replay(_) => 'R',
+                Decision::Plain => 'p',
+                Decision::Record => 'r',
+            })
+            .collect()
+    }
+
+    /// Without a recording kept (none can be made without a GPU), a call records exactly
+    /// when its buffers and dims repeat one of the sequence's last four unmatched calls.
+    #[test]
+    fn a_sequence_records_only_what_repeats() {
+        let graphs = Graphs::default();
+        let n = Var::new("graphs_n", 1, 1 << 20).unwrap();
+        let none = Bindings::new();
+        let (one, two) = (Bindings::new().with(n, 1), Bindings::new().with(n, 2));
+        let (a, b): (&[u64], &[u64]) = (&[7, 1, 0x1000, 64], &[7, 1, 0x2000, 64]);
+        // The same buffers twice: plain, then record.
+        assert_eq!(
+            decisions(&graphs, SequenceId::new(), &[(a, &none), (a, &none)]),
+            "pr"
+        );
+        // Alternating buffers: each records on its second sighting.
+        assert_eq!(
+            decisions(
+                &graphs,
+                SequenceId::new(),
+                &[(a, &none), (b, &none), (a, &none), (b, &none)]
+            ),
+            "pprr"
+        );
+        // A dim that changes every call (a decoding step) never records.
+        let growing: Vec<Bindings> = (1..=12).map(|v| Bindings::new().with(n, v)).collect();
+        let calls: Vec<(&[u64], &Bindings)> = growing.iter().map(|d| (a, d)).collect();
+        assert_eq!(
+            decisions(&graphs, SequenceId::new(), &calls),
+            "p".repeat(12)
+        );
+        // Dims count as much as buffers; sequences are separate.
+        let s = SequenceId::new();
+        assert_eq!(
+            decisions(&graphs, s, &[(a, &one), (a, &two), (a, &one)]),
+            "ppr"
+        );
+        assert_eq!(decisions(&graphs, SequenceId::new(), &[(a, &one)]), "p");
+        // Only the last PER_SEQUENCE calls are remembered.
+        let keys: Vec<[u64; 1]> = (0..=PER_SEQUENCE as u64).map(|k| [k]).collect();
+        let mut calls: Vec<(&[u64], &Bindings)> = keys.iter().map(|k| (&k[..], &none)).collect();
+        calls.push((&keys[0][..], &none));
+        assert_eq!(
+            decisions(&graphs, SequenceId::new(), &calls),
+            "p".repeat(PER_SEQUENCE + 2)
+        );
+    }
+}
