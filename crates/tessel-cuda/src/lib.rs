@@ -50,7 +50,7 @@
 //! |---|---|
 //! | `TESSEL_CUDA_DEVICE` | uses only the device of this ordinal (`0`, `1`, ...) |
 //! | `TESSEL_NVRTC_PATH` | the NVRTC library, or the folder holding it, to use instead of searching |
-//! | `TESSEL_CUDA_GRAPHS` | `on` replays repeated plans as CUDA graphs (default `off`: every kernel launched on its own) |
+//! | `TESSEL_CUDA_GRAPHS` | `off` launches every kernel on its own (default `on`: repeated plans replay as CUDA graphs) |
 //! | `TESSEL_CACHE_DIR` | the cache root: compiled kernels go to its `cuda/` folder (default `$XDG_CACHE_HOME/tessel/cuda`, else `~/.cache/tessel/cuda`) |
 //! | `CUDA_PATH`, `CUDA_HOME` | CUDA toolkit roots searched for NVRTC |
 //!
@@ -75,7 +75,7 @@
 //!   kernel with `groups` blocks of `local` threads, the buffers' device pointers and then
 //!   the dims by value as arguments, and return; [`Backend::synchronize`] waits.
 //!   [`Backend::time`] brackets its launch with CUDA events on the stream.
-//! - **CUDA graphs** (opt-in, [`CudaConfig::graphs`]): [`Backend::launch_sequence`] (a
+//! - **CUDA graphs** (on by default, [`CudaConfig::graphs`]): [`Backend::launch_sequence`] (a
 //!   cached plan's launches) launches
 //!   plainly on a call with buffers and dims it has not seen lately; the next call with the
 //!   same ones records the launches from the stream (cuBLAS calls and fills included) into
@@ -167,7 +167,7 @@ pub struct CudaConfig {
     pub nvrtc_path: Option<PathBuf>,
     /// Which products get the generated tensor-core matmul as well.
     pub generated_matmul: GeneratedMatmul,
-    /// Whether repeated launch sequences run as CUDA graphs (default: off).
+    /// Whether repeated launch sequences run as CUDA graphs (default: on).
     pub graphs: CudaGraphs,
 }
 
@@ -225,12 +225,12 @@ impl CudaConfig {
             _ => GeneratedMatmul::Fallback,
         };
         let graphs = match std::env::var("TESSEL_CUDA_GRAPHS") {
-            Ok(v) if matches!(v.trim(), "on" | "1") => CudaGraphs::On,
-            Ok(v) if !matches!(v.trim(), "" | "off" | "0") => {
-                tracing::warn!("tessel-cuda: TESSEL_CUDA_GRAPHS={v} is not on or off; using off");
-                CudaGraphs::Off
+            Ok(v) if matches!(v.trim(), "off" | "0") => CudaGraphs::Off,
+            Ok(v) if !matches!(v.trim(), "" | "on" | "1") => {
+                tracing::warn!("tessel-cuda: TESSEL_CUDA_GRAPHS={v} is not on or off; using on");
+                CudaGraphs::On
             }
-            _ => CudaGraphs::Off,
+            _ => CudaGraphs::On,
         };
         CudaConfig {
             device,
