@@ -11,6 +11,7 @@
 //! into a leaf in place and drops its children, so the graph never grows with history.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -135,6 +136,54 @@ pub enum Op {
     Custom(Arc<CustomKernel>, Box<[NodeId]>),
 }
 
+/// The operands of an [`Op`], in order ([`Op::operands`]).
+#[derive(Clone, Debug)]
+pub struct Operands<'a> {
+    fixed: [NodeId; 3],
+    len: u8,
+    next: u8,
+    rest: std::slice::Iter<'a, NodeId>,
+}
+
+impl Iterator for Operands<'_> {
+    type Item = NodeId;
+
+    fn next(&mut self) -> Option<NodeId> {
+        if self.next < self.len {
+            self.next += 1;
+            return Some(self.fixed[usize::from(self.next - 1)]);
+        }
+        self.rest.next().copied()
+    }
+}
+
+/// An [`Op`] without its operands ([`Op::payload`]): one variant per variant of `Op`,
+/// named alike, holding what that variant holds besides operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum Payload<'a> {
+    Leaf,
+    Const(&'a Scalar),
+    Index(usize),
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Ternary(TernaryOp),
+    Cast,
+    Bitcast,
+    Reshape,
+    Permute(&'a [usize]),
+    Expand,
+    Pad(&'a [(Dim, Dim)], &'a Scalar),
+    Shrink(&'a [(Dim, Dim)]),
+    Flip(&'a [usize]),
+    Reduce(ReduceOp, &'a [usize]),
+    Gather(usize),
+    Scatter(AtomicOp, usize),
+    Argsort,
+    Random(Words),
+    Custom(&'a Arc<CustomKernel>),
+}
+
 /// The longest row an [`Op::Argsort`] sorts: its keys and positions fit a workgroup's
 /// local memory (12 KiB with 64-bit keys, under WGSL's default 16 KiB).
 pub const ARGSORT_ROW_MAX: usize = 1024;
@@ -142,8 +191,15 @@ pub const ARGSORT_ROW_MAX: usize = 1024;
 impl Op {
     /// The operand nodes, in order.
     pub fn children(&self) -> Vec<NodeId> {
-        match self {
-            Op::Leaf(_) | Op::Const(_) | Op::Index(_) => vec![],
+        self.operands().collect()
+    }
+
+    /// The operand nodes, in order, without allocating (the recording and replay paths
+    /// walk every node).
+    pub fn operands(&self) -> Operands<'_> {
+        let none = NodeId(0);
+        let (fixed, len, rest): ([NodeId; 3], u8, &[NodeId]) = match self {
+            Op::Leaf(_) | Op::Const(_) | Op::Index(_) => ([none; 3], 0, &[]),
             Op::Unary(_, a)
             | Op::Cast(a)
             | Op::Bitcast(a)
@@ -155,10 +211,46 @@ impl Op {
             | Op::Flip(a, _)
             | Op::Argsort(a)
             | Op::Random(a, _)
-            | Op::Reduce(_, a, _) => vec![*a],
-            Op::Binary(_, a, b) | Op::Gather(a, b, _) | Op::Scatter(_, a, b, _) => vec![*a, *b],
-            Op::Ternary(_, a, b, c) => vec![*a, *b, *c],
-            Op::Custom(_, inputs) => inputs.to_vec(),
+            | Op::Reduce(_, a, _) => ([*a, none, none], 1, &[]),
+            Op::Binary(_, a, b) | Op::Gather(a, b, _) | Op::Scatter(_, a, b, _) => {
+                ([*a, *b, none], 2, &[])
+            }
+            Op::Ternary(_, a, b, c) => ([*a, *b, *c], 3, &[]),
+            Op::Custom(_, inputs) => ([none; 3], 0, inputs),
+        };
+        Operands {
+            fixed,
+            len,
+            next: 0,
+            rest: rest.iter(),
+        }
+    }
+
+    /// What the op is apart from its operands: two nodes with equal payloads, dtypes and
+    /// shapes, whose operands are equal in turn, compute the same value. A leaf's payload
+    /// leaves out which buffer it is.
+    pub fn payload(&self) -> Payload<'_> {
+        match self {
+            Op::Leaf(_) => Payload::Leaf,
+            Op::Const(v) => Payload::Const(v),
+            Op::Index(axis) => Payload::Index(*axis),
+            Op::Unary(u, _) => Payload::Unary(*u),
+            Op::Binary(b, ..) => Payload::Binary(*b),
+            Op::Ternary(t, ..) => Payload::Ternary(*t),
+            Op::Cast(_) => Payload::Cast,
+            Op::Bitcast(_) => Payload::Bitcast,
+            Op::Reshape(_) => Payload::Reshape,
+            Op::Permute(_, perm) => Payload::Permute(perm),
+            Op::Expand(_) => Payload::Expand,
+            Op::Pad(_, pads, value) => Payload::Pad(pads, value),
+            Op::Shrink(_, ranges) => Payload::Shrink(ranges),
+            Op::Flip(_, axes) => Payload::Flip(axes),
+            Op::Reduce(r, _, axes) => Payload::Reduce(*r, axes),
+            Op::Gather(.., axis) => Payload::Gather(*axis),
+            Op::Scatter(op, .., axis) => Payload::Scatter(*op, *axis),
+            Op::Argsort(_) => Payload::Argsort,
+            Op::Random(_, words) => Payload::Random(*words),
+            Op::Custom(call, _) => Payload::Custom(call),
         }
     }
 
@@ -265,10 +357,34 @@ struct Slot {
     node: Node,
     /// Handles plus parents holding this node.
     refs: u32,
+    /// The node's hash: its key in `dedup`.
+    hash: u64,
+}
+
+/// The live ids whose nodes share one hash: one, unless hashes collide.
+enum Ids {
+    One(NodeId),
+    Many(Vec<NodeId>),
+}
+
+impl Ids {
+    fn iter(&self) -> impl Iterator<Item = NodeId> + '_ {
+        let (one, many): (Option<NodeId>, &[NodeId]) = match self {
+            Ids::One(id) => (Some(*id), &[]),
+            Ids::Many(ids) => (None, ids),
+        };
+        one.into_iter().chain(many.iter().copied())
+    }
+}
+
+fn hash_of(node: &Node) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    node.hash(&mut h);
+    h.finish()
 }
 
 /// The graph. See the module docs for its invariants:
-/// - every live node's structure maps to its id in `dedup` (leaves included: their
+/// - every live node's hash maps to its id in `dedup` (leaves included: their
 ///   `LeafId`s are unique, so they never merge);
 /// - a node's count equals its handles plus the live nodes naming it as an operand.
 #[derive(Default)]
@@ -277,8 +393,9 @@ pub struct Graph {
     slots: Vec<Option<Slot>>,
     /// Free slot ids, reused before the vector grows.
     free: Vec<u32>,
-    /// Node structure → id: the hash-consing table.
-    dedup: FxHashMap<Node, NodeId>,
+    /// Node hash → the live ids with that hash: the hash-consing table. Keyed by hash so
+    /// that removing a node neither hashes nor copies it.
+    dedup: FxHashMap<u64, Ids>,
 }
 
 impl Graph {
@@ -290,16 +407,18 @@ impl Graph {
     /// Adds a node (or finds the equal live one) and returns it with one new count held by
     /// the caller.
     pub fn add(&mut self, node: Node) -> NodeId {
-        if let Some(&id) = self.dedup.get(&node) {
+        let hash = hash_of(&node);
+        if let Some(id) = self.find(hash, &node) {
             self.retain(id);
             return id;
         }
-        for child in node.op.children() {
+        for child in node.op.operands() {
             self.retain(child);
         }
         let slot = Slot {
-            node: node.clone(),
+            node,
             refs: 1,
+            hash,
         };
         let id = if let Some(i) = self.free.pop() {
             self.slots[i as usize] = Some(slot);
@@ -308,8 +427,49 @@ impl Graph {
             self.slots.push(Some(slot));
             NodeId(u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 live nodes"))
         };
-        self.dedup.insert(node, id);
+        self.index(hash, id);
         id
+    }
+
+    /// The live node equal to `node`, whose hash is `hash`.
+    fn find(&self, hash: u64, node: &Node) -> Option<NodeId> {
+        self.dedup
+            .get(&hash)?
+            .iter()
+            .find(|&id| self.node(id) == node)
+    }
+
+    fn index(&mut self, hash: u64, id: NodeId) {
+        match self.dedup.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Ids::One(id));
+            }
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let ids = e.get_mut();
+                match ids {
+                    Ids::One(other) => *ids = Ids::Many(vec![*other, id]),
+                    Ids::Many(v) => v.push(id),
+                }
+            }
+        }
+    }
+
+    fn unindex(&mut self, hash: u64, id: NodeId) {
+        let std::collections::hash_map::Entry::Occupied(mut e) = self.dedup.entry(hash) else {
+            debug_assert!(false, "node {id:?} was not indexed");
+            return;
+        };
+        match e.get_mut() {
+            Ids::One(_) => {
+                e.remove();
+            }
+            Ids::Many(v) => {
+                v.retain(|&other| other != id);
+                if let [last] = v[..] {
+                    e.insert(Ids::One(last));
+                }
+            }
+        }
     }
 
     /// The node behind a live id.
@@ -346,12 +506,12 @@ impl Graph {
                 let slot = self.slots[id.0 as usize]
                     .take()
                     .expect("checked live above");
-                self.dedup.remove(&slot.node);
+                self.unindex(slot.hash, id);
                 self.free.push(id.0);
                 if let Op::Leaf(leaf) = slot.node.op {
                     freed.push(leaf);
                 }
-                stack.extend(slot.node.op.children());
+                stack.extend(slot.node.op.operands());
             }
         }
         freed
@@ -369,19 +529,21 @@ impl Graph {
             return vec![leaf];
         }
         let old = std::mem::replace(&mut slot.node.op, Op::Leaf(leaf));
-        let old_node = Node {
-            op: old.clone(),
-            dtype: slot.node.dtype,
-            shape: slot.node.shape.clone(),
-        };
-        let new_node = slot.node.clone();
+        let (old_hash, new_hash) = (slot.hash, hash_of(&slot.node));
+        slot.hash = new_hash;
         // The old structure would name operands that may now die and whose ids get reused.
-        self.dedup.remove(&old_node);
-        self.dedup.insert(new_node, id);
-        old.children()
-            .into_iter()
-            .flat_map(|c| self.release(c))
-            .collect()
+        self.unindex(old_hash, id);
+        self.index(new_hash, id);
+        let mut freed = Vec::new();
+        for c in old.operands() {
+            freed.extend(self.release(c));
+        }
+        freed
+    }
+
+    /// One past the largest id a live node may have: a bound for tables indexed by id.
+    pub fn id_bound(&self) -> usize {
+        self.slots.len()
     }
 
     /// The number of live nodes.
@@ -409,11 +571,13 @@ impl Graph {
                 continue;
             }
             stack.push((id, true));
-            for child in self.node(id).op.children().into_iter().rev() {
+            let first = stack.len();
+            for child in self.node(id).op.operands() {
                 if !seen.contains(&child) {
                     stack.push((child, false));
                 }
             }
+            stack[first..].reverse();
         }
         order
     }

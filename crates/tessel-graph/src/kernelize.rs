@@ -36,14 +36,15 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_ir::Kernel;
 use tessel_shape::{DType, Dim};
 
-use crate::graph::{Graph, LeafId, Node, NodeId, Op};
+use crate::graph::{Graph, LeafId, NodeId, Op};
 use crate::lower::{Cone, LowerMemo, Lowering, MIN_COOPERATIVE_EXTENT, Mode, lower_kernel};
+use crate::signature::signature;
 use crate::tune::{Knobs, Recipe};
 
 /// Where a kernel argument comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Slot {
-    /// The `k`-th leaf of the realized subgraph, in [`Signature`] order.
+    /// The `k`-th leaf of the realized subgraph, in [`Signature`](crate::Signature) order.
     Input(usize),
     /// The value of a materialized node, written by one kernel of the schedule.
     Node(NodeId),
@@ -73,48 +74,6 @@ pub struct Schedule {
     pub kernels: Vec<ScheduledKernel>,
     /// Every materialized node: its dtype and number of elements.
     pub buffers: Vec<(NodeId, DType, Dim)>,
-}
-
-/// A structural key of the subgraph behind some targets: equal keys mean the same
-/// computation on (possibly) different leaf data, so a cached schedule can be replayed.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Signature {
-    /// Each node with operands renumbered by position and leaves by first appearance.
-    nodes: Vec<Node>,
-    /// Positions of the targets.
-    targets: Vec<u32>,
-}
-
-/// The signature of `targets`, and the leaves in the order [`Slot::Input`] numbers them.
-pub fn signature(graph: &Graph, targets: &[NodeId]) -> (Signature, Vec<LeafId>) {
-    let order = graph.toposort(targets);
-    let pos: FxHashMap<NodeId, u32> = order
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| (n, i as u32))
-        .collect();
-    let mut leaves = Vec::new();
-    let nodes = order
-        .iter()
-        .map(|&id| {
-            let node = graph.node(id);
-            let remap = |c: &NodeId| NodeId(pos[c]);
-            let op = match &node.op {
-                Op::Leaf(leaf) => {
-                    leaves.push(*leaf);
-                    Op::Leaf(LeafId(leaves.len() as u64 - 1))
-                }
-                other => renumber(other, remap),
-            };
-            Node {
-                op,
-                dtype: node.dtype,
-                shape: node.shape.clone(),
-            }
-        })
-        .collect();
-    let targets = targets.iter().map(|t| pos[t]).collect();
-    (Signature { nodes, targets }, leaves)
 }
 
 pub(crate) fn renumber(op: &Op, f: impl Fn(&NodeId) -> NodeId) -> Op {

@@ -36,6 +36,7 @@ pub mod kernelize;
 mod lower;
 pub mod placement;
 pub mod random;
+pub mod signature;
 pub mod spec;
 pub mod tune;
 pub mod vendor;
@@ -45,11 +46,11 @@ pub use custom::CustomKernel;
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{ARGSORT_ROW_MAX, Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{
-    KernelizeError, SHARED_MIN_OPS, Schedule, ScheduledKernel, Signature, Slot, kernelize,
-    kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, signature,
-    views_to_split,
+    KernelizeError, SHARED_MIN_OPS, Schedule, ScheduledKernel, Slot, kernelize,
+    kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, views_to_split,
 };
 pub use random::{Philox, Words};
+pub use signature::{Signature, Walk, signature};
 pub use spec::{KernelSpec, ScheduleError, SpecAccess};
 pub use tessel_ir::AtomicOp;
 pub use tune::{Knobs, Search};

@@ -18,6 +18,7 @@ mod measure;
 mod plan_cache;
 mod plan_view;
 mod planner;
+mod plans;
 mod precision;
 mod program;
 mod progress;

@@ -5,19 +5,18 @@
 //! while nodes are added or released and while a realize kernelizes and binds buffers; it
 //! is **not** held while kernels compile or run, so other threads keep recording ops.
 //!
-//! Realizing some tensors: the subgraph behind them gets a structural [`Signature`]; a
+//! Realizing some tensors: the subgraph behind them gets a structural [`Signature`](tessel_graph::Signature); a
 //! cached [`Plan`] for that signature (kernels compiled for the device, buffer slots)
 //! replays with no kernelization and no compilation. Outputs become leaves, so the graph
 //! never grows with history. Plans are evicted first in, first out beyond
 //! [`PLAN_CACHE_LIMIT`], releasing their programs.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use rustc_hash::FxHashMap;
-use tessel_graph::{Graph, LeafId, Node, NodeId, Op, Signature, signature};
+use tessel_graph::{Graph, LeafId, Node, NodeId, Op, Walk};
 use tessel_ir::{Backend, BufferId};
 use tessel_shape::{Bindings, DType, Shape};
 
@@ -27,8 +26,9 @@ use crate::host::HostBytes;
 use crate::measure;
 use crate::plan_cache::{self, StoredPlan};
 use crate::planner::{self, Place, Plan, PlanSlot, PlanStep};
-use crate::precision::{Float32MatmulPrecision, float32_matmul_precision};
-use crate::tuning::{Tuning, tuning};
+use crate::plans::{PlanKey, Plans};
+use crate::precision::float32_matmul_precision;
+use crate::tuning::tuning;
 
 /// Plans kept per runtime before the oldest is evicted.
 pub const PLAN_CACHE_LIMIT: usize = 512;
@@ -50,17 +50,12 @@ pub struct State {
     pub graph: Graph,
     leaves: FxHashMap<LeafId, LeafData>,
     next_leaf: u64,
-    plans: FxHashMap<PlanKey, Arc<Plan>>,
-    plan_order: VecDeque<PlanKey>,
+    plans: Plans,
     /// The recorded structure of realized one-element float tensors (losses), keeping their
     /// operands alive, so that a loss read before its gradient is taken is still
     /// differentiable (`tessel_tensor::grad` starts from it). Dropped with the leaf.
     history: FxHashMap<LeafId, Node>,
 }
-
-/// A plan's cache key: the graph's structure and the device it runs on.
-/// A plan per graph signature, device and `f32` matmul precision (its routines differ).
-type PlanKey = (Signature, Device, Float32MatmulPrecision, Tuning);
 
 /// [`Runtime::plan_for`]'s plan, with the lock it was checked under, the leaves it reads
 /// and its key.
@@ -183,8 +178,7 @@ impl Runtime {
                 graph: Graph::new(),
                 leaves: FxHashMap::default(),
                 next_leaf: 0,
-                plans: FxHashMap::default(),
-                plan_order: VecDeque::new(),
+                plans: Plans::default(),
                 history: FxHashMap::default(),
             }),
             backends,
@@ -240,7 +234,6 @@ impl Runtime {
     pub fn clear_plans(&self) {
         let mut st = self.lock();
         st.plans.clear();
-        st.plan_order.clear();
     }
 
     /// Adds a node; the caller owns one count.
@@ -359,11 +352,11 @@ impl Runtime {
         })
     }
 
-    /// Fails if some leaf under `targets` holds a different number of bytes than its
+    /// Fails if some leaf of `walk` holds a different number of bytes than its
     /// shape names under `dims`: tensors with disagreeing dynamic-dim values were combined
     /// by an op that could not check them.
-    fn check_leaf_sizes(st: &State, targets: &[NodeId], dims: &Bindings) -> Result<()> {
-        for n in st.graph.toposort(targets) {
+    fn check_leaf_sizes(st: &State, walk: &Walk, dims: &Bindings) -> Result<()> {
+        for &n in walk.order() {
             let node = st.graph.node(n);
             let Op::Leaf(leaf) = node.op else {
                 continue;
@@ -434,14 +427,17 @@ impl Runtime {
         let mut from_disk = stored_ok && plan_cache::enabled();
         loop {
             let st = self.lock();
-            let (sig, leaves) = signature(&st.graph, targets);
+            let walk = Walk::new(&st.graph, targets);
+            if !dims.is_empty() {
+                Self::check_leaf_sizes(&st, &walk, dims)?;
+            }
             let precision = float32_matmul_precision();
             let tuning = tuning();
-            let key = (sig, device, precision, tuning);
-            if let Some(plan) = st.plans.get(&key) {
-                let plan = plan.clone();
-                return Ok((st, plan, leaves, key));
+            if let Some((key, plan)) = st.plans.find(&st.graph, &walk, device, precision, tuning) {
+                return Ok((st, plan, walk.into_leaves(), key));
             }
+            let key = (walk.signature(&st.graph), device, precision, tuning);
+            let leaves = walk.into_leaves();
             let devices = planner::placement_devices(device);
             let started = Instant::now();
             let parts =
@@ -511,34 +507,22 @@ impl Runtime {
             let mut st = self.lock();
             // Another thread may have realized part of this subgraph meanwhile; the plan is
             // still right for the structure it was built for, but not for the graph now.
-            let (sig_now, _) = signature(&st.graph, targets);
-            if sig_now != key.0 {
+            if !Walk::new(&st.graph, targets).matches(&st.graph, &key.0) {
                 continue;
             }
-            if st.plans.len() >= PLAN_CACHE_LIMIT
-                && let Some(old) = st.plan_order.pop_front()
-            {
-                st.plans.remove(&old);
-            }
-            st.plan_order.push_back(key.clone());
             st.plans.insert(key.clone(), plan.clone());
             return Ok((st, plan, leaves, key));
         }
     }
 
-    /// The nodes among `nodes` that are not computed yet (not leaves), after checking that
-    /// the inputs they read hold as many elements as `dims` gives them.
-    fn to_compute(&self, nodes: &[NodeId], dims: &Bindings) -> Result<Vec<NodeId>> {
+    /// The nodes among `nodes` that are not computed yet (not leaves).
+    fn to_compute(&self, nodes: &[NodeId]) -> Vec<NodeId> {
         let st = self.lock();
-        let targets: Vec<NodeId> = nodes
+        nodes
             .iter()
             .copied()
             .filter(|&n| !matches!(st.graph.node(n).op, Op::Leaf(_)))
-            .collect();
-        if !targets.is_empty() && !dims.is_empty() {
-            Self::check_leaf_sizes(&st, &targets, dims)?;
-        }
-        Ok(targets)
+            .collect()
     }
 
     /// The plan for `nodes` on `device` and what it was chosen from, in Graphviz DOT
@@ -549,7 +533,7 @@ impl Runtime {
         device: Device,
         dims: &Bindings,
     ) -> Result<Option<String>> {
-        let targets = self.to_compute(nodes, dims)?;
+        let targets = self.to_compute(nodes);
         if targets.is_empty() {
             return Ok(None);
         }
@@ -567,7 +551,7 @@ impl Runtime {
         dims: &Bindings,
     ) -> Result<RealizeReport> {
         let backend = self.backend(device)?;
-        let targets = self.to_compute(nodes, dims)?;
+        let targets = self.to_compute(nodes);
         if targets.is_empty() {
             return Ok(RealizeReport::default());
         }
@@ -866,6 +850,7 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Float32MatmulPrecision;
     use crate::program::Program;
     use crate::test_graph::{matmul, random_leaf, values};
 
@@ -886,7 +871,7 @@ mod tests {
         let key = {
             let st = runtime().lock();
             (
-                signature(&st.graph, &[c]).0,
+                tessel_graph::signature(&st.graph, &[c]).0,
                 device,
                 Float32MatmulPrecision::Highest,
                 tuning(),
@@ -894,7 +879,7 @@ mod tests {
         };
         let (plan, runner_up) = {
             let mut st = runtime().lock();
-            let plan = st.plans[&key].clone();
+            let plan = st.plans.get(&key).expect("the plan just realized").clone();
             let runner_up = plan
                 .fallback
                 .clone()
@@ -950,7 +935,7 @@ mod tests {
         assert!(worst < 1e-4, "the runner-up's product is off by {worst}");
         let st = runtime().lock();
         assert!(
-            Arc::ptr_eq(&st.plans[&key], &runner_up),
+            Arc::ptr_eq(st.plans.get(&key).expect("a plan"), &runner_up),
             "the runner-up replaces the failed plan"
         );
         drop((st, plan));
@@ -990,6 +975,7 @@ mod placement_tests {
     use super::*;
     use crate::planner::{self, PlanDevice};
     use crate::test_graph::{constant, matmul, node, random_leaf, values};
+    use crate::{Float32MatmulPrecision, Tuning};
     use tessel_graph::placement::Step;
 
     /// A plan that runs every kernel on a second device (another backend when one is
@@ -1022,7 +1008,7 @@ mod placement_tests {
         let rt = runtime();
         let st = rt.lock();
         let targets = [c];
-        let (sig, leaves) = signature(&st.graph, &targets);
+        let (sig, leaves) = tessel_graph::signature(&st.graph, &targets);
         let parts = planner::partition(
             &st.graph,
             &targets,

@@ -28,7 +28,7 @@ use tracing::debug;
 use super::rules::transposed_product;
 use super::{Budget, ClassId, EGraph, ENode, Extraction, SaturationReport, rules, static_cost};
 use crate::graph::{Graph, NodeId, Op};
-use crate::kernelize::signature;
+use crate::signature::signature;
 use crate::vendor::{find_matmuls, swaps_last_two};
 
 /// One form of the subgraph: a graph whose every node names its e-class.
