@@ -305,7 +305,7 @@ impl CudaBackend {
 
 /// Whether launch sequences the runtime repeats run as CUDA graphs (`$TESSEL_CUDA_GRAPHS`:
 /// `on`, `off`). On by default: on an H100 they made the GPT-2 block, GPT-2's bf16 forward
-/// and an MLP's AdamW step faster (benches/README.md).
+/// and an MLP's `AdamW` step faster (benches/README.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum CudaGraphs {
     /// Recorded once their buffers and dims repeat, then replayed (see the crate docs).

@@ -54,4 +54,4 @@ pub use signature::{Signature, Walk, signature};
 pub use spec::{KernelSpec, ScheduleError, SpecAccess};
 pub use tessel_ir::AtomicOp;
 pub use tune::{Knobs, Search};
-pub use vendor::{VendorMatch, find_matmuls, materialized_for};
+pub use vendor::{VendorMatch, find_matmuls, find_plain_matmuls, materialized_for};

@@ -36,16 +36,29 @@ pub struct VendorMatch {
 
 /// Every matrix product among `order` (a topological order of the realized subgraph).
 pub fn find_matmuls(graph: &Graph, order: &[NodeId]) -> Vec<VendorMatch> {
+    matmuls_in(graph, order, true)
+}
+
+/// [`find_matmuls`] without the products' epilogues: all that
+/// [`attention_nodes`](crate::attention_nodes) reads, for less work (autograd looks for
+/// attentions on every `grad`).
+pub fn find_plain_matmuls(graph: &Graph, order: &[NodeId]) -> Vec<VendorMatch> {
+    matmuls_in(graph, order, false)
+}
+
+fn matmuls_in(graph: &Graph, order: &[NodeId], with_epilogues: bool) -> Vec<VendorMatch> {
     let mut consumers: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
     for &n in order {
-        for c in graph.node(n).op.children() {
+        for c in graph.node(n).op.operands() {
             consumers.entry(c).or_default().push(n);
         }
     }
     let mut found = Vec::new();
     for &n in order {
         if let Some(plain) = match_matmul(graph, n, &consumers) {
-            found.extend(epilogues(graph, &plain, &consumers));
+            if with_epilogues {
+                found.extend(epilogues(graph, &plain, &consumers));
+            }
             found.push(plain);
         }
     }

@@ -18,7 +18,7 @@ mod attention;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_graph::{
-    AtomicOp, AttentionNodes, Node, NodeId, Op, ReduceOp, attention_nodes, find_matmuls,
+    AtomicOp, AttentionNodes, Node, NodeId, Op, ReduceOp, attention_nodes, find_plain_matmuls,
 };
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, Shape, TernaryOp, UnaryOp};
 
@@ -154,7 +154,7 @@ impl Tape {
                 };
                 nodes.insert(id, node);
             }
-            let matmuls = find_matmuls(&st.graph, &order);
+            let matmuls = find_plain_matmuls(&st.graph, &order);
             let attentions: FxHashMap<NodeId, AttentionNodes> =
                 attention_nodes(&st.graph, &matmuls)
                     .into_iter()
