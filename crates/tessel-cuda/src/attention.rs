@@ -21,7 +21,7 @@ use crate::ffi::{ArgSlot, Module};
 use crate::{CudaBackend, Program, Timing, queue_timed};
 
 /// The kernel text, configured by the macros [`source`] prepends.
-const TEMPLATE: &str = include_str!("attention.cu");
+pub(crate) const TEMPLATE: &str = include_str!("attention.cu");
 
 /// The kernel's entry point.
 const ENTRY: &str = "tessel_attention";

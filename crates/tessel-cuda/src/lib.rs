@@ -125,6 +125,7 @@
 //! (PyTorch's default for matmul too).
 
 mod attention;
+mod attention_backward;
 mod device;
 mod ffi;
 mod graphs;
@@ -298,6 +299,7 @@ enum Program {
     Kernel(KernelProgram),
     Matmul(MatmulProgram),
     Attention(attention::AttentionProgram),
+    AttentionBackward(attention_backward::AttentionBackwardProgram),
 }
 
 impl Program {
@@ -307,6 +309,7 @@ impl Program {
             Program::Kernel(kernel) => &kernel.device,
             Program::Matmul(matmul) => matmul.device(),
             Program::Attention(attention) => attention.device(),
+            Program::AttentionBackward(backward) => backward.device(),
         }
     }
 }
@@ -572,6 +575,9 @@ impl CudaBackend {
             Program::Matmul(matmul) => self.enqueue_matmul(matmul, buffers, dims, timed),
             Program::Attention(attention) => {
                 self.enqueue_attention(attention, buffers, dims, timed)
+            }
+            Program::AttentionBackward(backward) => {
+                self.enqueue_attention_backward(backward, buffers, dims, timed)
             }
         }
     }
@@ -932,6 +938,7 @@ impl Backend for CudaBackend {
             Program::Kernel(kernel) => kernel.origin,
             Program::Matmul(matmul) => matmul.origin(),
             Program::Attention(attention) => attention.origin(),
+            Program::AttentionBackward(backward) => backward.origin(),
         })
     }
 
@@ -944,13 +951,17 @@ impl Backend for CudaBackend {
     /// cuBLAS handle is made here, on first use.
     ///
     /// An [`Attention`](tessel_ir::Attention) gets the fused kernel (`attention.rs`) where
-    /// its head dim and dtype allow, else nothing; its backward has no program of its own
-    /// (the portable kernels run it).
+    /// its head dim and dtype allow, else nothing; each piece of its backward
+    /// ([`AttentionBackward`](tessel_ir::AttentionBackward)) gets the fused kernel of
+    /// `attention_backward.rs` in f16/bf16 without a mask or dropout, head dims up to 64,
+    /// else nothing (the portable kernels run it).
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Vec<VendorProgram>, BackendError> {
         match op {
             VendorOp::Matmul(matmul) => self.matmul_programs(device, matmul),
             VendorOp::Attention(attention) => self.attention_programs(device, attention),
-            VendorOp::AttentionBackward(_) => Ok(Vec::new()),
+            VendorOp::AttentionBackward(backward) => {
+                self.attention_backward_programs(device, backward)
+            }
         }
     }
 

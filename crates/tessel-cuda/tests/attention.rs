@@ -1,13 +1,15 @@
 //! The fused attention kernel ([`Backend::vendor`] on a [`VendorOp::Attention`]) against
 //! [`Attention::reference`] in `f64`: odd lengths (no multiple of a tile), causal or not,
 //! more queries than keys and the reverse, batch strides of 0 (one `k`/`v` for every
-//! pair), grouped-query heads, additive masks with broadcast strides, a dynamic length, every dtype it runs, and the head dims it has registers for.
+//! pair), grouped-query heads, additive masks with broadcast strides, a dynamic length, every dtype it runs, and the head dims it has registers for;
+//! the fused backward pieces ([`VendorOp::AttentionBackward`]) against
+//! [`AttentionBackward::reference`](tessel_ir::AttentionBackward::reference) likewise.
 //! Without a GPU (or below compute capability 8.0) every test passes after a skip line.
 
 use tessel_cuda::CudaBackend;
 use tessel_ir::{Attention, AttentionMask, Backend, VendorOp};
 use tessel_shape::{Bindings, DType, Dim, Var};
-use tessel_testkit::{attention_op, check_attention};
+use tessel_testkit::{attention_op, check_attention, check_attention_backward};
 
 /// The devices that run the kernel, or none after a skip line.
 fn devices(cuda: &CudaBackend, test: &str) -> Vec<usize> {
@@ -139,5 +141,55 @@ fn one_fused_program_serves_every_length() {
                 assert!(check(&cuda, device, &op, &dims), "{op} at t = {len}");
             }
         }
+    }
+}
+
+/// The fused backward's four pieces (log-sum-exps, `dq`, `dk` transposed, `dv`) in `bf16`
+/// and `f16`: odd lengths, causal or not, more queries than keys and the reverse,
+/// grouped-query heads, a dynamic length; within `2⁻⁷` of each result's largest value.
+#[test]
+fn fused_attention_backward_matches_the_reference() {
+    let cuda = CudaBackend::new();
+    let test = "fused_attention_backward_matches_the_reference";
+    let fused = |device: usize, op: &Attention, dims: &Bindings| {
+        check_attention_backward(&cuda, device, op, dims, |piece, _| {
+            let programs = cuda
+                .vendor(device, &VendorOp::AttentionBackward(piece.clone()))
+                .unwrap();
+            assert!(programs.len() <= 1);
+            programs.first().map(|p| p.program)
+        })
+    };
+    for device in devices(&cuda, test) {
+        let none = Bindings::new();
+        for (dtype, sizes, causal) in [
+            (DType::BF16, [3, 37, 53, 64], true),
+            (DType::BF16, [2, 70, 45, 64], false),
+            (DType::F16, [2, 130, 130, 32], true),
+            (DType::BF16, [2, 129, 200, 16], false),
+            (DType::BF16, [4, 200, 70, 64], true),
+        ] {
+            let op = attention_op(dtype, sizes, causal, [false; 2]);
+            assert_eq!(fused(device, &op, &none), 4, "{op}");
+        }
+        let mut op = attention_op(DType::BF16, [6, 40, 70, 32], true, [false; 2]);
+        op.kv_group = 3.into();
+        assert_eq!(fused(device, &op, &none), 4, "{op}");
+        let t = Var::new("t", 1, 4096).unwrap();
+        let mut op = attention_op(DType::BF16, [3, 1, 1, 64], true, [false; 2]);
+        op.l = t.into();
+        op.s = t.into();
+        op.q_batch_stride = Dim::from(t) * Dim::constant(64);
+        op.k_batch_stride = op.q_batch_stride;
+        op.v_batch_stride = op.q_batch_stride;
+        for len in [1, 64, 97] {
+            let dims: Bindings = [(t, len)].into_iter().collect();
+            assert_eq!(fused(device, &op, &dims), 4, "{op} at t = {len}");
+        }
+        // f32, and heads past 64, are left to the portable kernels.
+        let op = attention_op(DType::F32, [2, 33, 33, 64], true, [false; 2]);
+        assert_eq!(fused(device, &op, &none), 0);
+        let op = attention_op(DType::BF16, [2, 33, 33, 128], true, [false; 2]);
+        assert_eq!(fused(device, &op, &none), 0);
     }
 }

@@ -3,7 +3,8 @@
 
 use tessel_ir::attention_backward::attention_backward_kernel;
 use tessel_ir::{
-    Attention, AttentionBackward, AttentionDropout, AttentionMask, AttentionPart, BufferId,
+    Attention, AttentionBackward, AttentionDropout, AttentionMask, AttentionPart, Backend,
+    BufferId, ProgramId,
 };
 use tessel_shape::{Bindings, DType, Dim, Scalar};
 
@@ -55,101 +56,125 @@ impl Conformance<'_> {
 
     fn check_backward(&self, fwd: &Attention, dims: &Bindings) {
         let (backend, device) = (self.backend(), self.device());
-        let name = backend.name();
-        let sizes = fwd.sizes(dims).unwrap();
-        let Operands {
-            q,
-            k,
-            v,
-            mask,
-            key,
-            key_values,
-        } = operands(fwd, &sizes);
-        let mut rng = Rng(0xd0d0 ^ sizes.l as u64);
-        let raw: Vec<f64> = (0..sizes.batch * sizes.l * sizes.ev)
-            .map(|_| rng.unit())
-            .collect();
-        let d_out = decode(fwd.dtype, &encode(fwd.dtype, &raw));
-        let want = AttentionBackward::reference(fwd, &sizes, [&q, &k, &v, &mask, &d_out], key);
-        let f32_of = |x: &[f64]| decode(DType::F32, &encode(DType::F32, x));
-        let (lse, delta) = (f32_of(&want.lse), f32_of(&want.delta));
-        let fwd_lens = portable_lens(fwd, dims);
-        let stats = fwd.batch * fwd.l;
-        for part in PARTS {
-            let op = AttentionBackward {
-                forward: fwd.clone(),
-                part,
-            };
-            // Buffers as the part binds them.
-            let masked = fwd.mask.as_ref().map(|m| (m.dtype, &mask[..], fwd_lens[3]));
-            let mut data: Vec<(DType, &[f64], Dim)> =
-                vec![(fwd.dtype, &q, fwd_lens[0]), (fwd.dtype, &k, fwd_lens[1])];
-            let (out_dtype, expected, out_len) = if part == AttentionPart::LogSumExp {
-                data.extend(masked);
-                (DType::F32, &want.lse, stats)
-            } else {
-                {
-                    data.push((fwd.dtype, &v, fwd_lens[2]));
-                    data.extend(masked);
-                    if fwd.dropout.is_some() {
-                        data.push((DType::U32, &key_values, 4.into()));
-                    }
-                    data.push((fwd.dtype, &d_out, stats * fwd.ev));
-                    data.push((DType::F32, &lse, stats));
-                    data.push((DType::F32, &delta, stats));
-                    match part {
-                        AttentionPart::Query => (fwd.dtype, &want.dq, stats * fwd.e),
-                        AttentionPart::Key => (fwd.dtype, &want.dk, fwd.batch * fwd.s * fwd.e),
-                        _ => (fwd.dtype, &want.dv, fwd.batch * fwd.s * fwd.ev),
-                    }
-                }
-            };
-            let lens: Vec<Dim> = data.iter().map(|d| d.2).chain([out_len]).collect();
+        check_attention_backward(backend, device, fwd, dims, |op, lens| {
             let kernel =
-                attention_backward_kernel(&op, &lens).unwrap_or_else(|e| panic!("{op}: {e}"));
-            let program = match backend.compile(device, &kernel) {
-                Ok(p) => p,
-                Err(e) => return self.refused(&op.to_string(), None, &[fwd.dtype], &e),
-            };
-            let mut ids: Vec<BufferId> = data
-                .iter()
-                .map(|(dtype, values, _)| {
-                    let id = backend
-                        .alloc(device, values.len().max(1) * dtype.size_bytes())
-                        .unwrap();
-                    backend.write(id, 0, &encode(*dtype, values)).unwrap();
-                    id
-                })
-                .collect();
-            let count = op.out_elements(&sizes);
-            let out = backend
-                .alloc(device, count.max(1) * out_dtype.size_bytes())
-                .unwrap();
-            backend
-                .write(out, 0, &encode(out_dtype, &vec![f64::NAN; count]))
-                .unwrap();
-            ids.push(out);
-            backend
-                .launch(program, &ids, dims)
-                .unwrap_or_else(|e| panic!("{name}: {op}: {e}"));
-            let mut bytes = vec![0u8; count * out_dtype.size_bytes()];
-            backend.read(out, 0, &mut bytes).unwrap();
-            let got = decode(out_dtype, &bytes);
-            let largest = expected.iter().fold(0.0f64, |m, w| m.max(w.abs()));
-            let allowed = match out_dtype {
-                DType::BF16 => 2f64.powi(-7) * largest,
-                _ => 1e-4 * largest,
-            };
-            for (i, (g, w)) in got.iter().zip(expected.iter()).enumerate() {
-                assert!(
-                    (g - w).abs() <= allowed,
-                    "{name}: {op} with {sizes:?}: element {i} is {g}, want {w} (tolerance {allowed})"
-                );
+                attention_backward_kernel(op, lens).unwrap_or_else(|e| panic!("{op}: {e}"));
+            match backend.compile(device, &kernel) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    self.refused(&op.to_string(), None, &[fwd.dtype], &e);
+                    None
+                }
             }
-            for id in ids {
-                backend.free(id).unwrap();
-            }
-            self.ok(backend.release(program), "release");
-        }
+        });
     }
+}
+
+/// Runs each piece of `fwd`'s backward pass ([`AttentionBackward`]: the log-sum-exps and the
+/// gradients of `q`, `k` and `v`) with the program `program` gives for it (given the
+/// element counts of the buffers the piece binds; `None` skips the piece) against the `f64`
+/// reference, fed the reference's log-sum-exps and `delta`s rounded to `f32`: `f32` within
+/// `1e-4` of the largest value of each result, half dtypes within `2⁻⁷`. Each program is
+/// released after its check. Returns how many pieces ran.
+pub fn check_attention_backward(
+    backend: &dyn Backend,
+    device: usize,
+    fwd: &Attention,
+    dims: &Bindings,
+    mut program: impl FnMut(&AttentionBackward, &[Dim]) -> Option<ProgramId>,
+) -> usize {
+    let name = backend.name();
+    let sizes = fwd.sizes(dims).unwrap();
+    let Operands {
+        q,
+        k,
+        v,
+        mask,
+        key,
+        key_values,
+    } = operands(fwd, &sizes);
+    let mut rng = Rng(0xd0d0 ^ sizes.l as u64);
+    let raw: Vec<f64> = (0..sizes.batch * sizes.l * sizes.ev)
+        .map(|_| rng.unit())
+        .collect();
+    let d_out = decode(fwd.dtype, &encode(fwd.dtype, &raw));
+    let want = AttentionBackward::reference(fwd, &sizes, [&q, &k, &v, &mask, &d_out], key);
+    let f32_of = |x: &[f64]| decode(DType::F32, &encode(DType::F32, x));
+    let (lse, delta) = (f32_of(&want.lse), f32_of(&want.delta));
+    let fwd_lens = portable_lens(fwd, dims);
+    let stats = fwd.batch * fwd.l;
+    let mut ran = 0;
+    for part in PARTS {
+        let op = AttentionBackward {
+            forward: fwd.clone(),
+            part,
+        };
+        // Buffers as the part binds them.
+        let masked = fwd.mask.as_ref().map(|m| (m.dtype, &mask[..], fwd_lens[3]));
+        let mut data: Vec<(DType, &[f64], Dim)> =
+            vec![(fwd.dtype, &q, fwd_lens[0]), (fwd.dtype, &k, fwd_lens[1])];
+        let (out_dtype, expected, out_len) = if part == AttentionPart::LogSumExp {
+            data.extend(masked);
+            (DType::F32, &want.lse, stats)
+        } else {
+            data.push((fwd.dtype, &v, fwd_lens[2]));
+            data.extend(masked);
+            if fwd.dropout.is_some() {
+                data.push((DType::U32, &key_values, 4.into()));
+            }
+            data.push((fwd.dtype, &d_out, stats * fwd.ev));
+            data.push((DType::F32, &lse, stats));
+            data.push((DType::F32, &delta, stats));
+            match part {
+                AttentionPart::Query => (fwd.dtype, &want.dq, stats * fwd.e),
+                AttentionPart::Key => (fwd.dtype, &want.dk, fwd.batch * fwd.s * fwd.e),
+                _ => (fwd.dtype, &want.dv, fwd.batch * fwd.s * fwd.ev),
+            }
+        };
+        let lens: Vec<Dim> = data.iter().map(|d| d.2).chain([out_len]).collect();
+        let Some(program) = program(&op, &lens) else {
+            continue;
+        };
+        let mut ids: Vec<BufferId> = data
+            .iter()
+            .map(|(dtype, values, _)| {
+                let id = backend
+                    .alloc(device, values.len().max(1) * dtype.size_bytes())
+                    .unwrap();
+                backend.write(id, 0, &encode(*dtype, values)).unwrap();
+                id
+            })
+            .collect();
+        let count = op.out_elements(&sizes);
+        let out = backend
+            .alloc(device, count.max(1) * out_dtype.size_bytes())
+            .unwrap();
+        backend
+            .write(out, 0, &encode(out_dtype, &vec![f64::NAN; count]))
+            .unwrap();
+        ids.push(out);
+        backend
+            .launch(program, &ids, dims)
+            .unwrap_or_else(|e| panic!("{name}: {op}: {e}"));
+        let mut bytes = vec![0u8; count * out_dtype.size_bytes()];
+        backend.read(out, 0, &mut bytes).unwrap();
+        let got = decode(out_dtype, &bytes);
+        let largest = expected.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+        let allowed = match out_dtype {
+            DType::BF16 | DType::F16 => 2f64.powi(-7) * largest,
+            _ => 1e-4 * largest,
+        };
+        for (i, (g, w)) in got.iter().zip(expected.iter()).enumerate() {
+            assert!(
+                (g - w).abs() <= allowed,
+                "{name}: {op} with {sizes:?}: element {i} is {g}, want {w} (tolerance {allowed})"
+            );
+        }
+        for id in ids {
+            backend.free(id).unwrap();
+        }
+        backend.release(program).unwrap();
+        ran += 1;
+    }
+    ran
 }
