@@ -1,8 +1,8 @@
-//! Host time of two loops that replay cached plans on the default device: greedy decoding
-//! with the tiny GPT-2 fixture (`crates/tessel-models/tests/fixtures/gpt2`: 2 layers, 32
-//! wide, so the device's work is small) and an `AdamW` step of a 784-128-10 MLP on a batch of
-//! 64, timed by phase (recording the forward and loss, `grad`, recording the update plus
-//! realizing it).
+//! Host time of loops that replay cached plans on the default device: greedy decoding with
+//! the tiny GPT-2 fixture (`crates/tessel-models/tests/fixtures/gpt2`: 2 layers, 32 wide, so
+//! the device's work is small), and `AdamW` steps of a 784-128-10 MLP on a batch of 64 and of
+//! the tiny GPT-2 on [4, 32] tokens, timed by phase (recording the forward and loss, `grad`,
+//! recording the update plus realizing it).
 //!
 //! ```text
 //! cargo run --release -p tessel-benches --example host_overhead
@@ -50,6 +50,30 @@ fn main() -> Result<()> {
         eprintln!("tiny GPT-2 decode, run {run}: {per_token:.1} µs per token");
     }
 
+    let ids: Vec<i64> = (0..4 * 33).map(|i| (i * 37 + 11) % 100).collect();
+    let ids = Tensor::from_vec(ids, [4, 33])?.to(&device)?;
+    let inputs = ids.narrow(1, 0, 32)?;
+    let targets = ids.narrow(1, 1, 32)?.reshape(&[-1])?;
+    Tensor::realize_all(&[&inputs, &targets])?;
+    let params = model.parameters();
+    let mut opt = AdamW::new(params.clone(), AdamWConfig::default())?;
+    train(
+        "tiny GPT-2 AdamW step [4,32]",
+        device,
+        &params,
+        &mut opt,
+        env("STEPS", 300),
+        || {
+            let logits = model.forward(&inputs)?;
+            let v = logits.dims()[2] as i64;
+            cross_entropy(
+                &logits.reshape(&[-1, v])?,
+                &targets,
+                &CrossEntropyOptions::default(),
+            )
+        },
+    )?;
+
     Tensor::manual_seed(0);
     let opts = tessel_nn::ParamOptions {
         dtype: DType::F32,
@@ -64,11 +88,31 @@ fn main() -> Result<()> {
     Tensor::realize_all(&[&x, &y])?;
     let params = mlp.parameters();
     let mut opt = AdamW::new(params.clone(), AdamWConfig::default())?;
-    let steps = env("STEPS", 500);
+    train(
+        "MLP AdamW step",
+        device,
+        &params,
+        &mut opt,
+        env("STEPS", 500),
+        || cross_entropy(&mlp.forward(&x)?, &y, &CrossEntropyOptions::default()),
+    )?;
+    Ok(())
+}
+
+/// Runs `steps` training steps of `loss` (after 3 untimed ones) and prints the mean host
+/// time of each phase.
+fn train(
+    name: &str,
+    device: Device,
+    params: &[Tensor],
+    opt: &mut AdamW,
+    steps: usize,
+    loss: impl Fn() -> Result<Tensor>,
+) -> Result<()> {
     let (mut forward, mut backward, mut update) = (0.0, 0.0, 0.0);
     for step in 0..steps + 3 {
         let t0 = Instant::now();
-        let loss = cross_entropy(&mlp.forward(&x)?, &y, &CrossEntropyOptions::default())?;
+        let loss = loss()?;
         let t1 = Instant::now();
         let grads = tessel_tensor::grad(&loss, &params.iter().collect::<Vec<_>>())?;
         let t2 = Instant::now();
@@ -82,7 +126,7 @@ fn main() -> Result<()> {
     }
     let us = |s: f64| s * 1e6 / steps as f64;
     eprintln!(
-        "MLP AdamW step: recording forward + loss {:.1} µs, grad {:.1} µs, update recorded + realized {:.1} µs",
+        "{name}: recording forward + loss {:.1} µs, grad {:.1} µs, update recorded + realized {:.1} µs",
         us(forward),
         us(backward),
         us(update)
