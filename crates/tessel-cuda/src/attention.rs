@@ -18,7 +18,7 @@ use tessel_shape::{Bindings, DType};
 
 use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Module};
-use crate::{CudaBackend, Program, Timing, queue_timed};
+use crate::{CudaBackend, DeviceBuffer, Program, Timing, queue_timed};
 
 /// The kernel text, configured by the macros [`source`] prepends.
 pub(crate) const TEMPLATE: &str = include_str!("attention.cu");
@@ -157,22 +157,20 @@ impl CudaBackend {
         }])
     }
 
-    /// Checks an attention launch against its buffers and queues it.
-    pub(crate) fn enqueue_attention(
+    /// The buffers bound to a fused attention launch of `name` (`names` says what each is,
+    /// the output last), checked: as many as `names`, all on `dev`, the output not also an
+    /// operand, each holding at least its `needs` bytes (what `sizes` ask).
+    pub(crate) fn attention_buffers(
         &self,
-        program: &AttentionProgram,
+        dev: &CudaDevice,
+        name: &str,
         buffers: &[BufferId],
-        dims: &Bindings,
-        timed: bool,
-    ) -> Result<Option<Timing>, BackendError> {
-        let dev = &program.device;
-        let name = &program.name;
+        names: &[&str],
+        needs: &[usize],
+        sizes: &dyn std::fmt::Debug,
+    ) -> Result<Vec<Arc<DeviceBuffer>>, BackendError> {
         let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
-        let names = if program.op.mask.is_some() {
-            ["q", "k", "v", "mask", "out"].as_slice()
-        } else {
-            ["q", "k", "v", "out"].as_slice()
-        };
+        debug_assert_eq!(names.len(), needs.len());
         if buffers.len() != names.len() {
             return Err(invalid(format!(
                 "takes {} buffers, [{}], but {} were bound",
@@ -196,6 +194,33 @@ impl CudaBackend {
                 out.0
             )));
         }
+        for ((need, b), what) in needs.iter().zip(&bound).zip(names) {
+            if *need > b.bytes {
+                return Err(invalid(format!(
+                    "the {what} buffer holds {} bytes, but sizes {sizes:?} need {need}",
+                    b.bytes
+                )));
+            }
+        }
+        Ok(bound)
+    }
+
+    /// Checks an attention launch against its buffers and queues it.
+    pub(crate) fn enqueue_attention(
+        &self,
+        program: &AttentionProgram,
+        buffers: &[BufferId],
+        dims: &Bindings,
+        timed: bool,
+    ) -> Result<Option<Timing>, BackendError> {
+        let dev = &program.device;
+        let name = &program.name;
+        let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
+        let names = if program.op.mask.is_some() {
+            ["q", "k", "v", "mask", "out"].as_slice()
+        } else {
+            ["q", "k", "v", "out"].as_slice()
+        };
         let sizes = program
             .op
             .sizes(dims)
@@ -208,14 +233,7 @@ impl CudaBackend {
             .as_ref()
             .map(|m| sizes.mask_elements().saturating_mul(m.dtype.size_bytes()));
         let needs: Vec<usize> = [q, k, v].into_iter().chain(mask_bytes).chain([o]).collect();
-        for ((need, b), what) in needs.iter().zip(&bound).zip(names) {
-            if *need > b.bytes {
-                return Err(invalid(format!(
-                    "the {what} buffer holds {} bytes, but sizes {sizes:?} need {need}",
-                    b.bytes
-                )));
-            }
-        }
+        let bound = self.attention_buffers(dev, name, buffers, names, &needs, &sizes)?;
         let Some(launch) = launch(&program.op, &sizes, name)? else {
             return Ok(None);
         };

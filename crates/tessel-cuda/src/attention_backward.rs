@@ -16,7 +16,6 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tessel_ir::handles;
 use tessel_ir::{AttentionBackward, AttentionPart, BackendError, BufferId, VendorProgram};
 use tessel_shape::{Bindings, DType};
 
@@ -157,29 +156,6 @@ impl CudaBackend {
         } else {
             ["q", "k", "v", "dO", "lse", "delta", "out"].as_slice()
         };
-        if buffers.len() != names.len() {
-            return Err(invalid(format!(
-                "takes {} buffers, [{}], but {} were bound",
-                names.len(),
-                names.join(", "),
-                buffers.len()
-            )));
-        }
-        let out = buffers[names.len() - 1];
-        let bound = self.buffers.get_all(buffers)?;
-        handles::check_launch_devices(
-            "cuda",
-            name,
-            dev.index,
-            buffers,
-            bound.iter().map(|b| b.device.index),
-        )?;
-        if buffers[..names.len() - 1].contains(&out) {
-            return Err(invalid(format!(
-                "buffer {} is bound both as the output and as an operand",
-                out.0
-            )));
-        }
         let sizes = op
             .forward
             .sizes(dims)
@@ -201,14 +177,7 @@ impl CudaBackend {
         } else {
             vec![q, k, v, d_out, stats, stats, result]
         };
-        for ((need, b), what) in needs.iter().zip(&bound).zip(names) {
-            if *need > b.bytes {
-                return Err(invalid(format!(
-                    "the {what} buffer holds {} bytes, but sizes {sizes:?} need {need}",
-                    b.bytes
-                )));
-            }
-        }
+        let bound = self.attention_buffers(dev, name, buffers, names, &needs, &sizes)?;
         if sizes.batch == 0 || sizes.l == 0 || sizes.s == 0 {
             // Nothing to compute, or (no keys) gradients of zero the composition gives.
             return if sizes.s == 0 && op.part != AttentionPart::LogSumExp {
