@@ -262,18 +262,36 @@ impl CudaBackend {
             word(&(stride as i64).to_ne_bytes());
         }
         word(&i32::try_from(heads).unwrap_or(i32::MAX).to_ne_bytes());
+        let shape = [launch.grid, launch.block];
+        self.queue_fused(
+            dev,
+            &program.module,
+            name,
+            shape,
+            launch.shared,
+            slots,
+            timed,
+        )
+    }
+
+    /// Queues one fused attention kernel (`module`'s entry) with its argument `slots`,
+    /// timed with events when `timed`, counting it as a vendor launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn queue_fused(
+        &self,
+        dev: &Arc<CudaDevice>,
+        module: &Module,
+        name: &str,
+        [grid, block]: [[u32; 3]; 2],
+        shared: u32,
+        mut slots: Vec<ArgSlot>,
+        timed: bool,
+    ) -> Result<Option<Timing>, BackendError> {
         queue_timed(dev, name, timed, || {
-            program
-                .module
-                .launch(
-                    &dev.ctx,
-                    &dev.stream,
-                    [launch.grid, launch.block],
-                    launch.shared,
-                    &mut slots,
-                )
+            module
+                .launch(&dev.ctx, &dev.stream, [grid, block], shared, &mut slots)
                 .map_err(|e| BackendError::Launch {
-                    kernel: name.clone(),
+                    kernel: name.to_string(),
                     reason: format!("cuLaunchKernel failed: {e}"),
                 })?;
             self.counters

@@ -14,14 +14,13 @@
 //! ([`supports`] says why not).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tessel_ir::{AttentionBackward, AttentionPart, BackendError, BufferId, VendorProgram};
 use tessel_shape::{Bindings, DType};
 
 use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Module};
-use crate::{CudaBackend, Program, Timing, queue_timed};
+use crate::{CudaBackend, Program, Timing};
 
 /// The kernel text, after `attention.cu` and the macros [`source`] writes.
 const TEMPLATE: &str = include_str!("attention_backward.cu");
@@ -246,25 +245,8 @@ impl CudaBackend {
         }
         word(&group.to_ne_bytes());
         let shared = shared_bytes(sizes.e);
-        queue_timed(dev, name, timed, || {
-            program
-                .module
-                .launch(
-                    &dev.ctx,
-                    &dev.stream,
-                    [[blocks as u32, 1, 1], [128, 1, 1]],
-                    shared,
-                    &mut slots,
-                )
-                .map_err(|e| BackendError::Launch {
-                    kernel: name.clone(),
-                    reason: format!("cuLaunchKernel failed: {e}"),
-                })?;
-            self.counters
-                .vendor_launches
-                .fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })
+        let shape = [[blocks as u32, 1, 1], [128, 1, 1]];
+        self.queue_fused(dev, &program.module, name, shape, shared, slots, timed)
     }
 }
 
