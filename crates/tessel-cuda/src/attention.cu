@@ -14,7 +14,9 @@
 // keeps its running max and sum in f32, rescaling its accumulators when the max grows
 // (base-2 exponentials of `scale·log2(e)`-scaled scores). The grid holds one block per
 // query tile of every pair, numbered so the tiles with the most keys (causal) start first.
-// Pair `p` reads the keys and values of `p / group` (grouped-query heads).
+// Pair `p` is (outer, head) = (p / heads, p % heads): every operand's rows and the output's
+// are read and written with strides (views of wider buffers, as heads split out of a
+// projection are), and `k`/`v` count heads by `head / group` (grouped-query heads).
 
 typedef unsigned short fa_u16;
 typedef unsigned int fa_u32;
@@ -80,18 +82,37 @@ typedef float fa_t;
 #define FA_LEN (FA_D + FA_PAD)
 static_assert(FA_D % FA_CHUNK == 0, "rows are whole 16-byte chunks");
 
-// Queues the copy of `rows` rows of FA_D elements from `src` (row `first` on) into `dst`,
-// zero-filling rows at or past `limit`.
-__device__ __forceinline__ void fa_load(
-    fa_t* dst, const fa_t* src, int rows, int first, int limit) {
+// Queues the copy of `rows` rows of FA_D elements, `stride` elements apart, from `src` (row
+// `first` on) into `dst`, zero-filling rows at or past `limit`.
+__device__ __forceinline__ void fa_load_rows(
+    fa_t* dst, const fa_t* src, int rows, int first, int limit, long long stride) {
     const int chunks = FA_D / FA_CHUNK;
     for (int c = threadIdx.x; c < rows * chunks; c += FA_THREADS) {
         int row = c / chunks, col = (c % chunks) * FA_CHUNK;
         bool ok = first + row < limit;
-        const fa_t* from = ok ? src + (long long)(first + row) * FA_D + col : src;
+        const fa_t* from = ok ? src + (long long)(first + row) * stride + col : src;
         fa_copy16(fa_shared(dst + row * FA_LEN + col), from, ok);
     }
 }
+
+// `fa_load_rows` of contiguous rows.
+__device__ __forceinline__ void fa_load(
+    fa_t* dst, const fa_t* src, int rows, int first, int limit) {
+    fa_load_rows(dst, src, rows, first, limit, FA_D);
+}
+
+// Moves `q`, `k`, `v` and `out` to row 0 of pair `pair` by the kernel's outer and head
+// strides: pair p is (outer, head) = (p / heads, p % heads), and `k`, `v` count heads by
+// `head / group`.
+#define FA_PAIR_ROWS(pair)                                                     \
+    {                                                                          \
+        const long long outer = (pair) / heads, head = (pair) % heads;        \
+        const long long kv_head = head / group;                               \
+        q += outer * q_outer + head * q_head;                                  \
+        k += outer * k_outer + kv_head * k_head;                               \
+        v += outer * v_outer + kv_head * v_head;                               \
+        out += outer * o_outer + head * o_head;                                \
+    }
 
 #if FA_HALF
 
@@ -138,9 +159,12 @@ __device__ __forceinline__ fa_u32 fa_pack(float lo, float hi) {
 extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v,
     fa_t* __restrict__ out, int l, int s, float scale_log2,
-    long long q_stride, long long k_stride, long long v_stride, int group,
+    long long q_outer, long long q_head, long long q_row,
+    long long k_outer, long long k_head, long long k_row,
+    long long v_outer, long long v_head, long long v_row,
+    long long o_outer, long long o_head, long long o_row, int heads, int group,
     const void* __restrict__ mask, long long mo, long long mh, long long mi, long long mj,
-    int heads) {
+    int mask_heads) {
     extern __shared__ __align__(16) fa_t smem[];
     fa_t* qs = smem;
     fa_t* kv = smem + FA_BM * FA_LEN;  // stage t: K at kv + t * 2 * FA_BN * FA_LEN, V after
@@ -149,18 +173,15 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     const int pairs = gridDim.x / tiles_q;
     const long long pair = blockIdx.x % pairs;
     const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
-    q += pair * q_stride;
-    k += pair / group * k_stride;
-    v += pair / group * v_stride;
-    out += pair * l * FA_D;
-    const long long mask_pair = (pair / heads) * mo + (pair % heads) * mh;
+    FA_PAIR_ROWS(pair);
+    const long long mask_pair = (pair / mask_heads) * mo + (pair % mask_heads) * mh;
     const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
     const int tiles = (kv_end + FA_BN - 1) / FA_BN;
 
-    fa_load(qs, q, FA_BM, m0, l);
+    fa_load_rows(qs, q, FA_BM, m0, l, q_row);
     if (tiles > 0) {
-        fa_load(kv, k, FA_BN, 0, s);
-        fa_load(kv + FA_BN * FA_LEN, v, FA_BN, 0, s);
+        fa_load_rows(kv, k, FA_BN, 0, s, k_row);
+        fa_load_rows(kv + FA_BN * FA_LEN, v, FA_BN, 0, s, v_row);
     }
     FA_COMMIT();
     FA_WAIT(0);
@@ -183,8 +204,8 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     for (int t = 0; t < tiles; t++) {
         if (t + 1 < tiles) {
             fa_t* next = kv + ((t + 1) % 2) * 2 * FA_BN * FA_LEN;
-            fa_load(next, k, FA_BN, (t + 1) * FA_BN, s);
-            fa_load(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s);
+            fa_load_rows(next, k, FA_BN, (t + 1) * FA_BN, s, k_row);
+            fa_load_rows(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s, v_row);
             FA_COMMIT();
             FA_WAIT(1);
         } else {
@@ -282,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
 #pragma unroll
         for (int j = 0; j < FA_NT; j++) {
             int col = j * 8 + (lane % 4) * 2;
-            *(fa_u32*)(out + (long long)row * FA_D + col) =
+            *(fa_u32*)(out + (long long)row * o_row + col) =
                 fa_pack(o[j][2 * h] / sum, o[j][2 * h + 1] / sum);
         }
     }
@@ -296,31 +317,31 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
 extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     float* __restrict__ out, int l, int s, float scale_log2,
-    long long q_stride, long long k_stride, long long v_stride, int group,
+    long long q_outer, long long q_head, long long q_row,
+    long long k_outer, long long k_head, long long k_row,
+    long long v_outer, long long v_head, long long v_row,
+    long long o_outer, long long o_head, long long o_row, int heads, int group,
     const void* __restrict__ mask, long long mo, long long mh, long long mi, long long mj,
-    int heads) {
+    int mask_heads) {
     extern __shared__ __align__(16) float smem[];
     const int tiles_q = (l + FA_BM - 1) / FA_BM;
     const int pairs = gridDim.x / tiles_q;
     const long long pair = blockIdx.x % pairs;
     const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
-    q += pair * q_stride;
-    k += pair / group * k_stride;
-    v += pair / group * v_stride;
-    out += pair * l * FA_D;
-    const long long mask_pair = (pair / heads) * mo + (pair % heads) * mh;
+    FA_PAIR_ROWS(pair);
+    const long long mask_pair = (pair / mask_heads) * mo + (pair % mask_heads) * mh;
     const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
     const int tiles = (kv_end + FA_BN - 1) / FA_BN;
     const int row = m0 + threadIdx.x;
 
     if (tiles > 0) {
-        fa_load(smem, k, FA_BN, 0, s);
-        fa_load(smem + FA_BN * FA_LEN, v, FA_BN, 0, s);
+        fa_load_rows(smem, k, FA_BN, 0, s, k_row);
+        fa_load_rows(smem + FA_BN * FA_LEN, v, FA_BN, 0, s, v_row);
     }
     FA_COMMIT();
 
     float qr[FA_D], o[FA_D];
-    const float4* q4 = (const float4*)(q + (long long)min(row, l - 1) * FA_D);
+    const float4* q4 = (const float4*)(q + (long long)min(row, l - 1) * q_row);
 #pragma unroll
     for (int d = 0; d < FA_D / 4; d++) {
         float4 x = q4[d];
@@ -336,8 +357,8 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     for (int t = 0; t < tiles; t++) {
         if (t + 1 < tiles) {
             float* next = smem + ((t + 1) % 2) * 2 * FA_BN * FA_LEN;
-            fa_load(next, k, FA_BN, (t + 1) * FA_BN, s);
-            fa_load(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s);
+            fa_load_rows(next, k, FA_BN, (t + 1) * FA_BN, s, k_row);
+            fa_load_rows(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s, v_row);
             FA_COMMIT();
             FA_WAIT(1);
         } else {
@@ -402,7 +423,7 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
         __syncthreads();
     }
     if (row < l) {
-        float4* out4 = (float4*)(out + (long long)row * FA_D);
+        float4* out4 = (float4*)(out + (long long)row * o_row);
 #pragma unroll
         for (int d = 0; d < FA_D / 4; d++)
             out4[d] = make_float4(o[4 * d] / row_sum, o[4 * d + 1] / row_sum,

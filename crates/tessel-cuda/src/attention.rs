@@ -237,8 +237,14 @@ impl CudaBackend {
         let Some(launch) = launch(&program.op, &sizes, name)? else {
             return Ok(None);
         };
-        let pointer = |j: usize| ArgSlot(bound[j].ptr.to_ne_bytes());
-        let mut slots: Vec<ArgSlot> = [0, 1, 2, names.len() - 1].map(pointer).to_vec();
+        // Each operand's pointer at its first element (the layout's offset).
+        let pointer = |(which, j): (usize, usize)| {
+            let offset = (launch.offsets[which] * element) as u64;
+            ArgSlot(bound[j].ptr.wrapping_add(offset).to_ne_bytes())
+        };
+        let mut slots: Vec<ArgSlot> = [(0, 0), (1, 1), (2, 2), (3, names.len() - 1)]
+            .map(pointer)
+            .to_vec();
         let mut word = |bytes: &[u8]| {
             let mut slot = ArgSlot::default();
             slot.0[..bytes.len()].copy_from_slice(bytes);
@@ -247,12 +253,13 @@ impl CudaBackend {
         word(&launch.lengths[0].to_ne_bytes());
         word(&launch.lengths[1].to_ne_bytes());
         word(&launch.scale_log2.to_ne_bytes());
-        for stride in launch.strides {
+        for stride in launch.strides.as_flattened() {
             word(&stride.to_ne_bytes());
         }
+        word(&launch.heads.to_ne_bytes());
         word(&launch.group.to_ne_bytes());
         // The mask: its pointer (0 without one), strides and heads.
-        let (heads, mask_strides) = sizes.mask.unwrap_or((1, [0; 4]));
+        let (mask_heads, mask_strides) = sizes.mask.unwrap_or((1, [0; 4]));
         let mask_pointer = match program.op.mask {
             Some(_) => bound[3].ptr,
             None => 0,
@@ -261,7 +268,7 @@ impl CudaBackend {
         for stride in mask_strides {
             word(&(stride as i64).to_ne_bytes());
         }
-        word(&i32::try_from(heads).unwrap_or(i32::MAX).to_ne_bytes());
+        word(&i32::try_from(mask_heads).unwrap_or(i32::MAX).to_ne_bytes());
         let shape = [launch.grid, launch.block];
         self.queue_fused(
             dev,
@@ -312,9 +319,13 @@ struct Launch {
     lengths: [i32; 2],
     /// `scale · log2(e)`.
     scale_log2: f32,
-    /// The batch strides of `q`, `k`, `v`, in elements.
-    strides: [i64; 3],
-    /// Consecutive pairs sharing one `k` and `v`.
+    /// The element offsets of `q`, `k`, `v` and the output (added to their pointers).
+    offsets: [usize; 4],
+    /// The outer, head and row strides of `q`, `k`, `v` and the output, in elements.
+    strides: [[i64; 3]; 4],
+    /// Pairs per outer index.
+    heads: i32,
+    /// Consecutive heads sharing one `k` and `v`.
     group: i32,
 }
 
@@ -330,10 +341,15 @@ fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launc
         what: format!("{name}: {why}"),
     };
     let chunk = 16 / op.dtype.size_bytes();
-    if s.batch_strides.iter().any(|st| st % chunk != 0) {
+    if s.rows
+        .strides
+        .as_flattened()
+        .iter()
+        .any(|st| st % chunk != 0)
+    {
         return Err(unsupported(format!(
-            "batch strides {:?} are not multiples of {chunk} elements (16 bytes)",
-            s.batch_strides
+            "row offsets and strides {:?} are not multiples of {chunk} elements (16 bytes)",
+            s.rows.strides
         )));
     }
     let int = |v: usize| i32::try_from(v).ok();
@@ -341,22 +357,32 @@ fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launc
         .batch
         .checked_mul(s.l.div_ceil(BLOCK_ROWS))
         .filter(|&b| i32::try_from(b).is_ok());
-    let (Some(l), Some(keys), Some(group), Some(blocks)) =
-        (int(s.l), int(s.s), int(s.kv_group), blocks)
-    else {
+    let (Some(l), Some(keys), Some(heads), Some(group), Some(blocks)) = (
+        int(s.l),
+        int(s.s),
+        int(s.rows.heads),
+        int(s.kv_group),
+        blocks,
+    ) else {
         return Err(unsupported(format!(
             "sizes {s:?} are past the fused kernel's 32-bit lengths"
         )));
     };
     let (threads, shared) = block(op.dtype, s.e);
-    let strides = s.batch_strides.map(|st| st as i64);
+    let offsets = s.rows.strides.map(|[offset, ..]| offset);
+    let strides = s
+        .rows
+        .strides
+        .map(|[_, outer, head, row]| [outer, head, row].map(|x| x as i64));
     Ok(Some(Launch {
         grid: [blocks as u32, 1, 1],
         block: [threads, 1, 1],
         shared,
         lengths: [l, keys],
+        heads,
         group,
         scale_log2: (op.scale.to_f64() * std::f64::consts::LOG2_E) as f32,
+        offsets,
         strides,
     }))
 }
@@ -364,7 +390,7 @@ fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launc
 #[cfg(test)]
 mod tests {
     use super::{launch, source, supports};
-    use tessel_ir::{Attention, AttentionSizes};
+    use tessel_ir::{Attention, AttentionSizes, RowLayout};
     use tessel_shape::{DType, Dim, Scalar, Var};
 
     fn op(dtype: DType, e: i64, ev: i64) -> Attention {
@@ -384,6 +410,7 @@ mod tests {
             causal: true,
             mask: None,
             dropout: None,
+            layout: None,
         }
     }
 
@@ -427,6 +454,10 @@ mod tests {
             ev: 64,
             batch_strides: [129 * 64; 3],
             kv_group: 1,
+            rows: RowLayout {
+                heads: 1,
+                strides: [[0, 129 * 64, 129 * 64, 64]; 4],
+            },
             mask: None,
         };
         let l = launch(&op(DType::BF16, 64, 64), &sizes, "t")
@@ -441,10 +472,8 @@ mod tests {
         assert_eq!(f32_launch.block[0], 64);
         let empty = AttentionSizes { l: 0, ..sizes };
         assert_eq!(launch(&op(DType::BF16, 64, 64), &empty, "t").unwrap(), None);
-        let odd = AttentionSizes {
-            batch_strides: [129 * 64 + 4, 0, 0],
-            ..sizes
-        };
+        let mut odd = sizes;
+        odd.rows.strides[1][3] = 64 + 4;
         assert!(launch(&op(DType::BF16, 64, 64), &odd, "t").is_err());
     }
 }

@@ -67,6 +67,9 @@ pub(crate) fn supports(op: &AttentionBackward, capability: (i32, i32)) -> Option
     if fwd.mask.is_some() {
         return Some("the fused backward reads no mask".into());
     }
+    if fwd.layout.is_some() {
+        return Some("the fused backward reads contiguous operands, not rows in place".into());
+    }
     match fwd.e.as_const() {
         Some(e) if e <= 64 => None,
         e => Some(format!(
@@ -274,6 +277,7 @@ mod tests {
                 causal: true,
                 mask: None,
                 dropout: None,
+                layout: None,
             },
             part,
         }

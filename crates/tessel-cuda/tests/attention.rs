@@ -9,7 +9,9 @@
 use tessel_cuda::CudaBackend;
 use tessel_ir::{Attention, AttentionMask, Backend, VendorOp};
 use tessel_shape::{Bindings, DType, Dim, Var};
-use tessel_testkit::{attention_op, check_attention, check_attention_backward};
+use tessel_testkit::{
+    attention_op, check_attention, check_attention_backward, with_heads_in_place,
+};
 
 /// The devices that run the kernel, or none after a skip line.
 fn devices(cuda: &CudaBackend, test: &str) -> Vec<usize> {
@@ -87,6 +89,25 @@ fn grouped_query_heads_share_keys_and_values() {
             let mut op = attention_op(dtype, [6, 40, 70, 32], true, [false; 2]);
             op.kv_group = group.into();
             assert!(check(&cuda, device, &op, &Bindings::new()), "{op}");
+        }
+    }
+}
+
+/// Rows read and written in place: heads split out of wider rows (`q` at an offset in rows
+/// of three projections, as GPT-2's `c_attn` writes them), the output written as
+/// `[outer, l, heads, e]`, with grouped-query heads.
+#[test]
+fn rows_in_place_are_read_and_written_with_their_strides() {
+    let cuda = CudaBackend::new();
+    let test = "rows_in_place_are_read_and_written_with_their_strides";
+    for device in devices(&cuda, test) {
+        for (dtype, group) in [(DType::BF16, 1), (DType::F16, 3), (DType::F32, 1)] {
+            for causal in [false, true] {
+                let mut op = attention_op(dtype, [6, 77, 77, 64], causal, [false; 2]);
+                op.kv_group = group.into();
+                let op = with_heads_in_place(op, 3);
+                assert!(check(&cuda, device, &op, &Bindings::new()), "{op}");
+            }
         }
     }
 }

@@ -24,7 +24,7 @@
 //! other candidate.
 
 use rustc_hash::FxHashMap;
-use tessel_ir::{Attention, AttentionDropout, AttentionMask, Matmul, VendorOp};
+use tessel_ir::{Attention, AttentionDropout, AttentionLayout, AttentionMask, Matmul, VendorOp};
 use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
 
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
@@ -59,10 +59,17 @@ pub struct AttentionNodes {
 }
 
 /// Every attention whose second product is among `matmuls` (what
-/// [`find_matmuls`](crate::find_matmuls) found in the same graph), each writing that
-/// product's nodes, and the pieces of each one's backward pass that autograd recorded
-/// (see `attention_backward.rs`).
-pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch> {
+/// [`find_matmuls`](crate::find_matmuls) found among `order`, a topological order of the
+/// realized subgraph), each writing that product's nodes; where its operands are views of
+/// wider values (heads split out of a projection) or its output is read with its heads
+/// merged back, also one reading and writing those rows in place (see [`in_place`]); and
+/// the pieces of each one's backward pass that autograd recorded (see
+/// `attention_backward.rs`).
+pub fn find_attention(
+    graph: &Graph,
+    order: &[NodeId],
+    matmuls: &[VendorMatch],
+) -> Vec<VendorMatch> {
     let found = attention_nodes(graph, matmuls);
     let mut matches: Vec<VendorMatch> = found
         .iter()
@@ -82,10 +89,135 @@ pub fn find_attention(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<VendorMatch
             }
         })
         .collect();
+    if !found.is_empty() {
+        let views = view_consumers(graph, order);
+        matches.extend(found.iter().filter_map(|a| in_place(graph, a, &views)));
+    }
     matches.extend(crate::attention_backward::find_backward(
         graph, matmuls, &found,
     ));
     matches
+}
+
+/// The permutes and reshapes among `order` reading each node.
+fn view_consumers(graph: &Graph, order: &[NodeId]) -> FxHashMap<NodeId, Vec<NodeId>> {
+    let mut views: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
+    for &n in order {
+        if let Op::Permute(inner, _) | Op::Reshape(inner) = graph.node(n).op {
+            views.entry(inner).or_default().push(n);
+        }
+    }
+    views
+}
+
+/// The attention `a` reading its operands' rows in place ([`AttentionLayout`]) from the
+/// values they are views of, and writing its output with the heads merged back (`[outer,
+/// l, heads, ev]`, as `transpose(1, 2)` of it is laid out) where a reader of it permutes
+/// it so; `None` where an operand is no such view (rank 4, `[outer, heads, rows, e]`,
+/// rows contiguous) or nothing differs from `a`'s contiguous match.
+fn in_place(
+    graph: &Graph,
+    a: &AttentionNodes,
+    views: &FxHashMap<NodeId, Vec<NodeId>>,
+) -> Option<VendorMatch> {
+    let op = &a.op;
+    let q_dims = graph.node(a.operands[0]).shape.dims();
+    let [outer, heads, l, e] = *q_dims else {
+        return None;
+    };
+    if l != op.l || e != op.e || outer * heads != op.batch {
+        return None;
+    }
+    let zero = Dim::constant(0);
+    // `[offset, outer, head, row]` of a rank-4 operand over `base`, size-1 axes
+    // broadcast.
+    let rows_of = |node: NodeId, rows: Dim, width: Dim| -> Option<(NodeId, [Dim; 4])> {
+        let dims = graph.node(node).shape.dims();
+        if dims.len() != 4 || dims[2] != rows || dims[3] != width {
+            return None;
+        }
+        let view = crate::view::strided_view(graph, node)?;
+        let unit = |a: usize| dims[a] == Dim::constant(1);
+        if graph.node(view.base).dtype != op.dtype
+            || !(unit(3) || view.strides[3] == Dim::constant(1))
+        {
+            return None;
+        }
+        let s = |a: usize| if unit(a) { zero } else { view.strides[a] };
+        Some((view.base, [view.offset, s(0), s(1), s(2)]))
+    };
+    let (q, q_rows) = rows_of(a.operands[0], op.l, op.e)?;
+    let (k, k_rows) = rows_of(a.operands[1], op.s, op.e)?;
+    let (v, v_rows) = rows_of(a.operands[2], op.s, op.ev)?;
+    // Grouped heads: `k` and `v` hold `heads / kv_group` of them (or one, broadcast).
+    for kv in [a.operands[1], a.operands[2]] {
+        let d = graph.node(kv).shape.dims();
+        let kv_heads = d[1] * op.kv_group;
+        if (d[0] != outer && d[0] != Dim::constant(1))
+            || (kv_heads != heads && d[1] != Dim::constant(1))
+        {
+            return None;
+        }
+    }
+    // The output: merged back where a reader permutes `[outer, heads, l, ev]` to
+    // `[outer, l, heads, ev]`, else contiguous.
+    let top = *a.writes.last().unwrap_or(&a.products[1]);
+    let ev = op.ev;
+    let merged = a.writes.iter().find_map(|&w| {
+        let dims = graph.node(w).shape.dims();
+        if dims != [outer, heads, l, ev] {
+            return None;
+        }
+        views.get(&w)?.iter().copied().find(
+            |&p| matches!(&graph.node(p).op, Op::Permute(_, perm) if perm.as_ref() == [0, 2, 1, 3]),
+        )
+    });
+    let (out_rows, writes) = match merged {
+        Some(p) => {
+            let mut writes = vec![p];
+            let mut i = 0;
+            while i < writes.len() {
+                for &r in views.get(&writes[i]).into_iter().flatten() {
+                    if matches!(graph.node(r).op, Op::Reshape(_)) && !writes.contains(&r) {
+                        writes.push(r);
+                    }
+                }
+                i += 1;
+            }
+            ([zero, l * heads * ev, ev, heads * ev], writes)
+        }
+        None => ([zero, heads * l * ev, l * ev, ev], a.writes.clone()),
+    };
+    let bases = [q, k, v];
+    if bases == [a.operands[0], a.operands[1], a.operands[2]] && merged.is_none() {
+        return None;
+    }
+    let mut materialize: Vec<NodeId> = bases
+        .iter()
+        .copied()
+        .chain(a.operands[3..].iter().copied())
+        .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
+        .collect();
+    materialize.sort_unstable();
+    materialize.dedup();
+    materialize.push(*writes.last().unwrap_or(&top));
+    let mut in_place = op.clone();
+    in_place.layout = Some(AttentionLayout {
+        heads,
+        q: q_rows,
+        k: k_rows,
+        v: v_rows,
+        out: out_rows,
+    });
+    Some(VendorMatch {
+        op: VendorOp::Attention(in_place),
+        operands: bases
+            .into_iter()
+            .chain(a.operands[3..].iter().copied())
+            .collect(),
+        writes,
+        materialize,
+    })
 }
 
 /// Every attention whose second product is among `matmuls`, as [`AttentionNodes`].
@@ -166,6 +298,7 @@ pub fn attention_nodes(graph: &Graph, matmuls: &[VendorMatch]) -> Vec<AttentionN
                 causal: softmax.causal,
                 mask: softmax.mask.map(|(_, m)| m),
                 dropout,
+                layout: None,
             },
             operands: [q, k, v].into_iter().chain(mask_node).chain(key).collect(),
             writes: m.writes.clone(),

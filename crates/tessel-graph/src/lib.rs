@@ -40,6 +40,7 @@ pub mod signature;
 pub mod spec;
 pub mod tune;
 pub mod vendor;
+pub mod view;
 
 pub use attention::{AttentionNodes, attention_nodes, find_attention};
 pub use custom::CustomKernel;
@@ -55,3 +56,4 @@ pub use spec::{KernelSpec, ScheduleError, SpecAccess};
 pub use tessel_ir::AtomicOp;
 pub use tune::{Knobs, Search};
 pub use vendor::{VendorMatch, find_matmuls, find_plain_matmuls, materialized_for};
+pub use view::{StridedView, strided_view};

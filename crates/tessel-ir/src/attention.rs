@@ -333,17 +333,19 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
     let lid = kb.local_id(0, idx);
     let i = kb.add(row0, lid);
     let pair = kb.group_id(1, idx);
-    let kv_group = kb.expr(op.kv_group, idx);
-    let kv_pair = kb.div(pair, kv_group);
+    let [
+        (q_base, q_row_stride),
+        (k_base, k_row),
+        (v_base, v_row),
+        (out_base, out_row),
+    ] = pair_rows(&mut kb, op, pair, idx);
     let (l, s) = (kb.expr(op.l, idx), kb.expr(op.s, idx));
     let row_valid = kb.lt(i, l);
 
     // The row's query (zeros past `l`: such rows only help copy tiles).
     let q_row = kb.reg(f32, e);
-    let q_stride = kb.expr(op.q_batch_stride, idx);
-    let q_base = kb.mul(pair, q_stride);
-    let (e_v, ev_v) = (c(&mut kb, e), c(&mut kb, ev));
-    let q_base = kb.ternary(TernaryOp::MulAdd, i, e_v, q_base);
+    let ev_v = c(&mut kb, ev);
+    let q_base = kb.ternary(TernaryOp::MulAdd, i, q_row_stride, q_base);
     let (zero_i, e_end) = (c(&mut kb, 0), c(&mut kb, e));
     kb.range(zero_i, e_end, |kb, d| {
         kb.store(q_row, d, zero);
@@ -375,12 +377,6 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
     let tiles = kb.add(key_end, keys_v);
     let tiles = kb.sub(tiles, one);
     let tiles = kb.div(tiles, keys_v);
-    let (k_stride, v_stride) = (
-        kb.expr(op.k_batch_stride, idx),
-        kb.expr(op.v_batch_stride, idx),
-    );
-    let k_base = kb.mul(kv_pair, k_stride);
-    let v_base = kb.mul(kv_pair, v_stride);
     let scorer = Scorer::new(&mut kb, op, mask, pair, idx);
     let dropper = op
         .dropout
@@ -389,8 +385,16 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
 
     kb.range(zero_i, tiles, |kb, t| {
         let j0 = kb.mul(t, keys_v);
-        copy_tile(kb, k_tile, k, (k_base, j0, s), (keys, e), true, idx);
-        copy_tile(kb, v_tile, v, (v_base, j0, s), (keys, ev), false, idx);
+        copy_tile(kb, k_tile, k, (k_base, k_row, j0, s), (keys, e), true, idx);
+        copy_tile(
+            kb,
+            v_tile,
+            v,
+            (v_base, v_row, j0, s),
+            (keys, ev),
+            false,
+            idx,
+        );
         kb.barrier();
 
         // Scores of this tile, and their max.
@@ -468,9 +472,7 @@ pub fn attention_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, String> 
 
     kb.if_(row_valid, |kb| {
         let sum = kb.load(stats, second);
-        let l_ev = kb.mul(l, ev_v);
-        let base = kb.mul(pair, l_ev);
-        let base = kb.ternary(TernaryOp::MulAdd, i, ev_v, base);
+        let base = kb.ternary(TernaryOp::MulAdd, i, out_row, out_base);
         kb.range(zero_i, ev_end, |kb, x| {
             let a = kb.load(acc, x);
             let y = kb.div(a, sum);
@@ -530,15 +532,17 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
     let i = kb.group_id(0, idx);
     let pair = kb.group_id(1, idx);
     let lid = kb.local_id(0, idx);
-    let kv_group = kb.expr(op.kv_group, idx);
-    let kv_pair = kb.div(pair, kv_group);
+    let [
+        (q_base, q_row_stride),
+        (k_base, k_row),
+        (v_base, v_row),
+        (out_base, out_row),
+    ] = pair_rows(&mut kb, op, pair, idx);
     let s = kb.expr(op.s, idx);
     let always = kb.constant(Scalar::Bool(true));
 
     let q_row = kb.reg(f32, e);
-    let q_stride = kb.expr(op.q_batch_stride, idx);
-    let q_base = kb.mul(pair, q_stride);
-    let q_base = kb.ternary(TernaryOp::MulAdd, i, e_v, q_base);
+    let q_base = kb.ternary(TernaryOp::MulAdd, i, q_row_stride, q_base);
     kb.range(zero_i, e_v, |kb, d| {
         let at = kb.add(q_base, d);
         let x = load_f32(kb, q, at);
@@ -557,10 +561,6 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
     } else {
         s
     };
-    let k_stride = kb.expr(op.k_batch_stride, idx);
-    let v_stride = kb.expr(op.v_batch_stride, idx);
-    let k_base = kb.mul(kv_pair, k_stride);
-    let v_base = kb.mul(kv_pair, v_stride);
     let scorer = Scorer::new(&mut kb, op, mask, pair, idx);
     let one = c(&mut kb, 1);
     let steps = kb.add(key_end, lanes_v);
@@ -572,7 +572,7 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
         kb.if_(inside, |kb| {
             let dot = kb.reg(f32, 1);
             kb.store(dot, first, zero);
-            let row = kb.ternary(TernaryOp::MulAdd, j, e_v, k_base);
+            let row = kb.ternary(TernaryOp::MulAdd, j, k_row, k_base);
             kb.range(zero_i, e_v, |kb, d| {
                 let x = kb.load(q_row, d);
                 let at = kb.add(row, d);
@@ -594,7 +594,7 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
             let sum = kb.load(stats, second);
             let sum = kb.ternary(TernaryOp::MulAdd, sum, rescale, weight);
             kb.store(stats, second, sum);
-            let row = kb.ternary(TernaryOp::MulAdd, j, ev_v, v_base);
+            let row = kb.ternary(TernaryOp::MulAdd, j, v_row, v_base);
             kb.range(zero_i, ev_v, |kb, x| {
                 let at = kb.add(row, x);
                 let value = load_f32(kb, v, at);
@@ -646,9 +646,7 @@ pub fn attention_decode_kernel(op: &Attention, lens: &[Dim]) -> Result<Kernel, S
         kb.store(total, first, t);
     });
     let total = kb.load(total, first);
-    let l_ev = kb.expr(op.l * op.ev, idx);
-    let out_base = kb.mul(pair, l_ev);
-    let out_base = kb.ternary(TernaryOp::MulAdd, i, ev_v, out_base);
+    let out_base = kb.ternary(TernaryOp::MulAdd, i, out_row, out_base);
     let columns = c(&mut kb, ev.div_ceil(lanes));
     kb.range(zero_i, columns, |kb, r| {
         let x = kb.ternary(TernaryOp::MulAdd, r, lanes_v, lid);
@@ -701,14 +699,43 @@ pub(crate) fn load_f32(kb: &mut KernelBuilder, buf: Buf, at: Value) -> Value {
     }
 }
 
-/// Copies rows `j0..j0 + rows` of `width` elements, starting at element `base` of `src`,
+/// For pair `pair`, where row 0 of `q`, `k`, `v` and the output starts and the elements
+/// between their rows ([`Attention::rows`]).
+pub(crate) fn pair_rows(
+    kb: &mut KernelBuilder,
+    op: &Attention,
+    pair: Value,
+    idx: DType,
+) -> [(Value, Value); 4] {
+    let layout = op.rows();
+    let heads = kb.expr(layout.heads, idx);
+    let kv_group = kb.expr(op.kv_group, idx);
+    let outer = kb.div(pair, heads);
+    let head = kb.rem(pair, heads);
+    let kv_head = kb.div(head, kv_group);
+    [
+        (&layout.q, head),
+        (&layout.k, kv_head),
+        (&layout.v, kv_head),
+        (&layout.out, head),
+    ]
+    .map(|(strides, head)| {
+        let [offset, outer_stride, head_stride, row] = strides.map(|d| kb.expr(d, idx));
+        let base = kb.ternary(TernaryOp::MulAdd, outer, outer_stride, offset);
+        let base = kb.ternary(TernaryOp::MulAdd, head, head_stride, base);
+        (base, row)
+    })
+}
+
+/// Copies rows `j0..j0 + rows` of `width` elements, starting at element `base` of `src`
+/// and `row_stride` apart,
 /// into `tile` as `f32`, the workgroup's invocations sharing the elements; rows at or past
 /// `len` read as zeros; `transposed`: element `(row, col)` goes to `col·rows + row`.
 pub(crate) fn copy_tile(
     kb: &mut KernelBuilder,
     tile: Mem,
     src: Buf,
-    (base, j0, len): (Value, Value, Value),
+    (base, row_stride, j0, len): (Value, Value, Value, Value),
     (rows, width): (usize, usize),
     transposed: bool,
     idx: DType,
@@ -738,7 +765,7 @@ pub(crate) fn copy_tile(
             let j = kb.add(j0, row);
             let present = kb.lt(j, len);
             kb.if_(present, |kb| {
-                let from = kb.ternary(TernaryOp::MulAdd, j, width_v, base);
+                let from = kb.ternary(TernaryOp::MulAdd, j, row_stride, base);
                 let from = kb.add(from, col);
                 let x = load_f32(kb, src, from);
                 kb.store(tile, to, x);

@@ -35,6 +35,11 @@ use crate::vendor::{AttentionBackward, AttentionPart};
 pub fn attention_backward_kernel(op: &AttentionBackward, lens: &[Dim]) -> Result<Kernel, String> {
     let fwd = &op.forward;
     let (e, ev) = checked_heads(fwd)?;
+    if fwd.layout.is_some() {
+        return Err(format!(
+            "{op}: the backward reads contiguous operands (the batch strides), not rows in place"
+        ));
+    }
     let masked = usize::from(fwd.mask.is_some());
     let want = match op.part {
         AttentionPart::LogSumExp => 3 + masked,
@@ -316,9 +321,19 @@ fn query_rows(mut kb: KernelBuilder, ctx: &Ctx, grads: Option<GradBuffers>) -> K
 
     kb.range(zero_i, tiles, |kb, t| {
         let j0 = kb.mul(t, keys_v);
-        copy_tile(kb, k_tile, ctx.k, (k_base, j0, s), (keys, e), true, idx);
+        let row = c(kb, e);
+        copy_tile(
+            kb,
+            k_tile,
+            ctx.k,
+            (k_base, row, j0, s),
+            (keys, e),
+            true,
+            idx,
+        );
         if let (Some(tile), Some((v, ..))) = (v_tile, row_inputs) {
-            copy_tile(kb, tile, v, (v_base, j0, s), (keys, ev), true, idx);
+            let row = c(kb, ev);
+            copy_tile(kb, tile, v, (v_base, row, j0, s), (keys, ev), true, idx);
         }
         kb.barrier();
         let scores = tile_dots(kb, q_row, k_tile, e, keys, idx);
@@ -474,12 +489,21 @@ fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> KernelBuilder {
 
     kb.range(first_tile, tiles, |kb, t| {
         let i0 = kb.mul(t, queries_v);
-        copy_tile(kb, q_tile, ctx.q, (q_base, i0, l), (queries, e), true, idx);
+        let (e_row, ev_row, one_row) = (c(kb, e), c(kb, ev), c(kb, 1));
+        copy_tile(
+            kb,
+            q_tile,
+            ctx.q,
+            (q_base, e_row, i0, l),
+            (queries, e),
+            true,
+            idx,
+        );
         copy_tile(
             kb,
             d_out_tile,
             b.d_out,
-            (d_out_base, i0, l),
+            (d_out_base, ev_row, i0, l),
             (queries, ev),
             true,
             idx,
@@ -488,7 +512,7 @@ fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> KernelBuilder {
             kb,
             lse_tile,
             b.lse,
-            (stat_base, i0, l),
+            (stat_base, one_row, i0, l),
             (queries, 1),
             false,
             idx,
@@ -497,7 +521,7 @@ fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> KernelBuilder {
             kb,
             delta_tile,
             b.delta,
-            (stat_base, i0, l),
+            (stat_base, one_row, i0, l),
             (queries, 1),
             false,
             idx,

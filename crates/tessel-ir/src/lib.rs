@@ -44,7 +44,8 @@ pub use handles::Handles;
 pub use kernel::{Access, AtomicOp, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
 pub use launch::LaunchArgs;
 pub use vendor::{
-    Activation, Attention, AttentionBackward, AttentionDropout, AttentionGrads, AttentionMask,
-    AttentionPart, AttentionSizes, Epilogue, Matmul, MatmulSizes, VendorOp, VendorProgram,
+    Activation, Attention, AttentionBackward, AttentionDropout, AttentionGrads, AttentionLayout,
+    AttentionMask, AttentionPart, AttentionSizes, Epilogue, Matmul, MatmulSizes, RowLayout,
+    VendorOp, VendorProgram,
 };
 pub use verify::{Def, VerifyError, VerifyErrorKind, verify};

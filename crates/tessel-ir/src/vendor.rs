@@ -262,6 +262,9 @@ impl fmt::Display for Matmul {
 ///   pair). A `kv_group` above 1 is grouped-query attention: consecutive query heads share
 ///   one key/value head.
 /// - `out[b]` is row-major `l × ev`, at `b·l·ev`: `out` is contiguous.
+/// - With a [`layout`](AttentionLayout), the rows of `q`, `k`, `v` and `out` lie where it
+///   says instead (the batch strides are then unused): views of wider buffers, as heads
+///   split out of a projection's rows are.
 /// - With `causal`, query `i` sees keys `j ≤ i` only (the mask aligned at the top left, as
 ///   PyTorch's `is_causal`).
 /// - With a [`mask`](AttentionMask), its element for pair `b`, query `i` and key `j` is
@@ -302,6 +305,55 @@ pub struct Attention {
     pub mask: Option<AttentionMask>,
     /// Dropout of the probabilities.
     pub dropout: Option<AttentionDropout>,
+    /// Where the rows of every operand and of the output lie, when not as the batch
+    /// strides say.
+    pub layout: Option<AttentionLayout>,
+}
+
+/// Rows of an [`Attention`]'s operands and output read and written in place, as views of
+/// wider buffers (`x.view(b, l, heads, e).transpose(1, 2)` of a projection's output, and
+/// the output written as `transpose(1, 2).reshape(b, l, heads·ev)` is laid out): pair `p`
+/// is `(outer, head) = (p / heads, p % heads)`; for each operand, `[offset, outer, head,
+/// row]` strides in elements place row `i` of its matrix for pair `p` at `offset +
+/// outer·[1] + head·[2] + i·[3]`, where `k` and `v` count heads as `head / kv_group`.
+/// Elements within a row are contiguous.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionLayout {
+    /// Pairs per outer index (query heads).
+    pub heads: Dim,
+    /// `q`'s offset and strides.
+    pub q: [Dim; 4],
+    /// `k`'s.
+    pub k: [Dim; 4],
+    /// `v`'s.
+    pub v: [Dim; 4],
+    /// The output's.
+    pub out: [Dim; 4],
+}
+
+/// An [`AttentionLayout`] evaluated for one launch (also the batch strides' layout, as
+/// [`Attention::sizes`] resolves it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    /// Pairs per outer index (at least 1).
+    pub heads: usize,
+    /// `[offset, outer, head, row]` of `q`, `k`, `v` and the output, in elements.
+    pub strides: [[usize; 4]; 4],
+}
+
+impl RowLayout {
+    /// The element offset of row `i` of operand `which` (0 `q`, 1 `k`, 2 `v`, 3 the output)
+    /// for pair `pair`, whose key and value heads are grouped by `kv_group`.
+    pub fn row(&self, which: usize, pair: usize, kv_group: usize, i: usize) -> usize {
+        let [offset, outer, head, row] = self.strides[which];
+        let h = pair % self.heads;
+        let h = if matches!(which, 1 | 2) {
+            h / kv_group
+        } else {
+            h
+        };
+        offset + (pair / self.heads) * outer + h * head + i * row
+    }
 }
 
 /// Dropout of the attention probabilities, as `Tensor::dropout` records it: the
@@ -360,6 +412,8 @@ pub struct AttentionSizes {
     pub batch_strides: [usize; 3],
     /// Consecutive pairs sharing one `k` and `v` matrix (at least 1).
     pub kv_group: usize,
+    /// Where every row lies ([`Attention::rows`] evaluated).
+    pub rows: RowLayout,
     /// The mask's heads per outer index (at least 1) and strides, when there is one.
     pub mask: Option<(usize, [usize; 4])>,
 }
@@ -371,22 +425,45 @@ impl AttentionSizes {
         if self.batch == 0 {
             return [0; 4];
         }
+        // The largest row offset is at the last pair, or at the last head of the outer
+        // index before it (strides are not negative).
         let last = self.batch - 1;
-        let last_kv = last / self.kv_group.max(1);
-        let span = |last: usize, stride: usize, one: usize| {
-            if one == 0 {
-                0
-            } else {
-                last.saturating_mul(stride).saturating_add(one)
+        let heads = self.rows.heads;
+        let mut pairs = vec![last];
+        if last / heads > 0 {
+            pairs.push((last / heads) * heads - 1);
+        }
+        let lengths = [
+            (self.l, self.e),
+            (self.s, self.e),
+            (self.s, self.ev),
+            (self.l, self.ev),
+        ];
+        let mut spans = [0; 4];
+        for (which, (rows, width)) in lengths.into_iter().enumerate() {
+            if rows == 0 || width == 0 {
+                continue;
             }
-        };
-        let [q, k, v] = self.batch_strides;
-        [
-            span(last, q, self.l.saturating_mul(self.e)),
-            span(last_kv, k, self.s.saturating_mul(self.e)),
-            span(last_kv, v, self.s.saturating_mul(self.ev)),
-            self.batch.saturating_mul(self.l).saturating_mul(self.ev),
-        ]
+            spans[which] = pairs
+                .iter()
+                .map(|&p| {
+                    let [offset, outer, head, row] = self.rows.strides[which];
+                    let h = p % heads;
+                    let h = if matches!(which, 1 | 2) {
+                        h / self.kv_group
+                    } else {
+                        h
+                    };
+                    offset
+                        .saturating_add((p / heads).saturating_mul(outer))
+                        .saturating_add(h.saturating_mul(head))
+                        .saturating_add((rows - 1).saturating_mul(row))
+                        .saturating_add(width)
+                })
+                .max()
+                .unwrap_or(0);
+        }
+        spans
     }
 
     /// Elements the mask buffer must hold at least (0 without a mask).
@@ -416,21 +493,53 @@ impl AttentionSizes {
 }
 
 impl Attention {
+    /// Where every row lies: the op's [`AttentionLayout`], or the batch strides' layout
+    /// (heads `kv_group`, so that `k` and `v` index by the outer pair).
+    pub fn rows(&self) -> AttentionLayout {
+        if let Some(layout) = &self.layout {
+            return layout.clone();
+        }
+        let (zero, g) = (Dim::constant(0), self.kv_group);
+        AttentionLayout {
+            heads: g,
+            q: [zero, g * self.q_batch_stride, self.q_batch_stride, self.e],
+            k: [zero, self.k_batch_stride, zero, self.e],
+            v: [zero, self.v_batch_stride, zero, self.ev],
+            out: [zero, g * self.l * self.ev, self.l * self.ev, self.ev],
+        }
+    }
+
     /// The sizes for one launch.
     pub fn sizes(&self, dims: &Bindings) -> Result<AttentionSizes, EvalError> {
         let eval = |d: Dim| d.eval(dims).map(|v| v.max(0) as usize);
+        let batch_strides = [
+            eval(self.q_batch_stride)?,
+            eval(self.k_batch_stride)?,
+            eval(self.v_batch_stride)?,
+        ];
+        let kv_group = eval(self.kv_group)?.max(1);
+        let layout = self.rows();
+        let four = |s: &[Dim; 4]| -> Result<[usize; 4], EvalError> {
+            Ok([eval(s[0])?, eval(s[1])?, eval(s[2])?, eval(s[3])?])
+        };
+        let rows = RowLayout {
+            heads: eval(layout.heads)?.max(1),
+            strides: [
+                four(&layout.q)?,
+                four(&layout.k)?,
+                four(&layout.v)?,
+                four(&layout.out)?,
+            ],
+        };
         Ok(AttentionSizes {
             batch: eval(self.batch)?,
             l: eval(self.l)?,
             s: eval(self.s)?,
             e: eval(self.e)?,
             ev: eval(self.ev)?,
-            batch_strides: [
-                eval(self.q_batch_stride)?,
-                eval(self.k_batch_stride)?,
-                eval(self.v_batch_stride)?,
-            ],
-            kv_group: eval(self.kv_group)?.max(1),
+            batch_strides,
+            kv_group,
+            rows,
             mask: match &self.mask {
                 Some(m) => Some((
                     eval(m.heads)?.max(1),
@@ -447,7 +556,9 @@ impl Attention {
     }
 
     /// The result in `f64` from operands read as `f64` (the definition every backend's
-    /// program is tested against): `out`, `batch·l·ev` elements. `mask` is ignored without
+    /// program is tested against): `out` as the layout places it (`batch·l·ev` elements
+    /// with the batch strides; with an [`AttentionLayout`], what
+    /// [`AttentionSizes::min_elements`] asks, 0 where no row lands). `mask` is ignored without
     /// an [`AttentionMask`], `key` (the draw's key operand) without an [`AttentionDropout`].
     pub fn reference(
         &self,
@@ -456,15 +567,14 @@ impl Attention {
         key: [u32; 4],
     ) -> Vec<f64> {
         let scale = self.scale.to_f64();
-        let [qs, ks, vs] = s.batch_strides;
-        let mut out = Vec::with_capacity(s.batch * s.l * s.ev);
+        let (rows, group) = (&s.rows, s.kv_group);
+        let mut out = vec![0.0; s.min_elements()[3]];
         let mut scores = vec![0.0; s.s];
         for b in 0..s.batch {
-            let g = b / s.kv_group;
             for i in 0..s.l {
-                let qi = &q[b * qs + i * s.e..][..s.e];
+                let qi = &q[rows.row(0, b, group, i)..][..s.e];
                 for (j, score) in scores.iter_mut().enumerate() {
-                    let kj = &k[g * ks + j * s.e..][..s.e];
+                    let kj = &k[rows.row(1, b, group, j)..][..s.e];
                     let dot: f64 = qi.iter().zip(kj).map(|(x, y)| x * y).sum();
                     let added = s.mask_offset(b, i, j).map_or(0.0, |o| match &self.mask {
                         Some(m) if m.dtype == DType::Bool && mask[o] != 0.0 => f64::NEG_INFINITY,
@@ -494,9 +604,12 @@ impl Attention {
                         None => weights[j],
                     })
                     .collect();
+                let at = rows.row(3, b, group, i);
                 for c in 0..s.ev {
-                    let sum: f64 = (0..s.s).map(|j| kept[j] * v[g * vs + j * s.ev + c]).sum();
-                    out.push(sum / total);
+                    let sum: f64 = (0..s.s)
+                        .map(|j| kept[j] * v[rows.row(2, b, group, j) + c])
+                        .sum();
+                    out[at + c] = sum / total;
                 }
             }
         }
@@ -532,6 +645,18 @@ impl fmt::Display for Attention {
         )?;
         if self.kv_group != Dim::constant(1) {
             write!(f, " kv group {}", self.kv_group)?;
+        }
+        if let Some(l) = &self.layout {
+            let row = |s: &[Dim; 4]| format!("{} + {}, {}, {}", s[0], s[1], s[2], s[3]);
+            write!(
+                f,
+                " in place (heads {}; q {}; k {}; v {}; out {})",
+                l.heads,
+                row(&l.q),
+                row(&l.k),
+                row(&l.v),
+                row(&l.out)
+            )?;
         }
         if self.causal {
             f.write_str(" causal")?;
@@ -622,6 +747,10 @@ impl AttentionBackward {
         [q, k, v, mask, d_out]: [&[f64]; 5],
         key: [u32; 4],
     ) -> AttentionGrads {
+        debug_assert!(
+            forward.layout.is_none(),
+            "the backward reads the batch strides"
+        );
         let scale = forward.scale.to_f64();
         let [qs, ks, vs] = s.batch_strides;
         let mut r = AttentionGrads {

@@ -11,8 +11,9 @@ use tessel_tensor::{DType, Dim, Result, Tensor, inspect};
 /// The attentions writing `y`'s node.
 fn attentions_writing(y: &Tensor) -> Vec<Attention> {
     let (graph, targets) = inspect::graph_of(&[y]);
-    let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
-    find_attention(&graph, &matmuls)
+    let order = graph.toposort(&targets);
+    let matmuls = find_matmuls(&graph, &order);
+    find_attention(&graph, &order, &matmuls)
         .into_iter()
         .filter(|m| m.writes.contains(&targets[0]))
         .filter_map(|m| match m.op {
@@ -64,8 +65,9 @@ fn grouped_query_heads_are_read_unrepeated() -> Result<()> {
     Tensor::realize_all(&[&q, &k, &v])?;
     let y = scaled_dot_product_attention(&q, &k, &v, None, 0.0, true, None, true)?;
     let (graph, targets) = inspect::graph_of(&[&y]);
-    let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
-    let found = find_attention(&graph, &matmuls);
+    let order = graph.toposort(&targets);
+    let matmuls = find_matmuls(&graph, &order);
+    let found = find_attention(&graph, &order, &matmuls);
     assert_eq!(found.len(), 1, "{found:?}");
     let VendorOp::Attention(a) = &found[0].op else {
         panic!("{:?}", found[0].op)
@@ -84,6 +86,52 @@ fn grouped_query_heads_are_read_unrepeated() -> Result<()> {
             graph.node(*operand).op
         );
     }
+    Ok(())
+}
+
+/// GPT-2's attention: q, k and v split out of one `[b, l, 3·h·e]` projection and viewed
+/// as heads, the output's heads merged back. Besides the match over copies of q, k and v,
+/// one reads their rows in place and writes the merged output.
+#[test]
+fn heads_split_out_of_a_projection_are_read_in_place() -> Result<()> {
+    let (b, l, h, e) = (2usize, 5usize, 3usize, 4usize);
+    // A computed projection (not a leaf): it must be materialized to be read in place.
+    let qkv = Tensor::randn([b, l, 3 * h * e], DType::BF16)?.exp();
+    let heads = |j: usize| -> Result<Tensor> {
+        qkv.narrow(2, (j * h * e) as i64, (h * e) as i64)?
+            .reshape(&[b as i64, l as i64, h as i64, e as i64])?
+            .transpose(1, 2)
+    };
+    let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+    let y = scaled_dot_product_attention(&q, &k, &v, None, 0.0, true, None, false)?
+        .transpose(1, 2)?
+        .reshape(&[b as i64, l as i64, (h * e) as i64])?;
+    let (graph, targets) = inspect::graph_of(&[&y]);
+    let order = graph.toposort(&targets);
+    let matmuls = find_matmuls(&graph, &order);
+    let found = find_attention(&graph, &order, &matmuls);
+    let in_place: Vec<_> = found
+        .iter()
+        .filter(|m| matches!(&m.op, VendorOp::Attention(a) if a.layout.is_some()))
+        .collect();
+    assert_eq!((found.len(), in_place.len()), (2, 1), "{found:?}");
+    let m = in_place[0];
+    let VendorOp::Attention(a) = &m.op else {
+        unreachable!()
+    };
+    let layout = a.layout.as_ref().unwrap();
+    let d = |v: usize| Dim::constant(v as i64);
+    let row = d(3 * h * e);
+    assert_eq!(layout.heads, d(h));
+    assert_eq!(layout.q, [d(0), d(l) * row, d(e), row]);
+    assert_eq!(layout.k, [d(h * e), d(l) * row, d(e), row]);
+    assert_eq!(layout.v, [d(2 * h * e), d(l) * row, d(e), row]);
+    assert_eq!(layout.out, [d(0), d(l * h * e), d(e), d(h * e)]);
+    // All three read the projection; the output's merged heads are written.
+    let base = m.operands[0];
+    assert_eq!(m.operands, vec![base; 3]);
+    assert_eq!(graph.node(base).shape.dims(), [d(b), d(l), d(3 * h * e)]);
+    assert!(m.writes.contains(&targets[0]), "{m:?}");
     Ok(())
 }
 
@@ -183,8 +231,9 @@ fn dropout_of_the_probabilities_is_part_of_the_attention() -> Result<()> {
         let [q, k, v] = qkv(dtype)?;
         let y = scaled_dot_product_attention(&q, &k, &v, None, 0.25, true, None, false)?;
         let (graph, targets) = inspect::graph_of(&[&y]);
-        let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
-        let found: Vec<_> = find_attention(&graph, &matmuls)
+        let order = graph.toposort(&targets);
+        let matmuls = find_matmuls(&graph, &order);
+        let found: Vec<_> = find_attention(&graph, &order, &matmuls)
             .into_iter()
             .filter(|m| m.writes.contains(&targets[0]))
             .collect();
@@ -211,8 +260,9 @@ fn dropout_of_the_probabilities_is_part_of_the_attention() -> Result<()> {
 /// The backward pieces found in the graph of `outputs`, with the attention each belongs to.
 fn backward_pieces(outputs: &[&Tensor]) -> Vec<(AttentionPart, Attention)> {
     let (graph, targets) = inspect::graph_of(outputs);
-    let matmuls = find_matmuls(&graph, &graph.toposort(&targets));
-    find_attention(&graph, &matmuls)
+    let order = graph.toposort(&targets);
+    let matmuls = find_matmuls(&graph, &order);
+    find_attention(&graph, &order, &matmuls)
         .into_iter()
         .filter_map(|m| match m.op {
             VendorOp::AttentionBackward(b) => Some((b.part, b.forward)),

@@ -402,7 +402,7 @@ pub(crate) fn partition(
             add_schedule(parts, schedule, &slots, origin, (graph, &tuner));
         };
         let mut matches = find_matmuls(graph, &order);
-        matches.extend(find_attention(graph, &matches));
+        matches.extend(find_attention(graph, &order, &matches));
         let separate = materialized_for(&matches);
         if f == 0 {
             let default = kernelize(graph, targets).map_err(internal)?;

@@ -3,7 +3,9 @@
 //! conformance check of the portable kernel ([`tessel_ir::attention`]).
 
 use tessel_ir::attention::{DECODE_MAX_QUERIES, attention_decode_kernel, attention_kernel};
-use tessel_ir::{Attention, AttentionDropout, AttentionMask, AttentionSizes, Backend, ProgramId};
+use tessel_ir::{
+    Attention, AttentionDropout, AttentionLayout, AttentionMask, AttentionSizes, Backend, ProgramId,
+};
 use tessel_shape::{Bindings, DType, Dim, Scalar, Var};
 
 use crate::{Conformance, Rng, decode, encode};
@@ -32,7 +34,27 @@ pub fn attention_op(
         causal,
         mask: None,
         dropout: None,
+        layout: None,
     }
+}
+
+/// `op` (over `outer · heads` pairs) reading its rows in place as heads split out of
+/// projections: `q` from a `[outer, l, 3, heads, e]` buffer of queries, keys and values
+/// side by side (GPT-2's `c_attn`), `k` and `v` from `[outer, s, kv_heads, e]` ones of
+/// `heads / kv_group` heads, the output written as `[outer, l, heads, ev]`.
+pub fn with_heads_in_place(mut op: Attention, heads: i64) -> Attention {
+    let (l, s, e, ev) = (op.l, op.s, op.e, op.ev);
+    let kv_heads = Dim::constant(heads) / op.kv_group;
+    let h = Dim::constant(heads);
+    let q_row = Dim::constant(3) * h * e;
+    op.layout = Some(AttentionLayout {
+        heads: h,
+        q: [h * e, l * q_row, e, q_row],
+        k: [Dim::constant(0), s * kv_heads * e, e, kv_heads * e],
+        v: [Dim::constant(0), s * kv_heads * ev, ev, kv_heads * ev],
+        out: [Dim::constant(0), l * h * ev, ev, h * ev],
+    });
+    op
 }
 
 /// Runs `program` (which computes `op`, buffers `[q, k, v, mask?, out]`) on `device` with
@@ -92,13 +114,22 @@ pub fn check_attention(
     backend.read(out, 0, &mut bytes).unwrap();
     let got = decode(op.dtype, &bytes);
     let want = op.reference(&sizes, [&q, &k, &v, &mask], key);
-    let largest = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+    // Only the output's rows: a layout may leave elements between them unwritten.
+    let rows: Vec<usize> = (0..sizes.batch)
+        .flat_map(|b| (0..sizes.l).map(move |i| (b, i)))
+        .map(|(b, i)| sizes.rows.row(3, b, sizes.kv_group, i))
+        .collect();
+    let written = || {
+        rows.iter()
+            .flat_map(|&at| (at..at + sizes.ev).map(|i| (i, got[i], want[i])))
+    };
+    let largest = written().fold(0.0f64, |m, (_, _, w)| m.max(w.abs()));
     let allowed = match op.dtype {
         DType::BF16 => 2.0 * 2f64.powi(-8) * largest,
         DType::F16 => 2.0 * 2f64.powi(-11) * largest,
         _ => f32_tolerance * largest,
     };
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+    for (i, g, w) in written() {
         assert!(
             (g - w).abs() <= allowed,
             "{name}: {op} with {sizes:?}: element {i} is {g}, want {w} (tolerance {allowed})"
@@ -282,12 +313,37 @@ impl Conformance<'_> {
         op.v_batch_stride = op.q_batch_stride;
         let runs: Vec<Bindings> = [1, 40, 100].map(|n| [(t, n)].into_iter().collect()).into();
         run_at(&op, &runs);
+        // Rows read and written in place: heads split out of wider rows (GPT-2's q at
+        // an offset in its `c_attn` rows), grouped-query heads, decoding.
+        for (dtype, sizes, causal, group) in [
+            (DType::F32, [6, 37, 37, 16], true, 1),
+            (DType::BF16, [6, 21, 40, 16], false, 3),
+            (DType::F32, [6, 1, 70, 8], false, 1),
+        ] {
+            let mut op = attention_op(dtype, sizes, causal, [false; 2]);
+            op.kv_group = group.into();
+            run(&with_heads_in_place(op, 3), &none);
+        }
     }
 }
 
 /// The element counts `[q, k, v, mask?, out]` of `op`'s buffers, symbolic where `op` is
-/// (contiguous operands; the mask's count as evaluated at `dims`).
+/// (contiguous operands; the mask's count, and every count of rows in place, as evaluated
+/// at `dims`).
 pub(crate) fn portable_lens(op: &Attention, dims: &Bindings) -> Vec<Dim> {
+    if op.layout.is_some() {
+        let sizes = op.sizes(dims).unwrap();
+        let [q, k, v, out] = sizes.min_elements().map(|n| Dim::from(n.max(1) as i64));
+        let mut lens = vec![q, k, v];
+        if op.mask.is_some() {
+            lens.push((sizes.mask_elements().max(1) as i64).into());
+        }
+        if op.dropout.is_some() {
+            lens.push(4.into());
+        }
+        lens.push(out);
+        return lens;
+    }
     let matrices = |stride: Dim, rows: Dim, width: Dim, count: Dim| {
         if stride == Dim::constant(0) {
             rows * width

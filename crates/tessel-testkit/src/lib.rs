@@ -77,7 +77,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tessel_ir::{Backend, BackendError, DeviceInfo, Kernel, interp};
 use tessel_shape::{Bindings, DType};
 
-pub use attention::{attention_op, check_attention};
+pub use attention::{attention_op, check_attention, with_heads_in_place};
 pub use attention_backward::check_attention_backward;
 pub use data::{Rng, add_in_rust, agrees, decode, encode, f32_bytes, f32_values, random_elements};
 pub use flush::{agrees_flushed, flush_subnormals, flushable};

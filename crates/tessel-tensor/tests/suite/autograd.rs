@@ -580,6 +580,7 @@ fn attention_gradients_match_the_f64_reference() {
                     strides: [s as i64, 0, 0, 1].map(Dim::from),
                 }),
                 dropout: None,
+                layout: None,
             };
             let sizes = op.sizes(&Bindings::new()).unwrap();
             let want =
