@@ -2,7 +2,8 @@
 //!
 //! Lowering picks each kernel's launch shape by fixed heuristics: 128 invocations per
 //! workgroup, 4 or 8 consecutive outputs per invocation for elementwise kernels on wide
-//! enough rows, a cooperative workgroup covering a quarter of its longest reduction. What is
+//! enough rows, a cooperative workgroup covering a quarter of its longest reduction (a row
+//! kernel over many rows: about 12 elements per invocation). What is
 //! fastest depends on the device, so each heuristic is a knob ([`Knobs`]), and
 //! [`ScheduledKernel::variants`] lowers a kernel again with other values: the same
 //! parameters, the same values written, another launch shape. The runtime compiles them,
@@ -16,7 +17,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::graph::{Graph, LeafId, NodeId};
 use crate::kernelize::ScheduledKernel;
-use crate::lower::{Cone, LowerMemo, Lowering, Mode, lower_kernel, lower_tiled_kernel};
+use crate::lower::{
+    Cone, LowerMemo, Lowering, Mode, default_lanes, lower_kernel, lower_tiled_kernel,
+};
 use crate::spec::{KernelSpec, TILE_EDGES};
 
 /// Overrides of the launch-shape heuristics; `None` keeps the heuristic's choice.
@@ -82,8 +85,10 @@ const LOCAL_SIZES: [i64; 6] = [32, 64, 128, 256, 512, 1024];
 const UPCASTS: [i64; 4] = [1, 2, 4, 8];
 
 impl Knobs {
-    /// The knob settings `search` tries on a kernel that is cooperative or not.
-    fn space(search: Search, cooperative: bool) -> Vec<Knobs> {
+    /// The knob settings `search` tries on a kernel that is cooperative or not; `lanes_now` is
+    /// a cooperative kernel's default workgroup size, which the default search halves and
+    /// doubles (twice).
+    fn space(search: Search, cooperative: bool, lanes_now: Option<i64>) -> Vec<Knobs> {
         let lanes = |l: i64| Knobs {
             lanes: Some(l),
             ..Knobs::default()
@@ -102,7 +107,14 @@ impl Knobs {
             ..Knobs::default()
         };
         match (search, cooperative) {
-            (Search::Default, true) => [128, 512, 1024].map(lanes).to_vec(),
+            (Search::Default, true) => {
+                let now = lanes_now.unwrap_or(256);
+                [now / 2, now * 2, now * 4]
+                    .into_iter()
+                    .filter(|l| LOCAL_SIZES.contains(l))
+                    .map(lanes)
+                    .collect()
+            }
             (Search::Exhaustive, true) => LOCAL_SIZES.map(lanes).to_vec(),
             (Search::Default, false) => vec![
                 local(256, None),
@@ -168,7 +180,14 @@ impl ScheduledKernel {
         let spec = KernelSpec::new(graph, recipe, self.cooperative);
         let mut seen = vec![self.kernel.clone()];
         let mut out = Vec::new();
-        for knobs in Knobs::space(search, self.cooperative) {
+        let lanes_now = default_lanes(
+            graph,
+            recipe.root,
+            &recipe.materialized,
+            &recipe.absorbable,
+            recipe.mode,
+        );
+        for knobs in Knobs::space(search, self.cooperative, lanes_now) {
             if spec.check(knobs).is_err() {
                 continue;
             }

@@ -96,6 +96,42 @@ fn attention_scores_in_either_operand_layout() -> Result<()> {
     Ok(())
 }
 
+/// A whole attention over heads split out of one projection (`narrow` of GPT-2's `c_attn`
+/// rows, viewed as heads), its output's heads merged back: whether the plan copies the
+/// heads out or the attention reads and writes them in place, the values are the same.
+#[test]
+fn attention_over_heads_split_out_of_a_projection() -> Result<()> {
+    let (b, s, h, d) = (2usize, 19usize, 3usize, 8usize);
+    let (qkv, r) = random(18, &[b, s, 3 * h * d]);
+    let (bi, si, hi, di) = (b as i64, s as i64, h as i64, d as i64);
+    let heads = |p: i64| -> Result<Tensor> {
+        qkv.narrow(2, p * hi * di, hi * di)?
+            .reshape(&[bi, si, hi, di])?
+            .permute(&[0, 2, 1, 3])
+    };
+    let scores = (heads(0)?.matmul(&heads(1)?.transpose(-2, -1)?)? * 0.25)?.softmax(-1)?;
+    let out = scores
+        .matmul(&heads(2)?)?
+        .permute(&[0, 2, 1, 3])?
+        .reshape(&[bi, si, hi * di])?;
+    let at =
+        |n: usize, p: usize, hh: usize, t: usize, c: usize| r.at(&[n, t, (p * h + hh) * d + c]);
+    let want = Nd::from_fn(&[b, s, h * d], |i| {
+        let (n, t, hh, c) = (i[0], i[1], i[2] / d, i[2] % d);
+        let logit = |u: usize| {
+            0.25 * (0..d)
+                .map(|x| at(n, 0, hh, t, x) * at(n, 1, hh, u, x))
+                .sum::<f64>()
+        };
+        let max = (0..s).map(logit).fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = (0..s).map(|u| (logit(u) - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        (0..s).map(|u| weights[u] * at(n, 2, hh, u, c)).sum::<f64>() / total
+    });
+    assert_nd("attention over split heads", &Nd::of(&out), &want, 1e-5);
+    Ok(())
+}
+
 /// `plan_to_dot` plans without running: it shows the programs the plan was chosen from
 /// (the chosen ones filled), caches the plan, and the realize that follows compiles
 /// nothing and gives the right values.
