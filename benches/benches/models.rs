@@ -354,10 +354,7 @@ fn main() -> std::process::ExitCode {
             "gpt2-bf16",
             Box::new(|| gpt2_forward(&gpt2, device, DType::BF16, runs, tokens)),
         ),
-        (
-            "gpt2-decode",
-            Box::new(|| gpt2_decode(&gpt2, device, runs.min(3))),
-        ),
+        ("gpt2-decode", Box::new(|| gpt2_decode(&gpt2, device, runs))),
         (
             "bert-f32",
             Box::new(|| bert(&root.join("bert"), device, DType::F32, runs)),
@@ -376,12 +373,12 @@ fn main() -> std::process::ExitCode {
         ),
         (
             "gpt2-train-f32",
-            Box::new(|| gpt2_train(&gpt2, device, runs.min(3), tokens, None)),
+            Box::new(|| gpt2_train(&gpt2, device, runs, tokens, None)),
         ),
         ("mlp-train", Box::new(|| mlp_train(device, runs.max(20)))),
         (
             "gpt2-train-bf16",
-            Box::new(|| gpt2_train(&gpt2, device, runs.min(3), tokens, Some(DType::BF16))),
+            Box::new(|| gpt2_train(&gpt2, device, runs, tokens, Some(DType::BF16))),
         ),
     ];
     println!("Tessel on {device}");

@@ -96,7 +96,8 @@ fn grouped_query_heads_are_read_unrepeated() -> Result<()> {
 fn heads_split_out_of_a_projection_are_read_in_place() -> Result<()> {
     let (b, l, h, e) = (2usize, 5usize, 3usize, 4usize);
     // A computed projection (not a leaf): it must be materialized to be read in place.
-    let qkv = Tensor::randn([b, l, 3 * h * e], DType::BF16)?.exp();
+    let x = Tensor::randn([b, l, 3 * h * e], DType::BF16)?;
+    let qkv = x.exp();
     let heads = |j: usize| -> Result<Tensor> {
         qkv.narrow(2, (j * h * e) as i64, (h * e) as i64)?
             .reshape(&[b as i64, l as i64, h as i64, e as i64])?
@@ -132,6 +133,25 @@ fn heads_split_out_of_a_projection_are_read_in_place() -> Result<()> {
     assert_eq!(m.operands, vec![base; 3]);
     assert_eq!(graph.node(base).shape.dims(), [d(b), d(l), d(3 * h * e)]);
     assert!(m.writes.contains(&targets[0]), "{m:?}");
+    // Differentiated, the attention keeps its contiguous operands (the backward reads
+    // them so): no match in place.
+    let loss = y.cast(DType::F32).sum_all()?;
+    let grads = tessel_tensor::grad(&loss, &[&x])?;
+    let (graph, targets) = inspect::graph_of(&[&y, &grads[0]]);
+    let order = graph.toposort(&targets);
+    let found = find_attention(&graph, &order, &find_matmuls(&graph, &order));
+    assert!(
+        found
+            .iter()
+            .any(|m| matches!(m.op, VendorOp::AttentionBackward(_))),
+        "{found:?}"
+    );
+    assert!(
+        !found
+            .iter()
+            .any(|m| matches!(&m.op, VendorOp::Attention(a) if a.layout.is_some())),
+        "{found:?}"
+    );
     Ok(())
 }
 
