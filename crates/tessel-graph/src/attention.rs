@@ -215,13 +215,13 @@ fn in_place(
     materialize.dedup();
     materialize.push(*writes.last().unwrap_or(&top));
     let mut in_place = op.clone();
-    in_place.layout = Some(AttentionLayout {
+    in_place.layout = Some(Box::new(AttentionLayout {
         heads,
         q: q_rows,
         k: k_rows,
         v: v_rows,
         out: out_rows,
-    });
+    }));
     Some(VendorMatch {
         op: VendorOp::Attention(in_place),
         operands: bases

@@ -26,14 +26,11 @@ pub struct StridedView {
 pub fn strided_view(graph: &Graph, node: NodeId) -> Option<StridedView> {
     let mut chain = Vec::new();
     let mut base = node;
-    loop {
-        match &graph.node(base).op {
-            Op::Reshape(inner) | Op::Permute(inner, _) | Op::Shrink(inner, _) => {
-                chain.push(base);
-                base = *inner;
-            }
-            _ => break,
-        }
+    while let Op::Reshape(inner) | Op::Permute(inner, _) | Op::Shrink(inner, _) =
+        &graph.node(base).op
+    {
+        chain.push(base);
+        base = *inner;
     }
     let mut strides = graph.node(base).shape.contiguous_strides();
     let mut offset = Dim::constant(0);

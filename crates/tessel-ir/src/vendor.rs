@@ -307,7 +307,7 @@ pub struct Attention {
     pub dropout: Option<AttentionDropout>,
     /// Where the rows of every operand and of the output lie, when not as the batch
     /// strides say.
-    pub layout: Option<AttentionLayout>,
+    pub layout: Option<Box<AttentionLayout>>,
 }
 
 /// Rows of an [`Attention`]'s operands and output read and written in place, as views of
@@ -497,7 +497,7 @@ impl Attention {
     /// (heads `kv_group`, so that `k` and `v` index by the outer pair).
     pub fn rows(&self) -> AttentionLayout {
         if let Some(layout) = &self.layout {
-            return layout.clone();
+            return (**layout).clone();
         }
         let (zero, g) = (Dim::constant(0), self.kv_group);
         AttentionLayout {

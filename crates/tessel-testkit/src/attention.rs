@@ -47,13 +47,13 @@ pub fn with_heads_in_place(mut op: Attention, heads: i64) -> Attention {
     let kv_heads = Dim::constant(heads) / op.kv_group;
     let h = Dim::constant(heads);
     let q_row = Dim::constant(3) * h * e;
-    op.layout = Some(AttentionLayout {
+    op.layout = Some(Box::new(AttentionLayout {
         heads: h,
         q: [h * e, l * q_row, e, q_row],
         k: [Dim::constant(0), s * kv_heads * e, e, kv_heads * e],
         v: [Dim::constant(0), s * kv_heads * ev, ev, kv_heads * ev],
         out: [Dim::constant(0), l * h * ev, ev, h * ev],
-    });
+    }));
     op
 }
 
