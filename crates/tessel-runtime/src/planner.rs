@@ -42,7 +42,7 @@ use std::sync::{Arc, LazyLock, Mutex, RwLock};
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_graph::egraph::{self, Budget as RewriteBudget, Form};
+use tessel_graph::egraph::{self, Budget as RewriteBudget, Form, StopReason};
 use tessel_graph::extract::ClassId;
 use tessel_graph::placement::Step;
 use tessel_graph::{
@@ -324,6 +324,11 @@ impl Partitions {
     }
 }
 
+/// The longest a realize's e-graph saturation may run: far past what the iteration and
+/// e-node budgets allow on the graphs measured (a 2-layer GPT-2 training step saturates in
+/// 5 iterations, 12 ms on a 2-core development machine).
+const SATURATION_GUARD: Duration = Duration::from_secs(2);
+
 /// Whether the e-graph rewrites run (`TESSEL_REWRITES=0` turns them off, for debugging).
 fn rewrites_enabled() -> bool {
     static ON: LazyLock<bool> =
@@ -345,10 +350,14 @@ pub(crate) fn partition(
 ) -> Result<Partitions> {
     let tuner = Tuner::new(tuning, devices);
     let size = graph.toposort(targets).len();
+    // The iterations and e-nodes bound the search; the clock is only a guard. The forms
+    // must not depend on how fast this host saturates: the candidates they give are the
+    // stored plan's key, and a cut made by the clock (GPT-2's training step, 50 ms, on a
+    // loaded host) made other processes miss the stored plan and plan it anew (30 s).
     let saturated = RewriteBudget {
         iterations: 16,
         nodes: 4 * size + 256,
-        time: Duration::from_millis(50),
+        time: SATURATION_GUARD,
     };
     let as_recorded = RewriteBudget {
         iterations: 0,
@@ -364,7 +373,11 @@ pub(crate) fn partition(
                 .all(|&t| !matches!(f.graph.node(t).op, Op::Leaf(_)))
     };
     let mut forms = if rewrites_enabled() {
-        egraph::forms(graph, targets, saturated).forms
+        let forms = egraph::forms(graph, targets, saturated);
+        if forms.report.stop_reason == StopReason::TimeLimit {
+            tracing::warn!(target: "tessel::plan", "rewriting {size} nodes stopped after {:?}: another process may rewrite them further and not find this plan in the plan cache", SATURATION_GUARD);
+        }
+        forms.forms
     } else {
         Vec::new()
     };
