@@ -352,8 +352,9 @@ pub(crate) fn partition(
     let size = graph.toposort(targets).len();
     // The iterations and e-nodes bound the search; the clock is only a guard. The forms
     // must not depend on how fast this host saturates: the candidates they give are the
-    // stored plan's key, and a cut made by the clock (GPT-2's training step, 50 ms, on a
-    // loaded host) made other processes miss the stored plan and plan it anew (30 s).
+    // stored plan's key. With a 50 ms cut, warm processes sometimes planned GPT-2's
+    // training step anew (31 s instead of 3 s) on a loaded host: the only wall-clock
+    // input to the key, and a 2-layer step already takes 12 ms to saturate here.
     let saturated = RewriteBudget {
         iterations: 16,
         nodes: 4 * size + 256,
