@@ -2,7 +2,8 @@
 //! the tiny GPT-2 fixture (`crates/tessel-models/tests/fixtures/gpt2`: 2 layers, 32 wide, so
 //! the device's work is small), and `AdamW` steps of a 784-128-10 MLP on a batch of 64 and of
 //! the tiny GPT-2 on [4, 32] tokens, timed by phase (recording the forward and loss, `grad`,
-//! recording the update plus realizing it).
+//! recording the update plus realizing it). `GPT2_DIR` names another GPT-2 directory
+//! (`config.json` and `model.safetensors`), such as a deeper model of the same small width.
 //!
 //! ```text
 //! cargo run --release -p tessel-benches --example host_overhead
@@ -35,10 +36,11 @@ fn main() -> Result<()> {
             .try_init();
     }
     let device = Device::default();
-    let dir = concat!(
+    let fixture = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../crates/tessel-models/tests/fixtures/gpt2"
     );
+    let dir = std::env::var("GPT2_DIR").unwrap_or_else(|_| fixture.to_owned());
     let model = Gpt2::from_dir(dir, DType::F32, &device)?;
     let prompt: Vec<i64> = (0..8).map(|i| i * 7 % 100).collect();
     let tokens = env("TOKENS", 48);
