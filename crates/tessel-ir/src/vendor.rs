@@ -839,3 +839,111 @@ impl fmt::Display for AttentionBackward {
         write!(f, "{part} of {}", self.forward)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tessel_shape::{Bindings, DType, Dim, Scalar};
+
+    use super::{Attention, AttentionLayout};
+
+    fn op(batch: i64, [l, s, e]: [i64; 3], strides: [i64; 3], group: i64) -> Attention {
+        Attention {
+            dtype: DType::F32,
+            batch: batch.into(),
+            l: l.into(),
+            s: s.into(),
+            e: e.into(),
+            ev: e.into(),
+            q_batch_stride: strides[0].into(),
+            k_batch_stride: strides[1].into(),
+            v_batch_stride: strides[2].into(),
+            kv_group: group.into(),
+            scale: Scalar::F32(1.0),
+            causal: false,
+            mask: None,
+            dropout: None,
+            layout: None,
+        }
+    }
+
+    /// The batch strides' layout places every row where the batch strides say: `q` of pair
+    /// `b` at `b·q_stride`, `k` and `v` of its group `b / kv_group`, the output contiguous.
+    #[test]
+    fn the_batch_strides_layout_places_rows_as_the_strides_do() {
+        let (l, s, e) = (5usize, 7usize, 4usize);
+        for (batch, strides, group) in [
+            (6, [l * e, s * e, s * e], 1),
+            (6, [l * e, s * e, s * e], 3),
+            (4, [l * e + 8, 0, s * e], 2),
+        ] {
+            let op = op(
+                batch as i64,
+                [l, s, e].map(|x| x as i64),
+                strides.map(|x| x as i64),
+                group as i64,
+            );
+            let sizes = op.sizes(&Bindings::new()).unwrap();
+            for b in 0..batch {
+                for i in 0..l.min(s) {
+                    let g = b / group;
+                    assert_eq!(sizes.rows.row(0, b, group, i), b * strides[0] + i * e);
+                    assert_eq!(sizes.rows.row(1, b, group, i), g * strides[1] + i * e);
+                    assert_eq!(sizes.rows.row(2, b, group, i), g * strides[2] + i * e);
+                    assert_eq!(sizes.rows.row(3, b, group, i), (b * l + i) * e);
+                }
+            }
+            let last = batch - 1;
+            assert_eq!(
+                sizes.min_elements(),
+                [
+                    last * strides[0] + l * e,
+                    (last / group) * strides[1] + s * e,
+                    (last / group) * strides[2] + s * e,
+                    batch * l * e,
+                ]
+            );
+        }
+    }
+
+    /// With a layout, buffers must reach the farthest row any pair reads or writes, also
+    /// when the pairs do not fill the last outer index's heads.
+    #[test]
+    fn rows_in_place_need_the_farthest_row() {
+        let d = |v: usize| Dim::constant(v as i64);
+        let (l, e, heads) = (3usize, 4usize, 3usize);
+        let mut op = op(5, [3, 3, 4], [0, 0, 0], 1);
+        let row = 3 * heads * e;
+        op.layout = Some(Box::new(AttentionLayout {
+            heads: d(heads),
+            q: [d(0), d(l * row), d(e), d(row)],
+            k: [d(heads * e), d(l * row), d(e), d(row)],
+            v: [d(2 * heads * e), d(l * row), d(e), d(row)],
+            out: [d(0), d(l * heads * e), d(e), d(heads * e)],
+        }));
+        let sizes = op.sizes(&Bindings::new()).unwrap();
+        // Pairs 0..5 are (outer, head) (0, 0..3) and (1, 0..2): the farthest `q` row is
+        // pair 2's (outer 0, head 2) or pair 4's (outer 1, head 1), row 2.
+        let far = |offset: usize| {
+            [(0, 2), (1, 1)]
+                .map(|(o, h)| offset + o * l * row + h * e + (l - 1) * row + e)
+                .into_iter()
+                .max()
+                .unwrap()
+        };
+        let out_far = [(0, 2), (1, 1)]
+            .map(|(o, h)| o * l * heads * e + h * e + (l - 1) * heads * e + e)
+            .into_iter()
+            .max()
+            .unwrap();
+        assert_eq!(
+            sizes.min_elements(),
+            [far(0), far(heads * e), far(2 * heads * e), out_far]
+        );
+        for p in 0..5 {
+            assert_eq!(
+                sizes.rows.row(1, p, 1, 2),
+                heads * e + (p / heads) * l * row + (p % heads) * e + 2 * row
+            );
+        }
+    }
+}
