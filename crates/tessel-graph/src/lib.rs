@@ -21,6 +21,8 @@
 //! - [`vendor`]: values a library routine can compute (matrix products), as alternatives
 //!   to the generated kernels ([`find_matmuls`]), and attention over two of them
 //!   ([`find_attention`]), with the pieces of its backward pass that autograd records.
+//! - [`view`]: a chain of movement ops read as offsets and strides of the value below it
+//!   ([`strided_view`]), so attention can read heads in place.
 //!
 //! **Architecture Invariant:** `tessel-graph` never emits source code and never touches a
 //! device: it produces `tessel_ir::Kernel`s and a schedule of buffer slots.
