@@ -62,7 +62,7 @@ pub struct AttentionNodes {
 /// [`find_matmuls`](crate::find_matmuls) found among `order`, a topological order of the
 /// realized subgraph), each writing that product's nodes; where its operands are views of
 /// wider values (heads split out of a projection) or its output is read with its heads
-/// merged back, also one reading and writing those rows in place (see [`in_place`]) unless
+/// merged back, also one reading and writing those rows in place (see `in_place`) unless
 /// it is being differentiated; and the pieces of each one's backward pass that autograd
 /// recorded (see `attention_backward.rs`).
 pub fn find_attention(
