@@ -607,15 +607,17 @@ impl Runtime {
             return Err(e);
         }
         let mut rest = Vec::new();
+        // Each output's target, by value (a training step keeps hundreds among its temps).
+        let outputs: FxHashMap<usize, usize> = plan.outputs.iter().copied().collect();
         for (place, (buffer, bytes)) in temps {
             let output = match place {
                 Place {
                     slot: PlanSlot::Node(p),
                     device: 0,
-                } => plan.outputs.iter().find(|(q, _)| *q == p),
+                } => outputs.get(&p),
                 _ => None,
             };
-            if let Some(&(_, k)) = output {
+            if let Some(&k) = output {
                 let node = targets[k];
                 let leaf = LeafId(st.next_leaf);
                 st.next_leaf += 1;
@@ -628,17 +630,18 @@ impl Runtime {
                     },
                 );
                 // A loss keeps what it was computed from, for `grad` (see `history`).
-                let n = st.graph.node(node).clone();
-                let keep = n.dtype.is_float()
+                let n = st.graph.node(node);
+                let kept = (n.dtype.is_float()
                     && n.shape.numel().as_const() == Some(1)
-                    && !matches!(n.op, Op::Leaf(_));
-                if keep {
-                    for c in n.op.children() {
+                    && !matches!(n.op, Op::Leaf(_)))
+                .then(|| n.clone());
+                if let Some(n) = &kept {
+                    for c in n.op.operands() {
                         st.graph.retain(c);
                     }
                 }
                 let freed = st.graph.make_leaf(node, leaf);
-                if keep {
+                if let Some(n) = kept {
                     st.history.insert(leaf, n);
                 }
                 self.free_leaves(&mut st, freed);
