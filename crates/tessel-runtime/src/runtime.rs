@@ -254,6 +254,27 @@ impl Runtime {
         })
     }
 
+    /// Whether `node` computes its values from nothing but constants and element indices
+    /// (`arange`, `zeros`, `full` and expressions over them): such a value holds no data,
+    /// so any device can compute it and moving it to another device needs no copy. User
+    /// kernels and `f64` (which some devices lack) are left to the copying path, as are
+    /// expressions of more than `limit` nodes (the answer must stay cheap).
+    pub fn is_data_free(&self, node: NodeId, limit: usize) -> bool {
+        let st = self.lock();
+        let mut stack = vec![node];
+        let mut seen = 0;
+        while let Some(id) = stack.pop() {
+            seen += 1;
+            let n = st.graph.node(id);
+            if seen > limit || n.dtype == DType::F64 || matches!(n.op, Op::Leaf(_) | Op::Custom(..))
+            {
+                return false;
+            }
+            stack.extend(n.op.operands());
+        }
+        true
+    }
+
     /// Adds a count to a live node for a new holder.
     pub fn retain(&self, node: NodeId) {
         self.lock().graph.retain(node);
@@ -768,13 +789,18 @@ impl Runtime {
             Some(LeafData::Device {
                 device: d, buffer, ..
             }) if *d == device => return Ok(*buffer),
-            Some(LeafData::Device { device: d, .. }) => {
-                // Only reachable with two backends compiled in; the transfer path arrives
-                // with the second backend, and until then this is an error, not a copy.
-                return Err(Error::NoDevice {
-                    device: device.to_string(),
-                    reason: format!("moving data from {d} to {device} is not supported yet"),
-                });
+            // A value realized on another device (one node can be recorded for several
+            // devices, since the graph merges equal nodes): staged through the host.
+            Some(LeafData::Device {
+                device: d,
+                buffer,
+                bytes,
+            }) => {
+                let mut staged = host_bytes(*bytes)?;
+                if *bytes > 0 {
+                    self.backend(*d)?.read(*buffer, 0, &mut staged)?;
+                }
+                HostBytes::from(staged)
             }
             Some(LeafData::Host(bytes)) => bytes.clone(),
             None => return Err(Error::Internal(format!("leaf {leaf:?} has no data"))),

@@ -375,12 +375,24 @@ impl Tensor {
     }
 
     /// The tensor on `device` (the same handle if it is already there). The data moves
-    /// through host memory.
+    /// through host memory; a value made only of constants and indices (`arange`, `zeros`,
+    /// `full` and expressions over them) moves without computing or copying anything: the
+    /// target device computes it where it is used, as `torch.arange(n, device=d)` would.
     pub fn to(&self, device: &Device) -> Result<Tensor> {
         if *device == self.device() {
             return Ok(self.clone());
         }
         runtime().backend(*device)?;
+        if runtime().is_data_free(self.node(), DATA_FREE_LIMIT) {
+            runtime().retain(self.node());
+            return Ok(Tensor::from_node_with(
+                self.node(),
+                self.shape().clone(),
+                self.dtype(),
+                *device,
+                self.dim_values().clone(),
+            ));
+        }
         let bytes = self.bytes()?;
         let node = runtime().add_host_leaf(bytes.into(), self.dtype(), self.shape().clone());
         Ok(Tensor::from_node_with(
@@ -392,6 +404,9 @@ impl Tensor {
         ))
     }
 }
+
+/// The largest data-free expression (in nodes) [`Tensor::to`] moves without realizing it.
+const DATA_FREE_LIMIT: usize = 64;
 
 pub(crate) fn dtype_mismatch(op: &'static str, actual: DType, requested: DType) -> Error {
     Error::DTypeMismatch {

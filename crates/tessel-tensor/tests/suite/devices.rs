@@ -26,3 +26,29 @@ fn lists_devices_and_runs_on_the_default_one() -> tessel_tensor::Result<()> {
     assert_eq!(x.mul(2.0)?.to_vec::<f32>()?, [2.0, 4.0, 6.0]);
     Ok(())
 }
+
+/// A value made of constants and indices moves between devices as an expression: each
+/// device computes it where it is used. A node recorded for two devices (the graph merges
+/// equal nodes) and realized on one is copied to the other when the other uses it.
+#[test]
+fn values_made_of_indices_move_as_expressions() -> tessel_tensor::Result<()> {
+    use tessel_tensor::DType;
+    let (device, cpu) = (Device::default(), Device::cpu());
+    for (first, second, scale) in [(device, cpu, 0.5), (cpu, device, 0.25)] {
+        let want: Vec<f32> = (0..300).map(|i| (i as f64 * scale + 1.0) as f32).collect();
+        let doubled: Vec<f32> = want.iter().map(|v| v * 2.0).collect();
+        let a = ((Tensor::arange(0i64, 300, 1)?.cast(DType::F32) * scale)? + 1.0)?.to(&first)?;
+        let b = a.to(&second)?;
+        assert_eq!((a.device(), b.device()), (first, second));
+        assert_eq!(a.to_vec::<f32>()?, want, "on {first}");
+        // `b` holds the node `a` realized on `first`: `second` copies it in.
+        assert_eq!(
+            (&b * 2.0)?.to_vec::<f32>()?,
+            doubled,
+            "{first}, then {second}"
+        );
+        let zeros = Tensor::zeros([4, 5], DType::I64).to(&second)?;
+        assert_eq!(zeros.to_vec::<i64>()?, vec![0; 20], "on {second}");
+    }
+    Ok(())
+}
