@@ -338,7 +338,7 @@ fn build(
     // Lower consumers before producers so a consumer can absorb a producer it evaluates at
     // its own coordinates; `absorbed` records who wrote what.
     let mut written_by: FxHashMap<NodeId, usize> = FxHashMap::default();
-    let mut below = Descendants::default();
+    let mut below = Reach::new(order);
     let mut kernels: Vec<ScheduledKernel> = Vec::new();
     let mut empty: Vec<NodeId> = Vec::new();
     // Shared by every kernel's recipe, made on the first.
@@ -494,27 +494,49 @@ struct Built {
 }
 
 /// Whether materialized node `from` needs `target`'s value (through unmaterialized nodes,
-/// or through other materialized nodes, which need it in turn), answered from each node's
-/// set of descendants, computed once: a fresh walk for every argument of every kernel
-/// made kernelization quadratic in the graph's size.
-#[derive(Default)]
-struct Descendants(FxHashMap<NodeId, FxHashSet<NodeId>>);
+/// or through other materialized nodes, which need it in turn). A walk from `from` down its
+/// operands that skips every node placed before `target` in the topological order: such a
+/// node's operands come earlier still, so `target` is not among them. Without that bound
+/// (a fresh walk per query, or each node's whole set of descendants) a training step's
+/// kernelization spent most of its time here.
+struct Reach {
+    /// Each node's place in the topological order (operands before their users).
+    position: FxHashMap<NodeId, usize>,
+    seen: FxHashSet<NodeId>,
+    stack: Vec<NodeId>,
+}
 
-impl Descendants {
+impl Reach {
+    fn new(order: &[NodeId]) -> Reach {
+        Reach {
+            position: order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
+            seen: FxHashSet::default(),
+            stack: Vec::new(),
+        }
+    }
+
     fn depends_on(&mut self, graph: &Graph, from: NodeId, target: NodeId) -> bool {
-        self.0
-            .entry(from)
-            .or_insert_with(|| {
-                let mut seen = FxHashSet::default();
-                let mut stack = vec![from];
-                while let Some(n) = stack.pop() {
-                    if seen.insert(n) {
-                        stack.extend(graph.node(n).op.children());
-                    }
+        let floor = self.position.get(&target).copied().unwrap_or(0);
+        let below = |position: &FxHashMap<NodeId, usize>, n: NodeId| {
+            position.get(&n).is_some_and(|&p| p < floor)
+        };
+        if from == target || below(&self.position, from) {
+            return from == target;
+        }
+        self.seen.clear();
+        self.stack.clear();
+        self.stack.push(from);
+        while let Some(n) = self.stack.pop() {
+            for c in graph.node(n).op.operands() {
+                if c == target {
+                    return true;
                 }
-                seen
-            })
-            .contains(&target)
+                if !below(&self.position, c) && self.seen.insert(c) {
+                    self.stack.push(c);
+                }
+            }
+        }
+        false
     }
 }
 

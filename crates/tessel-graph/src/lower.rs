@@ -560,8 +560,7 @@ impl Lowerer<'_> {
             root,
             ..
         } = self;
-        let text = kb.kernel().to_string();
-        let kernel = kb.build().map_err(|e| {
+        let kernel = kb.build_with_listing().map_err(|(e, text)| {
             KernelizeError(format!("generated kernel failed verification: {e}\n{text}"))
         })?;
         let kernel = tessel_ir::passes::optimize(&kernel);

@@ -128,8 +128,7 @@ impl Lowerer<'_> {
             )));
         }
         let Lowerer { kb, args, .. } = self;
-        let text = kb.kernel().to_string();
-        let kernel = kb.build().map_err(|e| {
+        let kernel = kb.build_with_listing().map_err(|(e, text)| {
             KernelizeError(format!(
                 "generated row kernel failed verification: {e}\n{text}"
             ))

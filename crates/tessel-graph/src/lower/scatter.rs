@@ -90,8 +90,7 @@ pub(super) fn lower_scatter_kernel(
         }
     }
     let Lowerer { kb, args, .. } = lw;
-    let text = kb.kernel().to_string();
-    let kernel = kb.build().map_err(|e| {
+    let kernel = kb.build_with_listing().map_err(|(e, text)| {
         KernelizeError(format!(
             "generated scatter kernel failed verification: {e}\n{text}"
         ))

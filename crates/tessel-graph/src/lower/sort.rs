@@ -144,8 +144,7 @@ pub(super) fn lower_argsort_kernel(
         }
     }
     let Lowerer { kb, args, .. } = lw;
-    let text = kb.kernel().to_string();
-    let kernel = kb.build().map_err(|e| {
+    let kernel = kb.build_with_listing().map_err(|(e, text)| {
         KernelizeError(format!(
             "generated sort kernel failed verification: {e}\n{text}"
         ))
