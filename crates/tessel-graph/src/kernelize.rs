@@ -112,10 +112,123 @@ impl std::fmt::Display for KernelizeError {
 
 impl std::error::Error for KernelizeError {}
 
+/// Lowered kernels by the structure of what they compute, shared by the kernelizations
+/// made through one handle: a model's layers repeat their kernels, and the planner's
+/// alternative partitions of one graph (default, shared values, rows, routines) repeat
+/// most of each other's. The free functions ([`kernelize`] and the rest) each use a fresh
+/// one.
+#[derive(Clone, Debug, Default)]
+pub struct Lowerings(Arc<LowerMemo>);
+
+impl Lowerings {
+    /// [`kernelize`] with these lowerings.
+    pub fn kernelize(&self, graph: &Graph, targets: &[NodeId]) -> Result<Schedule, KernelizeError> {
+        self.kernelize_with(graph, targets, &[])
+    }
+
+    /// [`kernelize_with`] with these lowerings.
+    pub fn kernelize_with(
+        &self,
+        graph: &Graph,
+        targets: &[NodeId],
+        separate: &[NodeId],
+    ) -> Result<Schedule, KernelizeError> {
+        kernelize_impl(
+            graph,
+            targets,
+            separate,
+            Mode::Serial,
+            MAX_INLINE_OPS + 1,
+            &self.0,
+        )
+    }
+
+    /// [`kernelize_cooperative`] with these lowerings.
+    pub fn kernelize_cooperative(
+        &self,
+        graph: &Graph,
+        targets: &[NodeId],
+    ) -> Result<Schedule, KernelizeError> {
+        kernelize_impl(
+            graph,
+            targets,
+            &[],
+            Mode::Cooperative,
+            MAX_INLINE_OPS + 1,
+            &self.0,
+        )
+    }
+
+    /// [`kernelize_rows`] with these lowerings.
+    pub fn kernelize_rows(
+        &self,
+        graph: &Graph,
+        targets: &[NodeId],
+        separate: &[NodeId],
+    ) -> Result<Option<Schedule>, KernelizeError> {
+        let order = graph.toposort(targets);
+        let materialized =
+            choose_materialized(graph, &order, targets, separate, MAX_INLINE_OPS + 1);
+        let mut stats = row_statistics(graph, &order, &materialized, targets);
+        let (_, leaves) = signature(graph, targets);
+        let leaf_slot: FxHashMap<LeafId, usize> =
+            leaves.iter().enumerate().map(|(i, &l)| (l, i)).collect();
+        while !stats.is_empty() {
+            let fused: FxHashSet<NodeId> = materialized.difference(&stats).copied().collect();
+            match build(
+                graph,
+                &order,
+                &fused,
+                separate,
+                &leaf_slot,
+                false,
+                Mode::Rows,
+                &self.0,
+            ) {
+                Ok(Built {
+                    kernels,
+                    empty,
+                    order: Some(sorted),
+                }) => return Ok(Some(schedule(graph, kernels, &empty, sorted))),
+                Ok(_) => return Ok(None),
+                Err(Unsuitable::Mode(root, why)) => {
+                    tracing::debug!(target: "tessel::kernels", "not a row kernel: {why}");
+                    // Its statistics go back to buffers of their own.
+                    let before = stats.len();
+                    for n in graph.toposort(&[root]) {
+                        stats.remove(&n);
+                    }
+                    if stats.len() == before {
+                        return Ok(None);
+                    }
+                }
+                Err(Unsuitable::Error(e)) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`kernelize_shared`] with these lowerings.
+    pub fn kernelize_shared(
+        &self,
+        graph: &Graph,
+        targets: &[NodeId],
+        min_ops: usize,
+    ) -> Result<Option<Schedule>, KernelizeError> {
+        let order = graph.toposort(targets);
+        let default = choose_materialized(graph, &order, targets, &[], MAX_INLINE_OPS + 1);
+        let shared = choose_materialized(graph, &order, targets, &[], min_ops);
+        if shared == default {
+            return Ok(None);
+        }
+        kernelize_impl(graph, targets, &[], Mode::Serial, min_ops, &self.0).map(Some)
+    }
+}
+
 /// Builds the schedule that computes `targets`. Targets that are already leaves need no
 /// kernel. Leaves appear as [`Slot::Input`]s numbered as [`signature`] numbers them.
 pub fn kernelize(graph: &Graph, targets: &[NodeId]) -> Result<Schedule, KernelizeError> {
-    kernelize_with(graph, targets, &[])
+    Lowerings::default().kernelize(graph, targets)
 }
 
 /// [`kernelize`], with the nodes of `separate` also materialized, each by a kernel of its
@@ -126,7 +239,7 @@ pub fn kernelize_with(
     targets: &[NodeId],
     separate: &[NodeId],
 ) -> Result<Schedule, KernelizeError> {
-    kernelize_impl(graph, targets, separate, Mode::Serial, MAX_INLINE_OPS + 1)
+    Lowerings::default().kernelize_with(graph, targets, separate)
 }
 
 /// [`kernelize`], with every kernel whose reductions are long lowered cooperatively: a
@@ -138,7 +251,7 @@ pub fn kernelize_cooperative(
     graph: &Graph,
     targets: &[NodeId],
 ) -> Result<Schedule, KernelizeError> {
-    kernelize_impl(graph, targets, &[], Mode::Cooperative, MAX_INLINE_OPS + 1)
+    Lowerings::default().kernelize_cooperative(graph, targets)
 }
 
 /// [`kernelize_cooperative`], with row statistics fused into the kernels that read them:
@@ -156,44 +269,7 @@ pub fn kernelize_rows(
     targets: &[NodeId],
     separate: &[NodeId],
 ) -> Result<Option<Schedule>, KernelizeError> {
-    let order = graph.toposort(targets);
-    let materialized = choose_materialized(graph, &order, targets, separate, MAX_INLINE_OPS + 1);
-    let mut stats = row_statistics(graph, &order, &materialized, targets);
-    let (_, leaves) = signature(graph, targets);
-    let leaf_slot: FxHashMap<LeafId, usize> =
-        leaves.iter().enumerate().map(|(i, &l)| (l, i)).collect();
-    while !stats.is_empty() {
-        let fused: FxHashSet<NodeId> = materialized.difference(&stats).copied().collect();
-        match build(
-            graph,
-            &order,
-            &fused,
-            separate,
-            &leaf_slot,
-            false,
-            Mode::Rows,
-        ) {
-            Ok(Built {
-                kernels,
-                empty,
-                order: Some(sorted),
-            }) => return Ok(Some(schedule(graph, kernels, &empty, sorted))),
-            Ok(_) => return Ok(None),
-            Err(Unsuitable::Mode(root, why)) => {
-                tracing::debug!(target: "tessel::kernels", "not a row kernel: {why}");
-                // Its statistics go back to buffers of their own.
-                let before = stats.len();
-                for n in graph.toposort(&[root]) {
-                    stats.remove(&n);
-                }
-                if stats.len() == before {
-                    return Ok(None);
-                }
-            }
-            Err(Unsuitable::Error(e)) => return Err(e),
-        }
-    }
-    Ok(None)
+    Lowerings::default().kernelize_rows(graph, targets, separate)
 }
 
 /// Materialized values that are row statistics: not targets, last dim 1, long reductions
@@ -279,6 +355,7 @@ fn kernelize_impl(
     separate: &[NodeId],
     mode: Mode,
     share_from: usize,
+    memo: &Arc<LowerMemo>,
 ) -> Result<Schedule, KernelizeError> {
     let order = graph.toposort(targets);
     let (_, leaves) = signature(graph, targets);
@@ -299,6 +376,7 @@ fn kernelize_impl(
             &leaf_slot,
             absorb,
             mode,
+            memo,
         )
         .map_err(|e| match e {
             Unsuitable::Error(e) => e,
@@ -334,6 +412,7 @@ fn build(
     leaf_slot: &FxHashMap<LeafId, usize>,
     absorb: bool,
     mode: Mode,
+    memo: &Arc<LowerMemo>,
 ) -> Result<Built, Unsuitable> {
     // Lower consumers before producers so a consumer can absorb a producer it evaluates at
     // its own coordinates; `absorbed` records who wrote what.
@@ -343,8 +422,6 @@ fn build(
     let mut empty: Vec<NodeId> = Vec::new();
     // Shared by every kernel's recipe, made on the first.
     let mut context = None;
-    // Lowerings by cone: a model's layers repeat their kernels.
-    let memo = Arc::new(LowerMemo::default());
     for &root in order.iter().rev() {
         if !materialized.contains(&root) || written_by.contains_key(&root) {
             continue;
@@ -564,13 +641,7 @@ pub fn kernelize_shared(
     targets: &[NodeId],
     min_ops: usize,
 ) -> Result<Option<Schedule>, KernelizeError> {
-    let order = graph.toposort(targets);
-    let default = choose_materialized(graph, &order, targets, &[], MAX_INLINE_OPS + 1);
-    let shared = choose_materialized(graph, &order, targets, &[], min_ops);
-    if shared == default {
-        return Ok(None);
-    }
-    kernelize_impl(graph, targets, &[], Mode::Serial, min_ops).map(Some)
+    Lowerings::default().kernelize_shared(graph, targets, min_ops)
 }
 
 /// Views whose index arithmetic every consumer's kernel carries per element it reads:

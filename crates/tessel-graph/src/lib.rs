@@ -49,7 +49,7 @@ pub use custom::CustomKernel;
 pub use egraph::{EGraph, Rewrite, Simplified, rules, simplify};
 pub use graph::{ARGSORT_ROW_MAX, Graph, LeafId, Node, NodeId, Op, ReduceOp};
 pub use kernelize::{
-    KernelizeError, SHARED_MIN_OPS, Schedule, ScheduledKernel, Slot, kernelize,
+    KernelizeError, Lowerings, SHARED_MIN_OPS, Schedule, ScheduledKernel, Slot, kernelize,
     kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with, views_to_split,
 };
 pub use random::{Philox, Words};

@@ -46,9 +46,8 @@ use tessel_graph::egraph::{self, Budget as RewriteBudget, Form, StopReason};
 use tessel_graph::extract::ClassId;
 use tessel_graph::placement::Step;
 use tessel_graph::{
-    Graph, LeafId, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot, find_attention, find_matmuls,
-    kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, kernelize_with,
-    materialized_for, signature, views_to_split,
+    Graph, LeafId, Lowerings, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot, find_attention,
+    find_matmuls, materialized_for, signature, views_to_split,
 };
 use tessel_ir::attention::{attention_decode_kernel, attention_kernel};
 use tessel_ir::attention_backward::attention_backward_kernel;
@@ -349,6 +348,8 @@ pub(crate) fn partition(
     tuning: Tuning,
 ) -> Result<Partitions> {
     let tuner = Tuner::new(tuning, devices);
+    // One set of lowerings for every partition of every form: they repeat most kernels.
+    let lowerings = Lowerings::default();
     let size = graph.toposort(targets).len();
     // The iterations and e-nodes bound the search; the clock is only a guard. The forms
     // must not depend on how fast this host saturates: the candidates they give are the
@@ -419,7 +420,7 @@ pub(crate) fn partition(
         matches.extend(find_attention(graph, &order, &matches));
         let separate = materialized_for(&matches);
         if f == 0 {
-            let default = kernelize(graph, targets).map_err(internal)?;
+            let default = lowerings.kernelize(graph, targets).map_err(internal)?;
             add(parts, &default, Origin::Default);
             default_materialized = default.buffers.iter().map(|b| b.0).collect();
             let written: FxHashSet<usize> = parts
@@ -434,15 +435,18 @@ pub(crate) fn partition(
                 .filter(|p| !written.contains(p))
                 .collect();
             // Shared values computed once instead of inlined into each consumer.
-            if let Some(shared) =
-                kernelize_shared(graph, targets, SHARED_MIN_OPS).map_err(internal)?
+            if let Some(shared) = lowerings
+                .kernelize_shared(graph, targets, SHARED_MIN_OPS)
+                .map_err(internal)?
             {
                 add(parts, &shared, Origin::Shared);
             }
             // Pads and costly reshapes copied out once instead of fused into each reader.
             let split = views_to_split(graph, &order);
             if !split.is_empty() {
-                let schedule = kernelize_with(graph, targets, &split).map_err(internal)?;
+                let schedule = lowerings
+                    .kernelize_with(graph, targets, &split)
+                    .map_err(internal)?;
                 add(parts, &schedule, Origin::Shared);
             }
         }
@@ -450,21 +454,28 @@ pub(crate) fn partition(
         // faster with a workgroup per output; elsewhere that only adds barriers.
         if devices.iter().any(|d| cooperative_workgroups(*d)) {
             if f == 0 {
-                let cooperative = kernelize_cooperative(graph, targets).map_err(internal)?;
+                let cooperative = lowerings
+                    .kernelize_cooperative(graph, targets)
+                    .map_err(internal)?;
                 if cooperative.kernels.iter().any(|k| k.cooperative) {
                     add(parts, &cooperative, Origin::Cooperative);
                 }
             }
             // And row statistics fused into the kernels reading them (one-kernel softmax),
             // between matrix products materialized for the library routines.
-            if let Some(rows) = kernelize_rows(graph, targets, &separate).map_err(internal)? {
+            if let Some(rows) = lowerings
+                .kernelize_rows(graph, targets, &separate)
+                .map_err(internal)?
+            {
                 add(parts, &rows, Origin::Cooperative);
             }
         }
         if matches.is_empty() {
             continue;
         }
-        let alternative = kernelize_with(graph, targets, &separate).map_err(internal)?;
+        let alternative = lowerings
+            .kernelize_with(graph, targets, &separate)
+            .map_err(internal)?;
         add(parts, &alternative, Origin::Routine);
         // A value the default partition materializes and the routine one fuses away may be
         // read by a chosen kernel of another partition; its only producer would then be
@@ -478,7 +489,9 @@ pub(crate) fn partition(
                 both.extend(default_materialized.iter().filter(|n| !routine.contains(n)));
                 both.sort_unstable();
                 both.dedup();
-                let union = kernelize_with(graph, targets, &both).map_err(internal)?;
+                let union = lowerings
+                    .kernelize_with(graph, targets, &both)
+                    .map_err(internal)?;
                 add(parts, &union, Origin::Routine);
             }
         }

@@ -255,19 +255,23 @@ impl Runtime {
     }
 
     /// Whether `node` computes its values from nothing but constants and element indices
-    /// (`arange`, `zeros`, `full` and expressions over them): such a value holds no data,
-    /// so any device can compute it and moving it to another device needs no copy. User
-    /// kernels and `f64` (which some devices lack) are left to the copying path, as are
+    /// (`arange`, `zeros`, `full` and expressions over them), in dtypes `computes` accepts:
+    /// such a value holds no data, so a device that computes those dtypes can compute it,
+    /// and moving it there needs no copy. User kernels are left to the copying path, as are
     /// expressions of more than `limit` nodes (the answer must stay cheap).
-    pub fn is_data_free(&self, node: NodeId, limit: usize) -> bool {
+    pub fn is_data_free(
+        &self,
+        node: NodeId,
+        limit: usize,
+        computes: impl Fn(DType) -> bool,
+    ) -> bool {
         let st = self.lock();
         let mut stack = vec![node];
         let mut seen = 0;
         while let Some(id) = stack.pop() {
             seen += 1;
             let n = st.graph.node(id);
-            if seen > limit || n.dtype == DType::F64 || matches!(n.op, Op::Leaf(_) | Op::Custom(..))
-            {
+            if seen > limit || !computes(n.dtype) || matches!(n.op, Op::Leaf(_) | Op::Custom(..)) {
                 return false;
             }
             stack.extend(n.op.operands());

@@ -383,7 +383,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         runtime().backend(*device)?;
-        if runtime().is_data_free(self.node(), DATA_FREE_LIMIT) {
+        if runtime().is_data_free(self.node(), DATA_FREE_LIMIT, |d| device.supports(d)) {
             runtime().retain(self.node());
             return Ok(Tensor::from_node_with(
                 self.node(),
