@@ -176,8 +176,7 @@ impl Lowerings {
         while !stats.is_empty() {
             let fused: FxHashSet<NodeId> = materialized.difference(&stats).copied().collect();
             match build(
-                graph,
-                &order,
+                (graph, &order),
                 &fused,
                 separate,
                 &leaf_slot,
@@ -369,8 +368,7 @@ fn kernelize_impl(
     // dependencies are the graph's own and so acyclic.
     let build = |absorb| {
         build(
-            graph,
-            &order,
+            (graph, &order),
             &materialized,
             separate,
             &leaf_slot,
@@ -405,8 +403,7 @@ fn kernelize_impl(
 /// `absorb` is set; lowered in `mode`), the empty values, and the kernels in dependency
 /// order (`None` if they form a cycle).
 fn build(
-    graph: &Graph,
-    order: &[NodeId],
+    (graph, order): (&Graph, &[NodeId]),
     materialized: &FxHashSet<NodeId>,
     separate: &[NodeId],
     leaf_slot: &FxHashMap<LeafId, usize>,

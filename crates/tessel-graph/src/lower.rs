@@ -560,9 +560,9 @@ impl Lowerer<'_> {
             root,
             ..
         } = self;
-        let kernel = kb.build_with_listing().map_err(|(e, text)| {
-            KernelizeError(format!("generated kernel failed verification: {e}\n{text}"))
-        })?;
+        let kernel = kb
+            .build_with_listing()
+            .map_err(|e| KernelizeError(format!("generated kernel failed verification: {e}")))?;
         let kernel = tessel_ir::passes::optimize(&kernel);
         tracing::debug!(target: "tessel::kernels", "kernel for {root:?}:\n{kernel}");
         Ok(Lowering::Done(Box::new(ScheduledKernel {

@@ -128,10 +128,8 @@ impl Lowerer<'_> {
             )));
         }
         let Lowerer { kb, args, .. } = self;
-        let kernel = kb.build_with_listing().map_err(|(e, text)| {
-            KernelizeError(format!(
-                "generated row kernel failed verification: {e}\n{text}"
-            ))
+        let kernel = kb.build_with_listing().map_err(|e| {
+            KernelizeError(format!("generated row kernel failed verification: {e}"))
         })?;
         let kernel = tessel_ir::passes::optimize(&kernel);
         tracing::debug!(target: "tessel::kernels", "row kernel for {root:?}:\n{kernel}");

@@ -90,10 +90,8 @@ pub(super) fn lower_scatter_kernel(
         }
     }
     let Lowerer { kb, args, .. } = lw;
-    let kernel = kb.build_with_listing().map_err(|(e, text)| {
-        KernelizeError(format!(
-            "generated scatter kernel failed verification: {e}\n{text}"
-        ))
+    let kernel = kb.build_with_listing().map_err(|e| {
+        KernelizeError(format!("generated scatter kernel failed verification: {e}"))
     })?;
     let kernel = tessel_ir::passes::optimize(&kernel);
     tracing::debug!(target: "tessel::kernels", "scatter kernel for {root:?}:\n{kernel}");

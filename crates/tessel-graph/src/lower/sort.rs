@@ -144,11 +144,9 @@ pub(super) fn lower_argsort_kernel(
         }
     }
     let Lowerer { kb, args, .. } = lw;
-    let kernel = kb.build_with_listing().map_err(|(e, text)| {
-        KernelizeError(format!(
-            "generated sort kernel failed verification: {e}\n{text}"
-        ))
-    })?;
+    let kernel = kb
+        .build_with_listing()
+        .map_err(|e| KernelizeError(format!("generated sort kernel failed verification: {e}")))?;
     let kernel = tessel_ir::passes::optimize(&kernel);
     tracing::debug!(target: "tessel::kernels", "sort kernel for {root:?}:\n{kernel}");
     Ok(Lowering::Done(Box::new(ScheduledKernel {
