@@ -106,6 +106,20 @@ impl KvCache {
         out
     }
 
+    /// [`KvCache::positions`] as an `i64` tensor `[batch, step_len]` on `device`. A first step
+    /// without padding counts `0..step_len` in every row: an `arange`, computed on the device
+    /// where it is used, so nothing is built on the host or uploaded for it.
+    pub fn position_ids(&self, device: &Device) -> Result<Tensor> {
+        let (b, t) = (self.batch() as i64, self.step_len() as i64);
+        if self.len == 0 && self.new.iter().all(|row| row.iter().all(|&real| real)) {
+            return Tensor::arange(0i64, t, 1i64)?
+                .reshape(&[1, t])?
+                .expand(&[b, t])?
+                .to(device);
+        }
+        Tensor::from_vec(self.positions(), [b as usize, t as usize])?.to(device)
+    }
+
     /// Whether this step's attention must hide later tokens of the step from earlier ones
     /// by itself (`is_causal`): a first step of several tokens, none of them padding, for
     /// which [`KvCache::attention_mask`] gives no mask.

@@ -223,12 +223,11 @@ impl CausalLm for Gpt2 {
     fn forward_cached(&self, input_ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.config;
         let t = &self.transformer;
-        let (b, len) = (cache.batch(), cache.step_len());
         // The ids go where the weights are (`generate` builds them on the host).
         let device = t.wte.device();
         let input_ids = &input_ids.to(&device)?;
         let dtype = t.wte.dtype();
-        let positions = Tensor::from_vec(cache.positions(), [b, len])?.to(&device)?;
+        let positions = cache.position_ids(&device)?;
         let mut x =
             (&Tensor::embedding(&t.wte, input_ids)? + &Tensor::embedding(&t.wpe, &positions)?)?;
         let mask = cache.attention_mask(dtype, &device)?;

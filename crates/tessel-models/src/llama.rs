@@ -143,6 +143,10 @@ pub struct Llama {
     lm_head: Option<Tensor>,
     #[module(skip)]
     config: LlamaConfig,
+    /// RoPE's inverse frequencies, `[head_dim / 2]` f32 on the weights' device (the
+    /// `rotary_emb.inv_freq` buffer `transformers` computes at load, not a weight).
+    #[module(skip)]
+    inv_freq: Tensor,
 }
 
 /// A linear layer `[out, inp]`, with a bias if the checkpoint has one (Qwen2's q/k/v).
@@ -226,10 +230,17 @@ impl Llama {
         } else {
             None
         };
+        let d = c.head_dim;
+        let theta = c.rope_theta as f32;
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / d as f32))
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, [d / 2])?.to(&model.embed_tokens.device())?;
         Ok(Llama {
             model,
             lm_head,
             config: c.clone(),
+            inv_freq,
         })
     }
 
@@ -246,36 +257,13 @@ impl Llama {
         self.forward_cached(input_ids, &mut cache)
     }
 
-    /// RoPE's `cos` and `sin` for `positions` (`[B * T]`), `[B, 1, T, head_dim]` each,
-    /// computed in f32 as `transformers` does and cast to `dtype`.
-    fn rotary(
-        &self,
-        positions: &[i64],
-        b: usize,
-        t: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<(Tensor, Tensor)> {
-        let d = self.config.head_dim;
-        let theta = self.config.rope_theta as f32;
-        let inv_freq: Vec<f32> = (0..d / 2)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / d as f32))
-            .collect();
-        let (mut cos, mut sin) = (Vec::with_capacity(b * t * d), Vec::with_capacity(b * t * d));
-        for &p in positions {
-            // `cat(freqs, freqs)`: both halves of the head see the same angles.
-            for _ in 0..2 {
-                for &f in &inv_freq {
-                    let angle = p as f32 * f;
-                    cos.push(angle.cos());
-                    sin.push(angle.sin());
-                }
-            }
-        }
-        let make = |v: Vec<f32>| -> Result<Tensor> {
-            Ok(Tensor::from_vec(v, [b, 1, t, d])?.to(device)?.cast(dtype))
-        };
-        Ok((make(cos)?, make(sin)?))
+    /// RoPE's `cos` and `sin` for `positions` (`[B, T]` i64), `[B, 1, T, head_dim]` each,
+    /// computed in f32 on the device as `transformers` does and cast to `dtype`.
+    fn rotary(&self, positions: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let freqs = (&positions.cast(DType::F32).unsqueeze(-1)? * &self.inv_freq)?;
+        // `cat(freqs, freqs)`: both halves of the head see the same angles.
+        let angles = Tensor::cat(&[&freqs, &freqs], -1)?.unsqueeze(1)?;
+        Ok((angles.cos().cast(dtype), angles.sin().cast(dtype)))
     }
 }
 
@@ -290,12 +278,11 @@ fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 impl CausalLm for Llama {
     fn forward_cached(&self, input_ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.config;
-        let (b, t) = (cache.batch(), cache.step_len());
         // The ids go where the weights are (`generate` builds them on the host).
         let device = self.model.embed_tokens.device();
         let input_ids = &input_ids.to(&device)?;
         let dtype = self.model.embed_tokens.dtype();
-        let (cos, sin) = self.rotary(&cache.positions(), b, t, dtype, &device)?;
+        let (cos, sin) = self.rotary(&cache.position_ids(&device)?, dtype)?;
         let mask = cache.attention_mask(dtype, &device)?;
         let mut x = Tensor::embedding(&self.model.embed_tokens, input_ids)?;
         for (i, layer) in self.model.layers.iter().enumerate() {
