@@ -578,9 +578,10 @@ impl Lowerer<'_> {
         if let Some(&b) = self.params.get(&slot) {
             return b;
         }
+        // By position, not node id or input number: equal cones must print equal source,
+        // whichever of them was lowered (the lowering memo moves kernels between them).
         let name = match &slot {
-            Slot::Input(i) => format!("in{i}"),
-            // By position, not node id: equal kernels must print equal source.
+            Slot::Input(_) => format!("in{}", self.args.len()),
             Slot::Node(_) => format!("buf{}", self.args.len()),
         };
         let b = self.kb.buffer(&name, dtype, len, access);

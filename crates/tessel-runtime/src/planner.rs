@@ -46,8 +46,8 @@ use tessel_graph::egraph::{self, Budget as RewriteBudget, Form, StopReason};
 use tessel_graph::extract::ClassId;
 use tessel_graph::placement::Step;
 use tessel_graph::{
-    Graph, LeafId, Lowerings, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot, find_attention,
-    find_matmuls, materialized_for, signature, views_to_split,
+    Graph, KernelizeError, LeafId, Lowerings, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot,
+    find_attention, find_matmuls, materialized_for, signature, views_to_split,
 };
 use tessel_ir::attention::{attention_decode_kernel, attention_kernel};
 use tessel_ir::attention_backward::attention_backward_kernel;
@@ -419,64 +419,95 @@ pub(crate) fn partition(
         let mut matches = find_matmuls(graph, &order);
         matches.extend(find_attention(graph, &order, &matches));
         let separate = materialized_for(&matches);
+        // This form's partitions, kernelized concurrently on a large graph (each lowers
+        // hundreds of kernels; they share `lowerings`), then added in this order, on which
+        // the candidates' numbering and so the plan cache's key depend.
+        let split = if f == 0 {
+            views_to_split(graph, &order)
+        } else {
+            Vec::new()
+        };
+        let mut jobs: Vec<Job<'_>> = Vec::new();
         if f == 0 {
-            let default = lowerings.kernelize(graph, targets).map_err(internal)?;
-            add(parts, &default, Origin::Default);
-            default_materialized = default.buffers.iter().map(|b| b.0).collect();
-            let written: FxHashSet<usize> = parts
-                .candidates
-                .iter()
-                .flat_map(|c| c.writes.iter().copied())
-                .collect();
-            parts.empty = parts
-                .buffers
-                .keys()
-                .copied()
-                .filter(|p| !written.contains(p))
-                .collect();
+            jobs.push((
+                Origin::Default,
+                Box::new(|| lowerings.kernelize(graph, targets).map(Some)),
+            ));
             // Shared values computed once instead of inlined into each consumer.
-            if let Some(shared) = lowerings
-                .kernelize_shared(graph, targets, SHARED_MIN_OPS)
-                .map_err(internal)?
-            {
-                add(parts, &shared, Origin::Shared);
-            }
+            jobs.push((
+                Origin::Shared,
+                Box::new(|| lowerings.kernelize_shared(graph, targets, SHARED_MIN_OPS)),
+            ));
             // Pads and costly reshapes copied out once instead of fused into each reader.
-            let split = views_to_split(graph, &order);
             if !split.is_empty() {
-                let schedule = lowerings
-                    .kernelize_with(graph, targets, &split)
-                    .map_err(internal)?;
-                add(parts, &schedule, Origin::Shared);
+                jobs.push((
+                    Origin::Shared,
+                    Box::new(|| lowerings.kernelize_with(graph, targets, &split).map(Some)),
+                ));
             }
         }
         // Where a workgroup's invocations run concurrently (GPUs), long reductions may run
         // faster with a workgroup per output; elsewhere that only adds barriers.
         if devices.iter().any(|d| cooperative_workgroups(*d)) {
             if f == 0 {
-                let cooperative = lowerings
-                    .kernelize_cooperative(graph, targets)
-                    .map_err(internal)?;
-                if cooperative.kernels.iter().any(|k| k.cooperative) {
-                    add(parts, &cooperative, Origin::Cooperative);
-                }
+                jobs.push((
+                    Origin::Cooperative,
+                    Box::new(|| {
+                        let cooperative = lowerings.kernelize_cooperative(graph, targets)?;
+                        Ok(cooperative
+                            .kernels
+                            .iter()
+                            .any(|k| k.cooperative)
+                            .then_some(cooperative))
+                    }),
+                ));
             }
             // And row statistics fused into the kernels reading them (one-kernel softmax),
             // between matrix products materialized for the library routines.
-            if let Some(rows) = lowerings
-                .kernelize_rows(graph, targets, &separate)
-                .map_err(internal)?
-            {
-                add(parts, &rows, Origin::Cooperative);
+            jobs.push((
+                Origin::Cooperative,
+                Box::new(|| lowerings.kernelize_rows(graph, targets, &separate)),
+            ));
+        }
+        if !matches.is_empty() {
+            jobs.push((
+                Origin::Routine,
+                Box::new(|| {
+                    lowerings
+                        .kernelize_with(graph, targets, &separate)
+                        .map(Some)
+                }),
+            ));
+        }
+        let mut alternative = None;
+        for (origin, schedule) in run_jobs(jobs, size >= CONCURRENT_MIN_NODES) {
+            let Some(schedule) = schedule.map_err(internal)? else {
+                continue;
+            };
+            add(parts, &schedule, origin);
+            match origin {
+                Origin::Default => {
+                    default_materialized = schedule.buffers.iter().map(|b| b.0).collect();
+                    let written: FxHashSet<usize> = parts
+                        .candidates
+                        .iter()
+                        .flat_map(|c| c.writes.iter().copied())
+                        .collect();
+                    parts.empty = parts
+                        .buffers
+                        .keys()
+                        .copied()
+                        .filter(|p| !written.contains(p))
+                        .collect();
+                }
+                Origin::Routine => alternative = Some(schedule),
+                Origin::Cooperative | Origin::Shared => {}
             }
         }
-        if matches.is_empty() {
+        // The routine partition exists exactly where the graph holds products.
+        let Some(alternative) = alternative else {
             continue;
-        }
-        let alternative = lowerings
-            .kernelize_with(graph, targets, &separate)
-            .map_err(internal)?;
-        add(parts, &alternative, Origin::Routine);
+        };
         // A value the default partition materializes and the routine one fuses away may be
         // read by a chosen kernel of another partition; its only producer would then be
         // the default kernel computing a product inline (GPT-2's MLP output with its
@@ -662,6 +693,43 @@ impl Numbering {
     }
 }
 
+/// A partition to kernelize, with the kind it is.
+type Job<'a> = (
+    Origin,
+    Box<dyn FnOnce() -> std::result::Result<Option<Schedule>, KernelizeError> + Send + 'a>,
+);
+
+/// Graphs of at least this many nodes kernelize their partitions on several threads: below
+/// it the threads' start costs more than the lowering they share.
+const CONCURRENT_MIN_NODES: usize = 256;
+
+/// Each job's schedule, in the jobs' order: the first on this thread and the others on
+/// threads of their own where `concurrent` is set, else one after another.
+fn run_jobs(
+    jobs: Vec<Job<'_>>,
+    concurrent: bool,
+) -> Vec<(
+    Origin,
+    std::result::Result<Option<Schedule>, KernelizeError>,
+)> {
+    if !concurrent || jobs.len() < 2 {
+        return jobs.into_iter().map(|(o, job)| (o, job())).collect();
+    }
+    std::thread::scope(|scope| {
+        let mut jobs = jobs.into_iter();
+        let first = jobs.next();
+        let spawned: Vec<_> = jobs.map(|(o, job)| (o, scope.spawn(job))).collect();
+        let mut out: Vec<_> = first.into_iter().map(|(o, job)| (o, job())).collect();
+        for (o, handle) in spawned {
+            let schedule = handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            out.push((o, schedule));
+        }
+        out
+    })
+}
+
 /// Which partition a schedule is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Origin {
@@ -708,12 +776,15 @@ fn add_schedule(
             continue;
         }
         let variants = tuner.variants(graph, k);
-        let kernel = tuning::kernel_key(&k.kernel);
         // The base's index names the group of shapes that may replace each other.
         let group = parts.candidates.len();
-        if !variants.is_empty() {
+        let kernel = if variants.is_empty() {
+            0
+        } else {
+            let kernel = tuning::kernel_key(&k.kernel);
             candidate.tuning = Some(TuneTag::default_of(kernel, group));
-        }
+            kernel
+        };
         let variants: Vec<Candidate> = variants
             .into_iter()
             .map(|(knobs, variant)| Candidate {
