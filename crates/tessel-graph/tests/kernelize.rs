@@ -3,8 +3,8 @@
 
 use rustc_hash::FxHashMap;
 use tessel_graph::{
-    Graph, Knobs, LeafId, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Search, Slot,
-    kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
+    Graph, Knobs, LeafId, Lowerings, Node, NodeId, Op, ReduceOp, SHARED_MIN_OPS, Schedule, Search,
+    Slot, kernelize, kernelize_cooperative, kernelize_rows, kernelize_shared, signature,
 };
 use tessel_shape::{BinaryOp, Bindings, DType, Dim, Scalar, Shape, UnaryOp};
 
@@ -764,5 +764,47 @@ fn repeated_layers_read_their_own_values() {
             one.kernels[k] = variant;
             check(&one, &format!("kernel {k} {knobs}"));
         }
+    }
+}
+
+/// Kernels of equal cones print the same source whichever cone was lowered first: a
+/// `Lowerings` handle that lowered `exp(c + d)` alone (its leaves the first inputs) gives
+/// `exp(a + b)` and `exp(c + d)` the same kernels as a fresh handle, whose leaves number
+/// differently. The planner shares one handle between partitions kernelized on several
+/// threads, and the kernels' source is part of the plan cache's key.
+#[test]
+fn moved_lowerings_print_the_same_source_as_fresh_ones() {
+    let mut env = Env::new();
+    let mut rng = Rng(7);
+    let [a, b, c, d] = [0; 4].map(|_| env.leaf(&[4, 8], rng.vec(32)));
+    let first = env.binary(BinaryOp::Add, a, b);
+    let first = env.unary(UnaryOp::Exp, first);
+    let second = env.binary(BinaryOp::Add, c, d);
+    let second = env.unary(UnaryOp::Exp, second);
+    let texts =
+        |s: &Schedule| -> Vec<String> { s.kernels.iter().map(|k| k.kernel.to_string()).collect() };
+    let fresh = Lowerings::default()
+        .kernelize(&env.g, &[first, second])
+        .unwrap();
+    let warmed = Lowerings::default();
+    warmed.kernelize(&env.g, &[second]).unwrap();
+    let moved = warmed.kernelize(&env.g, &[first, second]).unwrap();
+    assert_eq!(fresh.kernels.len(), 2);
+    assert_eq!(texts(&moved), texts(&fresh));
+    let (values, _) = env.run(&[first, second], &moved);
+    for (got, (x, y)) in values.iter().zip([(a, b), (c, d)]) {
+        let want: Vec<f64> = env.data[&leaf_of(&env, x)]
+            .iter()
+            .zip(&env.data[&leaf_of(&env, y)])
+            .map(|(&p, &q)| (f64::from(p) + f64::from(q)).exp())
+            .collect();
+        assert_close(got, &want, 1e-5);
+    }
+}
+
+fn leaf_of(env: &Env, n: NodeId) -> LeafId {
+    match env.g.node(n).op {
+        Op::Leaf(l) => l,
+        _ => panic!("not a leaf"),
     }
 }

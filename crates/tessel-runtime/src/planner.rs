@@ -1378,6 +1378,49 @@ mod tests {
         Ok(())
     }
 
+    /// A stack of layers (`x = x + relu(x @ w + b)`, each with weights of its own) large
+    /// enough to kernelize its partitions on several threads: every partition of it gives
+    /// the same candidates, in the same order and with the same source, so the plan
+    /// cache's key does not depend on which thread lowered a repeated layer's kernel first.
+    #[test]
+    fn concurrent_partitions_give_the_same_candidates_every_time() -> Result<()> {
+        let (rows, width) = (8, 16);
+        let mut x = random_leaf(100, &[rows, width]);
+        for layer in 0..24 {
+            let w = random_leaf(101 + 2 * layer, &[width, width]);
+            let b = node(
+                Op::Reshape(random_leaf(102 + 2 * layer, &[width])),
+                &[1, width],
+            );
+            let b = node(Op::Expand(b), &[rows, width]);
+            let h = node(
+                Op::Binary(BinaryOp::Add, matmul(x, w, &[], rows, width, width), b),
+                &[rows, width],
+            );
+            let h = node(
+                Op::Binary(
+                    BinaryOp::Max,
+                    h,
+                    crate::test_graph::constant(0.0, &[rows, width]),
+                ),
+                &[rows, width],
+            );
+            x = node(Op::Binary(BinaryOp::Add, x, h), &[rows, width]);
+        }
+        let size = runtime().lock().graph.toposort(&[x]).len();
+        assert!(size >= super::CONCURRENT_MIN_NODES, "{size} nodes");
+        let key = || -> Result<u128> {
+            let mut h = tessel_ir::cache::Fnv128::new();
+            cpu_partitions(&[x])?.fingerprint(&mut h);
+            Ok(h.finish())
+        };
+        let first = key()?;
+        for _ in 0..3 {
+            assert_eq!(key()?, first);
+        }
+        Ok(())
+    }
+
     /// `(a @ b).t()`: the transposed form computes `bᵀ·aᵀ`, so a routine writes the
     /// target itself (reading both leaves transposed), besides the routine writing the
     /// product that a transposing kernel then copies.
