@@ -295,9 +295,27 @@ pub(crate) struct Partitions {
     outputs: Vec<(usize, usize)>,
     /// The level the variants were made for, which decides where they compile.
     tuning: Tuning,
+    /// The candidates by the values they write: a new candidate is compared only with
+    /// those writing the same ones (a scan of them all made adding quadratic).
+    by_writes: FxHashMap<Vec<usize>, Vec<usize>>,
 }
 
 impl Partitions {
+    /// Whether a candidate equal to `c` is present.
+    fn contains(&self, c: &Candidate) -> bool {
+        self.by_writes
+            .get(&c.writes)
+            .is_some_and(|same| same.iter().any(|&i| self.candidates[i].same_as(c)))
+    }
+
+    fn push(&mut self, c: Candidate) {
+        self.by_writes
+            .entry(c.writes.clone())
+            .or_default()
+            .push(self.candidates.len());
+        self.candidates.push(c);
+    }
+
     /// Hashes everything a plan chosen from these candidates depends on (see
     /// [`crate::plan_cache`]).
     pub(crate) fn fingerprint(&self, h: &mut Fnv128) {
@@ -411,6 +429,7 @@ pub(crate) fn partition(
                     .map(|(k, t)| (pos(t), k))
                     .collect(),
                 tuning,
+                by_writes: FxHashMap::default(),
             }
         });
         let add = |parts: &mut Partitions, schedule: &Schedule, origin: Origin| {
@@ -552,7 +571,7 @@ pub(crate) fn partition(
                     tuning: None,
                     stands_in_for: None,
                 };
-                if parts.candidates.iter().any(|c| c.same_as(&candidate)) {
+                if parts.contains(&candidate) {
                     continue;
                 }
                 // Portable attention kernels: the row kernel where the backend has no fused
@@ -589,9 +608,9 @@ pub(crate) fn partition(
                 }
                 let routine = parts.candidates.len();
                 let (args, writes) = (candidate.args.clone(), candidate.writes.clone());
-                parts.candidates.push(candidate);
+                parts.push(candidate);
                 for (kernel, stand_in) in portable {
-                    parts.candidates.push(Candidate {
+                    parts.push(Candidate {
                         work: Work::Kernel(kernel),
                         args: args.clone(),
                         writes: writes.clone(),
@@ -772,7 +791,7 @@ fn add_schedule(
             tuning: None,
             stands_in_for: None,
         };
-        if parts.candidates.iter().any(|c| c.same_as(&candidate)) {
+        if parts.contains(&candidate) {
             continue;
         }
         let variants = tuner.variants(graph, k);
@@ -802,8 +821,10 @@ fn add_schedule(
                 }),
             })
             .collect();
-        parts.candidates.push(candidate);
-        parts.candidates.extend(variants);
+        parts.push(candidate);
+        for variant in variants {
+            parts.push(variant);
+        }
     }
 }
 
