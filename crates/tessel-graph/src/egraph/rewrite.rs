@@ -333,17 +333,28 @@ impl Pat {
         let Pat::Op(op, children) = self else {
             return;
         };
-        let mut s = subst.clone();
-        let matched = match (op, node.op()) {
+        // The op first, without copying the bindings: most e-nodes a pattern is tried on
+        // are of another op.
+        let same_op = match (op, node.op()) {
             (PatOp::Unary(a), Op::Unary(b, _)) => a == b,
             (PatOp::Binary(a), Op::Binary(b, ..)) => a == b,
             (PatOp::Ternary(a), Op::Ternary(b, ..)) => a == b,
-            (PatOp::Reshape, Op::Reshape(_)) | (PatOp::Expand, Op::Expand(_)) => true,
-            (PatOp::Permute(v), Op::Permute(_, perm)) => s.bind_axes(v, perm),
-            (PatOp::Reduce(a, v), Op::Reduce(b, _, axes)) => a == b && s.bind_axes(v, axes),
+            (PatOp::Reduce(a, _), Op::Reduce(b, ..)) => a == b,
+            (PatOp::Reshape, Op::Reshape(_))
+            | (PatOp::Expand, Op::Expand(_))
+            | (PatOp::Permute(_), Op::Permute(..)) => true,
             _ => false,
         };
-        if !matched {
+        if !same_op {
+            return;
+        }
+        let mut s = subst.clone();
+        let bound = match (op, node.op()) {
+            (PatOp::Permute(v), Op::Permute(_, perm)) => s.bind_axes(v, perm),
+            (PatOp::Reduce(_, v), Op::Reduce(_, _, axes)) => s.bind_axes(v, axes),
+            _ => true,
+        };
+        if !bound {
             return;
         }
         let mut partial = vec![s];

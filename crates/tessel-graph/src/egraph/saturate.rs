@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
-use super::{EGraph, Rewrite};
+use super::{EGraph, Match, Rewrite};
 
 /// Limits on saturation. Whichever runs out first stops it; the e-graph is valid either
 /// way, only less explored.
@@ -81,6 +81,41 @@ impl SaturationReport {
 /// Matches applied between two checks of the clock.
 const TIME_CHECK_EVERY: usize = 256;
 
+/// E-graphs of at least this many e-nodes are searched on several threads.
+const PARALLEL_SEARCH_MIN_NODES: usize = 2048;
+
+/// Each rule's matches, in the rules' order. Searching only reads the e-graph, so on a
+/// large one the rules are searched on several threads (rule `i` on thread `i mod n`).
+fn search_rules(egraph: &EGraph, rules: &[Rewrite]) -> Vec<Vec<Match>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(rules.len());
+    if threads < 2 || egraph.n_nodes() < PARALLEL_SEARCH_MIN_NODES {
+        return rules.iter().map(|r| r.search(egraph)).collect();
+    }
+    let mut per_thread: Vec<Vec<Vec<Match>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    rules
+                        .iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(|r| r.search(egraph))
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    (0..rules.len())
+        .map(|i| std::mem::take(&mut per_thread[i % threads][i / threads]))
+        .collect()
+}
+
 impl EGraph {
     /// Applies `rules` until nothing changes or `budget` runs out. See the module docs of
     /// `saturate.rs` for the loop; [`SaturationReport::applied`] counts per rule.
@@ -101,13 +136,9 @@ impl EGraph {
             }
             iterations += 1;
             let mut stop = None;
-            let mut matches = Vec::with_capacity(rules.len());
-            for rule in rules {
-                matches.push(rule.search(self));
-                if start.elapsed() >= budget.time {
-                    stop = Some(StopReason::TimeLimit);
-                    break;
-                }
+            let matches = search_rules(self, rules);
+            if start.elapsed() >= budget.time {
+                stop = Some(StopReason::TimeLimit);
             }
             let n_matches: usize = matches.iter().map(Vec::len).sum();
             let mut changed = false;
