@@ -263,23 +263,30 @@ impl StepValues {
         {
             return Ok(ts.clone());
         }
-        let mut ts = Vec::with_capacity(self.values.len());
-        for &v in &self.values {
-            let t = match dtype {
-                DType::F64 => Tensor::scalar(v),
-                DType::F32 => Tensor::scalar(v as f32),
-                DType::F16 => Tensor::scalar(f16::from_f64(v)),
-                DType::BF16 => Tensor::scalar(bf16::from_f64(v)),
-                other => {
-                    return Err(Error::UnsupportedDType {
-                        op: "optimizer step",
-                        dtype: other,
-                        hint: "only floating-point parameters can be optimized",
-                    });
-                }
-            };
-            ts.push(t.to(&device)?);
+        // One tensor holding them all, so a step uploads one buffer per dtype and device
+        // (on a GPU each upload is a copy of its own), each value a view of it.
+        let v = &self.values;
+        let all = match dtype {
+            DType::F64 => Tensor::from_vec(v.clone(), [v.len()])?,
+            DType::F32 => Tensor::from_vec(v.iter().map(|&x| x as f32).collect(), [v.len()])?,
+            DType::F16 => {
+                Tensor::from_vec(v.iter().map(|&x| f16::from_f64(x)).collect(), [v.len()])?
+            }
+            DType::BF16 => {
+                Tensor::from_vec(v.iter().map(|&x| bf16::from_f64(x)).collect(), [v.len()])?
+            }
+            other => {
+                return Err(Error::UnsupportedDType {
+                    op: "optimizer step",
+                    dtype: other,
+                    hint: "only floating-point parameters can be optimized",
+                });
+            }
         }
+        .to(&device)?;
+        let ts = (0..v.len())
+            .map(|i| all.narrow(0, i as i64, 1)?.reshape(&[]))
+            .collect::<Result<Vec<Tensor>>>()?;
         self.made.push((dtype, device, ts.clone()));
         Ok(ts)
     }
