@@ -11,7 +11,8 @@
 //! ```
 //!
 //! The second form logs each realize's host time (plan lookup, inputs bound, launched,
-//! outputs kept) on stderr. `TOKENS`, `RUNS` and `STEPS` set the loop lengths.
+//! outputs kept) on stderr. `TOKENS`, `RUNS` and `STEPS` set the loop lengths; `ONLY=mlp`
+//! runs the MLP's steps alone (for a profiler).
 
 use std::time::Instant;
 
@@ -36,6 +37,14 @@ fn main() -> Result<()> {
             .try_init();
     }
     let device = Device::default();
+    if std::env::var("ONLY").as_deref() != Ok("mlp") {
+        gpt2(device)?;
+    }
+    mlp(device)
+}
+
+/// Greedy decoding and `AdamW` steps of GPT-2 (the tiny fixture unless `GPT2_DIR` is set).
+fn gpt2(device: Device) -> Result<()> {
     let fixture = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../crates/tessel-models/tests/fixtures/gpt2"
@@ -74,8 +83,11 @@ fn main() -> Result<()> {
                 &CrossEntropyOptions::default(),
             )
         },
-    )?;
+    )
+}
 
+/// `AdamW` steps of a 784-128-10 MLP on a batch of 64.
+fn mlp(device: Device) -> Result<()> {
     Tensor::manual_seed(0);
     let opts = tessel_nn::ParamOptions {
         dtype: DType::F32,
@@ -97,8 +109,7 @@ fn main() -> Result<()> {
         &mut opt,
         env("STEPS", 500),
         || cross_entropy(&mlp.forward(&x)?, &y, &CrossEntropyOptions::default()),
-    )?;
-    Ok(())
+    )
 }
 
 /// Runs `steps` training steps of `loss` (after 3 untimed ones) and prints the mean host

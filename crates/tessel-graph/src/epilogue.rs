@@ -17,6 +17,7 @@ use rustc_hash::FxHashMap;
 use tessel_ir::{Activation, Epilogue, VendorOp};
 use tessel_shape::{DType, Dim, Scalar};
 
+use crate::consumers::Consumers;
 use crate::graph::{Graph, NodeId, Op};
 use crate::vendor::{VendorMatch, with_reshapes};
 
@@ -39,7 +40,7 @@ const AGREEMENT: f64 = 1e-6;
 pub(crate) fn epilogues(
     graph: &Graph,
     plain: &VendorMatch,
-    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
+    consumers: &Consumers,
 ) -> Vec<VendorMatch> {
     let VendorOp::Matmul(op) = &plain.op else {
         return Vec::new();
@@ -95,14 +96,14 @@ pub(crate) fn epilogues(
 }
 
 /// The elementwise nodes of `x`'s shape reachable upward from `x`, at most [`REGION_MAX`].
-fn above(graph: &Graph, x: NodeId, consumers: &FxHashMap<NodeId, Vec<NodeId>>) -> Vec<NodeId> {
+fn above(graph: &Graph, x: NodeId, consumers: &Consumers) -> Vec<NodeId> {
     let shape = &graph.node(x).shape;
     let mut seen = vec![x];
     let mut next = 0;
     while next < seen.len() && seen.len() < REGION_MAX {
         let n = seen[next];
         next += 1;
-        for &c in consumers.get(&n).map(Vec::as_slice).unwrap_or_default() {
+        for &c in consumers.get(n) {
             let node = graph.node(c);
             let elementwise = matches!(
                 node.op,

@@ -36,6 +36,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_ir::Kernel;
 use tessel_shape::{DType, Dim};
 
+use crate::consumers::Consumers;
 use crate::graph::{Graph, LeafId, NodeId, Op};
 use crate::lower::{Cone, LowerMemo, Lowering, MIN_COOPERATIVE_EXTENT, Mode, lower_kernel};
 use crate::signature::signature;
@@ -280,12 +281,7 @@ fn row_statistics(
     materialized: &FxHashSet<NodeId>,
     targets: &[NodeId],
 ) -> FxHashSet<NodeId> {
-    let mut consumers: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
-    for &n in order {
-        for c in graph.node(n).op.children() {
-            consumers.entry(c).or_default().push(n);
-        }
-    }
+    let consumers = Consumers::of(graph, order);
     materialized
         .iter()
         .copied()
@@ -297,14 +293,13 @@ fn row_statistics(
             !targets.contains(m)
                 && !graph.node(*m).op.runs_alone()
                 && last.as_const() == Some(1)
-                && consumers.get(m).is_some_and(|cs| {
-                    cs.iter().all(|&c| {
-                        let e = graph.node(c);
-                        matches!(e.op, Op::Expand(_))
-                            && e.shape.dims().split_last().is_some_and(|(len, o)| {
-                                o == outer && len.bounds().hi >= MIN_COOPERATIVE_EXTENT
-                            })
-                    })
+                && !consumers.get(*m).is_empty()
+                && consumers.get(*m).iter().all(|&c| {
+                    let e = graph.node(c);
+                    matches!(e.op, Op::Expand(_))
+                        && e.shape.dims().split_last().is_some_and(|(len, o)| {
+                            o == outer && len.bounds().hi >= MIN_COOPERATIVE_EXTENT
+                        })
                 })
         })
         .collect()

@@ -29,6 +29,7 @@
 
 mod attention;
 mod attention_backward;
+mod consumers;
 pub mod custom;
 pub mod egraph;
 mod epilogue;

@@ -11,10 +11,10 @@
 //! routine can do before storing it (a bias, `relu`, GELU) is matched too, as a further
 //! alternative (see `epilogue.rs`).
 
-use rustc_hash::FxHashMap;
 use tessel_ir::{Matmul, VendorOp};
 use tessel_shape::{DType, Dim, Shape};
 
+use crate::consumers::Consumers;
 use crate::epilogue::epilogues;
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
 
@@ -47,12 +47,7 @@ pub fn find_plain_matmuls(graph: &Graph, order: &[NodeId]) -> Vec<VendorMatch> {
 }
 
 fn matmuls_in(graph: &Graph, order: &[NodeId], with_epilogues: bool) -> Vec<VendorMatch> {
-    let mut consumers: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
-    for &n in order {
-        for c in graph.node(n).op.operands() {
-            consumers.entry(c).or_default().push(n);
-        }
-    }
+    let consumers = Consumers::of(graph, order);
     let mut found = Vec::new();
     for &n in order {
         if let Some(plain) = match_matmul(graph, n, &consumers) {
@@ -78,11 +73,7 @@ pub fn materialized_for(matches: &[VendorMatch]) -> Vec<NodeId> {
     nodes
 }
 
-fn match_matmul(
-    graph: &Graph,
-    reduce: NodeId,
-    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
-) -> Option<VendorMatch> {
+fn match_matmul(graph: &Graph, reduce: NodeId, consumers: &Consumers) -> Option<VendorMatch> {
     let node = graph.node(reduce);
     let Op::Reduce(ReduceOp::Sum, product, axes) = &node.op else {
         return None;
@@ -159,12 +150,12 @@ fn match_matmul(
 fn narrowed_output(
     graph: &Graph,
     reduce: NodeId,
-    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
+    consumers: &Consumers,
 ) -> Option<(NodeId, DType)> {
     if graph.node(reduce).dtype != DType::F32 {
         return None;
     }
-    let &[cast] = consumers.get(&reduce)?.as_slice() else {
+    let &[cast] = consumers.get(reduce) else {
         return None;
     };
     let node = graph.node(cast);
@@ -181,7 +172,7 @@ fn routine(
     [lhs, rhs]: [Operand; 2],
     batch: &[Dim],
     [m, k, n]: [Dim; 3],
-    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
+    consumers: &Consumers,
 ) -> VendorMatch {
     let batch_len = batch.iter().fold(Dim::constant(1), |acc, d| acc * *d);
     // The product's bytes are also every pure reshape stacked on it.
@@ -227,14 +218,10 @@ fn routine(
 
 /// `node` and the chain of reshapes stacked on it (each its producer's only consumer), in
 /// order: the nodes holding `node`'s bytes in row-major order.
-pub(crate) fn with_reshapes(
-    graph: &Graph,
-    node: NodeId,
-    consumers: &FxHashMap<NodeId, Vec<NodeId>>,
-) -> Vec<NodeId> {
+pub(crate) fn with_reshapes(graph: &Graph, node: NodeId, consumers: &Consumers) -> Vec<NodeId> {
     let mut nodes = vec![node];
     let mut top = node;
-    while let Some([parent]) = consumers.get(&top).map(Vec::as_slice)
+    while let [parent] = consumers.get(top)
         && matches!(graph.node(*parent).op, Op::Reshape(_))
     {
         nodes.push(*parent);

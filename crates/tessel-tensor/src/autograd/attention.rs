@@ -46,7 +46,7 @@ impl Tape {
             return Ok(None);
         };
         let scores = self.tensor(a.scores);
-        let qk_node = &self.nodes[&qk];
+        let qk_node = self.node(qk);
         // `d_probs` (the probabilities' gradient) has `x`'s shape.
         if values.batch.len() + 2 != scores.ndim()
             || self.tensor(a.factors[2]).shape() != scores.shape()

@@ -16,7 +16,7 @@
 
 mod attention;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use tessel_graph::{
     AtomicOp, AttentionNodes, Node, NodeId, Op, ReduceOp, attention_nodes, find_plain_matmuls,
 };
@@ -85,7 +85,7 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let targets: FxHashSet<NodeId> = wrt.iter().map(|w| w.node()).collect();
     let tape = Tape::record(loss, &targets);
     if let Some(i) = wrt.iter().position(|w| !tape.needs(w.node())) {
-        let reason = if matches!(tape.nodes[&loss.node()].op, Op::Leaf(_)) {
+        let reason = if matches!(tape.node(loss.node()).op, Op::Leaf(_)) {
             "the loss is a tensor of data with no recorded ops (made from values, or computed from tensors realized before it)".to_string()
         } else {
             format!(
@@ -100,9 +100,8 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     Ok(wrt
         .iter()
         .map(|w| {
-            grads
-                .get(&w.node())
-                .cloned()
+            tape.position(w.node())
+                .and_then(|i| grads[i].clone())
                 .unwrap_or_else(|| w.zeros_like())
         })
         .collect())
@@ -117,15 +116,21 @@ impl Tensor {
 }
 
 /// The recorded graph between the loss and the tensors differentiated for.
+///
+/// Per-node facts are vectors in `order`'s order, found through one index: `grad` runs
+/// on every training step, and one hash map per fact cost more than the gradients' own
+/// recording.
 struct Tape {
     /// Nodes in dependency order (operands first), the loss last.
     order: Vec<NodeId>,
+    /// Each node's position in `order`.
+    position: FxHashMap<NodeId, u32>,
     /// Each node's structure, captured at the call.
-    nodes: FxHashMap<NodeId, Node>,
-    /// A handle to every node of `order`, holding it live while gradients are built.
-    handles: FxHashMap<NodeId, Tensor>,
-    /// The nodes on a path from a differentiated tensor to the loss.
-    on_path: FxHashSet<NodeId>,
+    nodes: Vec<Node>,
+    /// A handle to every node, holding it live while gradients are built.
+    handles: Vec<Tensor>,
+    /// Whether each node is on a path from a differentiated tensor to the loss.
+    on_path: Vec<bool>,
     /// The attentions recorded between them, by the reduce node of their second product.
     attentions: FxHashMap<NodeId, AttentionNodes>,
 }
@@ -145,14 +150,13 @@ impl Tape {
             if history.is_some() {
                 order.push(root);
             }
-            let mut nodes = FxHashMap::default();
+            let mut nodes = Vec::with_capacity(order.len());
             for &id in &order {
                 st.graph.retain(id);
-                let node = match &history {
+                nodes.push(match &history {
                     Some(h) if id == root => h.clone(),
                     _ => st.graph.node(id).clone(),
-                };
-                nodes.insert(id, node);
+                });
             }
             let matmuls = find_plain_matmuls(&st.graph, &order);
             let attentions: FxHashMap<NodeId, AttentionNodes> =
@@ -164,26 +168,26 @@ impl Tape {
         };
         let handles = order
             .iter()
-            .map(|&id| {
-                let n = &nodes[&id];
+            .zip(&nodes)
+            .map(|(&id, n)| {
                 let values = loss.dim_values().clone();
-                (
-                    id,
-                    Tensor::from_node_with(id, n.shape.clone(), n.dtype, device, values),
-                )
+                Tensor::from_node_with(id, n.shape.clone(), n.dtype, device, values)
             })
             .collect();
-        let mut on_path = FxHashSet::default();
-        for &id in &order {
-            let node = &nodes[&id];
-            if targets.contains(&id)
-                || (node.dtype.is_float() && node.op.children().iter().any(|c| on_path.contains(c)))
-            {
-                on_path.insert(id);
-            }
+        let mut position = FxHashMap::with_capacity_and_hasher(order.len(), FxBuildHasher);
+        let mut on_path = Vec::with_capacity(order.len());
+        for (i, (&id, node)) in order.iter().zip(&nodes).enumerate() {
+            position.insert(id, i as u32);
+            // Operands come first in `order`, so each one's position is known here.
+            on_path.push(
+                targets.contains(&id)
+                    || (node.dtype.is_float()
+                        && node.op.operands().any(|c| on_path[position[&c] as usize])),
+            );
         }
         Tape {
             order,
+            position,
             nodes,
             handles,
             on_path,
@@ -191,39 +195,49 @@ impl Tape {
         }
     }
 
-    fn needs(&self, id: NodeId) -> bool {
-        self.on_path.contains(&id)
+    /// `id`'s position in the tape's order, `None` for a node outside it.
+    fn position(&self, id: NodeId) -> Option<usize> {
+        self.position.get(&id).map(|&i| i as usize)
     }
 
-    /// Every on-path node's gradient, from the loss's (one) down.
-    fn backward(&self, loss: &Tensor) -> Result<FxHashMap<NodeId, Tensor>> {
-        let mut grads: FxHashMap<NodeId, Tensor> = FxHashMap::default();
-        grads.insert(loss.node(), loss.ones_like());
+    /// The structure of a node of the tape.
+    fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[self.position[&id] as usize]
+    }
+
+    fn needs(&self, id: NodeId) -> bool {
+        self.position(id).is_some_and(|i| self.on_path[i])
+    }
+
+    /// Every on-path node's gradient by position, from the loss's (one) down.
+    fn backward(&self, loss: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let mut grads: Vec<Option<Tensor>> = vec![None; self.order.len()];
+        if let Some(i) = self.position(loss.node()) {
+            grads[i] = Some(loss.ones_like());
+        }
         let mut halves = Halves::default();
-        for &id in self.order.iter().rev() {
-            if !self.needs(id) {
+        for (i, &id) in self.order.iter().enumerate().rev() {
+            if !self.on_path[i] {
                 continue;
             }
-            let Some(g) = grads.get(&id).cloned() else {
+            let Some(g) = grads[i].clone() else {
                 continue;
             };
-            let node = &self.nodes[&id];
-            for (child, contribution) in self.vjp(id, node, &g, &mut halves)? {
-                if !self.needs(child) {
+            for (child, contribution) in self.vjp(id, &self.nodes[i], &g, &mut halves)? {
+                let Some(c) = self.position(child).filter(|&c| self.on_path[c]) else {
                     continue;
-                }
-                let total = match grads.remove(&child) {
+                };
+                grads[c] = Some(match grads[c].take() {
                     Some(acc) => acc.raw_binary(BinaryOp::Add, &contribution),
                     None => contribution,
-                };
-                grads.insert(child, total);
+                });
             }
         }
         Ok(grads)
     }
 
     fn tensor(&self, id: NodeId) -> &Tensor {
-        &self.handles[&id]
+        &self.handles[self.position[&id] as usize]
     }
 
     /// The gradient contributions of node `id` (with gradient `g`) to its operands.
@@ -396,20 +410,20 @@ impl Tape {
         let Op::Reduce(ReduceOp::Sum, product, axes) = &node.op else {
             return None;
         };
-        let Op::Binary(BinaryOp::Mul, ex, ey) = self.nodes[product].op else {
+        let Op::Binary(BinaryOp::Mul, ex, ey) = self.node(*product).op else {
             return None;
         };
-        let space = self.nodes[product].shape.dims().to_vec();
+        let space = self.node(*product).shape.dims().to_vec();
         let rank = space.len().checked_sub(3)?;
         if axes.as_ref() != [rank + 1] || !node.dtype.is_float() {
             return None;
         }
-        let unbroadcast = |e: NodeId| match self.nodes[&e].op {
+        let unbroadcast = |e: NodeId| match self.node(e).op {
             Op::Expand(v) => v,
             _ => e,
         };
         let (vx, vy) = (unbroadcast(ex), unbroadcast(ey));
-        let (sx, sy) = (self.nodes[&vx].shape.dims(), self.nodes[&vy].shape.dims());
+        let (sx, sy) = (self.node(vx).shape.dims(), self.node(vy).shape.dims());
         let one = Dim::constant(1);
         let (m, k, n) = (space[rank], space[rank + 1], space[rank + 2]);
         let batch = &space[..rank];
@@ -429,12 +443,12 @@ impl Tape {
             t.reshape_to(s[..rank].iter().copied().chain([rows, cols]).collect())
         };
         let half = match (self.widened_from(vx), self.widened_from(vy)) {
-            (Some(a), Some(b)) if self.nodes[&a].dtype == self.nodes[&b].dtype => Some((a, b)),
+            (Some(a), Some(b)) if self.node(a).dtype == self.node(b).dtype => Some((a, b)),
             _ => None,
         };
         let (x, y, g) = match half {
             Some((a, b)) => {
-                let dtype = self.nodes[&a].dtype;
+                let dtype = self.node(a).dtype;
                 let g = halves.narrow(g, dtype).unwrap_or_else(|| g.cast_to(dtype));
                 (self.tensor(a), self.tensor(b), g)
             }
@@ -544,11 +558,11 @@ impl Tape {
     /// [`Tensor::matmul`] records a half-precision operand.
     fn widened_from(&self, mut v: NodeId) -> Option<NodeId> {
         loop {
-            let node = self.nodes.get(&v)?;
+            let node = &self.nodes[self.position(v)?];
             match node.op {
                 Op::Reshape(a) => v = a,
                 Op::Cast(a) if node.dtype == DType::F32 => {
-                    let from = self.nodes.get(&a)?.dtype;
+                    let from = self.nodes[self.position(a)?].dtype;
                     return matches!(from, DType::F16 | DType::BF16).then_some(a);
                 }
                 _ => return None,
