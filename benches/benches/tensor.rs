@@ -1,7 +1,8 @@
 //! The Tensor API on the CPU backend (issue 4's benchmarks):
 //! - recording one op (target < 1 µs),
 //! - replaying a cached plan of one kernel and of several (issue 23's host overhead:
-//!   ≤ 10 µs per realize plus ≤ 2 µs per kernel),
+//!   ≤ 10 µs per realize plus ≤ 2 µs per kernel), and calling the same work compiled
+//!   (`Compiled`: nothing recorded or looked up),
 //! - a fused 10-op elementwise chain on 16M f32 against the same chain unfused,
 //! - a 1024×1024×1024 f32 matmul through the measured choice of path, and the `gemm`
 //!   crate called directly (throughput in elements = FLOP/s);
@@ -13,7 +14,7 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use tessel_tensor::{Conv2dOptions, DType, Padding, PoolOptions, Tensor};
+use tessel_tensor::{Compiled, Conv2dOptions, DType, Padding, PoolOptions, Tensor};
 
 fn chain(x: &Tensor, fuse: bool) -> Tensor {
     let step = |t: Tensor, i: usize| -> Tensor {
@@ -89,6 +90,28 @@ fn cached_plan_of_several_kernels(c: &mut Criterion) {
     c.bench_function("record the same 42 ops only (then drop)", |bench| {
         bench.iter(|| black_box(several_kernels(&x)));
     });
+}
+
+/// The two workloads above as `Compiled` functions of their inputs: a call binds and
+/// launches, recording nothing.
+fn compiled_calls(c: &mut Criterion) {
+    let a = Tensor::randn([16], DType::F32).unwrap();
+    let b = Tensor::randn([16], DType::F32).unwrap();
+    let f = Compiled::new(&[&a, &b], |t| Ok(vec![((&t[0] * 2.0)? + &t[1])?])).unwrap();
+    c.bench_function("call a compiled 1-kernel function (x * 2 + b)", |bench| {
+        bench.iter(|| black_box(f.call(&[&a, &b]).unwrap()));
+    });
+    let x = Tensor::randn([4, 16], DType::F32).unwrap();
+    let g = Compiled::new(&[&x], |t| Ok(vec![several_kernels(&t[0])])).unwrap();
+    c.bench_function(
+        &format!(
+            "call a compiled function of {} kernels (the 42 ops above)",
+            g.launches()
+        ),
+        |bench| {
+            bench.iter(|| black_box(g.call(&[&x]).unwrap()));
+        },
+    );
 }
 
 fn cached_plan_of_one_long_kernel(c: &mut Criterion) {
@@ -252,6 +275,7 @@ criterion_group!(
     cached_plan,
     cached_plan_of_several_kernels,
     cached_plan_of_one_long_kernel,
+    compiled_calls,
     fusion,
     matmul
 );

@@ -2,7 +2,8 @@
 //! the tiny GPT-2 fixture (`crates/tessel-models/tests/fixtures/gpt2`: 2 layers, 32 wide, so
 //! the device's work is small), and `AdamW` steps of a 784-128-10 MLP on a batch of 64 and of
 //! the tiny GPT-2 on [4, 32] tokens, timed by phase (recording the forward and loss, `grad`,
-//! recording the update plus realizing it). `GPT2_DIR` names another GPT-2 directory
+//! recording the update plus realizing it), then the same steps through a `CompiledStep`
+//! (recorded once, replayed per step). `GPT2_DIR` names another GPT-2 directory
 //! (`config.json` and `model.safetensors`), such as a deeper model of the same small width.
 //!
 //! ```text
@@ -19,7 +20,7 @@ use std::time::Instant;
 use tessel_models::{GenerateOptions, Gpt2, generate};
 use tessel_nn::Module;
 use tessel_nn::loss::{CrossEntropyOptions, cross_entropy};
-use tessel_nn::optim::{AdamW, AdamWConfig, Optimizer};
+use tessel_nn::optim::{AdamW, AdamWConfig, CompiledStep, Optimizer};
 use tessel_tensor::{DType, Device, Result, Tensor};
 
 fn env(name: &str, default: usize) -> usize {
@@ -74,15 +75,25 @@ fn gpt2(device: Device) -> Result<()> {
         &params,
         &mut opt,
         env("STEPS", 300),
-        || {
-            let logits = model.forward(&inputs)?;
-            let v = logits.dims()[2] as i64;
-            cross_entropy(
-                &logits.reshape(&[-1, v])?,
-                &targets,
-                &CrossEntropyOptions::default(),
-            )
-        },
+        || gpt2_loss(&model, &inputs, &targets),
+    )?;
+    train_compiled(
+        "tiny GPT-2 AdamW step [4,32], compiled",
+        device,
+        &mut opt,
+        env("STEPS", 300),
+        &[&inputs, &targets],
+        |b| gpt2_loss(&model, &b[0], &b[1]),
+    )
+}
+
+fn gpt2_loss(model: &Gpt2, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let logits = model.forward(inputs)?;
+    let v = logits.dims()[2] as i64;
+    cross_entropy(
+        &logits.reshape(&[-1, v])?,
+        targets,
+        &CrossEntropyOptions::default(),
     )
 }
 
@@ -109,7 +120,43 @@ fn mlp(device: Device) -> Result<()> {
         &mut opt,
         env("STEPS", 500),
         || cross_entropy(&mlp.forward(&x)?, &y, &CrossEntropyOptions::default()),
+    )?;
+    train_compiled(
+        "MLP AdamW step, compiled",
+        device,
+        &mut opt,
+        env("STEPS", 500),
+        &[&x, &y],
+        |b| cross_entropy(&mlp.forward(&b[0])?, &b[1], &CrossEntropyOptions::default()),
     )
+}
+
+/// Compiles one training step of `loss` on `batch`, runs `steps` of them (after 3 untimed
+/// ones) and prints the mean time of a step, host and device.
+fn train_compiled(
+    name: &str,
+    device: Device,
+    opt: &mut AdamW,
+    steps: usize,
+    batch: &[&Tensor],
+    loss: impl FnOnce(&[Tensor]) -> Result<Tensor>,
+) -> Result<()> {
+    let step = CompiledStep::new(opt, batch, loss)?;
+    let mut total = 0.0;
+    for i in 0..steps + 3 {
+        let t0 = Instant::now();
+        step.step(opt, batch)?;
+        device.synchronize()?;
+        if i >= 3 {
+            total += t0.elapsed().as_secs_f64();
+        }
+    }
+    eprintln!(
+        "{name}: {:.1} µs per step (replayed and synchronized; {} launches)",
+        total * 1e6 / steps as f64,
+        step.launches()
+    );
+    Ok(())
 }
 
 /// Runs `steps` training steps of `loss` (after 3 untimed ones) and prints the mean host
@@ -139,10 +186,11 @@ fn train(
     }
     let us = |s: f64| s * 1e6 / steps as f64;
     eprintln!(
-        "{name}: recording forward + loss {:.1} µs, grad {:.1} µs, update recorded + realized {:.1} µs",
+        "{name}: recording forward + loss {:.1} µs, grad {:.1} µs, update recorded + realized {:.1} µs ({:.1} µs per step)",
         us(forward),
         us(backward),
-        us(update)
+        us(update),
+        us(forward + backward + update)
     );
     Ok(())
 }

@@ -11,6 +11,7 @@
 //! **Architecture Invariant:** the runtime computes nothing itself: every value is computed
 //! by a kernel or a library routine the planner chose by measuring it.
 
+mod captured;
 mod device;
 mod error;
 mod host;
@@ -27,6 +28,7 @@ mod runtime;
 mod test_graph;
 mod tuning;
 
+pub use captured::Captured;
 pub use device::{Device, on_synchronize};
 pub use error::{Error, Result};
 pub use host::HostBytes;

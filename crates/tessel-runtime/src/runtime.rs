@@ -48,8 +48,8 @@ pub(crate) enum LeafData {
 pub struct State {
     /// The process-wide lazy graph every tensor records into.
     pub graph: Graph,
-    leaves: FxHashMap<LeafId, LeafData>,
-    next_leaf: u64,
+    pub(crate) leaves: FxHashMap<LeafId, LeafData>,
+    pub(crate) next_leaf: u64,
     plans: Plans,
     /// The recorded structure of realized one-element float tensors (losses), keeping their
     /// operands alive, so that a loss read before its gradient is taken is still
@@ -59,7 +59,7 @@ pub struct State {
 
 /// [`Runtime::plan_for`]'s plan, with the lock it was checked under, the leaves it reads
 /// and its key.
-type Planned<'a> = (MutexGuard<'a, State>, Arc<Plan>, Vec<LeafId>, PlanKey);
+pub(crate) type Planned<'a> = (MutexGuard<'a, State>, Arc<Plan>, Vec<LeafId>, PlanKey);
 
 /// What one realize did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -439,7 +439,7 @@ impl Runtime {
     /// it reads in signature order, and its cache key.
     ///
     /// A new plan is first looked up on disk ([`plan_cache`]) where `stored_ok` allows.
-    fn plan_for(
+    pub(crate) fn plan_for(
         &self,
         targets: &[NodeId],
         device: Device,
@@ -691,7 +691,7 @@ impl Runtime {
         Ok(report)
     }
 
-    fn run_plan(
+    pub(crate) fn run_plan(
         &self,
         plan: &Plan,
         inputs: &[BufferId],
@@ -782,7 +782,7 @@ impl Runtime {
 
     /// The device buffer of a leaf, uploading host bytes (or copying through the host from
     /// another device) on first use.
-    fn device_buffer(
+    pub(crate) fn device_buffer(
         &self,
         st: &mut State,
         leaf: LeafId,
@@ -994,7 +994,7 @@ pub fn out_of_host_memory(bytes: usize) -> Error {
 }
 
 /// Frees a plan's temporaries, each through its device's backend.
-fn free_temps(plan: &Plan, temps: impl Iterator<Item = (Place, (BufferId, usize))>) {
+pub(crate) fn free_temps(plan: &Plan, temps: impl Iterator<Item = (Place, (BufferId, usize))>) {
     for (place, (buffer, _)) in temps {
         let (device, backend) = &plan.devices[place.device];
         if let Err(e) = backend.free(buffer) {

@@ -10,6 +10,7 @@
 
 mod autocast;
 mod autograd;
+mod compiled;
 mod determinism;
 mod dynamic;
 mod element;
@@ -21,6 +22,7 @@ mod tensor;
 
 pub use autocast::{autocast, autocast_dtype, full_precision_operand};
 pub use autograd::grad;
+pub use compiled::Compiled;
 pub use determinism::{are_deterministic_algorithms_enabled, use_deterministic_algorithms};
 pub use element::Element;
 pub use ops::{

@@ -134,6 +134,18 @@ impl Tensor {
         NodeId(self.0.node.load(Ordering::Acquire))
     }
 
+    /// Whether `self` and `other` are the same tensor: clones of one handle, which
+    /// [`Tensor::assign`] updates together (Python's `a is b`), not merely equal values.
+    pub fn is_same(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Whether the tensor holds computed data (a leaf) rather than recorded ops.
+    pub(crate) fn is_realized(&self) -> bool {
+        let st = runtime().lock();
+        matches!(st.graph.node(self.node()).op, tessel_graph::Op::Leaf(_))
+    }
+
     /// Makes this tensor — and every clone of it — hold `value` from now on, like
     /// PyTorch's in-place `copy_` on a parameter. Work recorded earlier from this tensor
     /// keeps the value it had then (the old value stays alive as long as such work does),

@@ -35,8 +35,8 @@
 //! created on.
 
 pub use tessel_tensor::{
-    BackendError, Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, CustomBackward,
-    CustomOp, DType, Device, DeviceInfo, DeviceKind, Dim, Element, Error, Features,
+    BackendError, Compiled, Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions,
+    CustomBackward, CustomOp, DType, Device, DeviceInfo, DeviceKind, Dim, Element, Error, Features,
     Float32MatmulPrecision, Operand, PLAN_CACHE_LIMIT, Padding, PoolOptions, RealizeReport, Result,
     RuntimeStats, ScalarOperand, Shape, Tensor, Tuning, Var, are_deterministic_algorithms_enabled,
     autocast, autocast_dtype, bf16, f16, float32_matmul_precision, inspect,

@@ -76,6 +76,8 @@ struct AdamCore {
     /// Empty unless `amsgrad`.
     max_exp_avg_sq: Vec<Tensor>,
     steps: u64,
+    /// Step size, the square root of the second bias correction, decoupled decay.
+    values: StepValues,
 }
 
 impl AdamCore {
@@ -116,6 +118,7 @@ impl AdamCore {
             amsgrad,
             decoupled,
             steps: 0,
+            values: StepValues::new(vec![0.0; 3]),
         })
     }
 
@@ -132,10 +135,8 @@ impl AdamCore {
     /// ```
     ///
     /// `f16`/`bf16` parameters compute this in `f32` and store `p`, `m`, `v` rounded.
-    fn record(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>> {
-        let op = self.op;
-        check_at_least(op, "lr", self.lr, 0.0)?;
-        check_grads(op, &self.params, grads)?;
+    fn advance(&mut self) -> Result<()> {
+        check_at_least(self.op, "lr", self.lr, 0.0)?;
         let (beta1, beta2) = self.betas;
         let t = self.steps + 1;
         // Step counts beyond i32 only make β^t underflow to 0, as it does long before.
@@ -144,7 +145,26 @@ impl AdamCore {
         let bias_correction2 = 1.0 - beta2.powi(exponent);
         let step_size = self.lr / bias_correction1;
         let decay = 1.0 - self.lr * self.weight_decay;
-        let mut values = StepValues::new(vec![step_size, bias_correction2.sqrt(), decay]);
+        self.values
+            .set(vec![step_size, bias_correction2.sqrt(), decay])?;
+        self.steps = t;
+        Ok(())
+    }
+
+    fn update_inputs(&mut self) -> Result<Vec<Tensor>> {
+        let mut inputs = self.params.clone();
+        inputs.extend(self.exp_avg.iter().cloned());
+        inputs.extend(self.exp_avg_sq.iter().cloned());
+        inputs.extend(self.max_exp_avg_sq.iter().cloned());
+        inputs.extend(self.values.tensors(&self.params)?);
+        Ok(inputs)
+    }
+
+    fn record(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>> {
+        let op = self.op;
+        check_grads(op, &self.params, grads)?;
+        let (beta1, beta2) = self.betas;
+        let values = &mut self.values;
         let weight = 1.0 - beta1;
         let mut updates = Vec::with_capacity(self.params.len() * 4);
         for (i, (param, g)) in self.params.iter().zip(grads).enumerate() {
@@ -184,7 +204,6 @@ impl AdamCore {
             updates.push((sq.clone(), narrow(sq_new, sq)));
             updates.push((param.clone(), narrow(p_new, param)));
         }
-        self.steps = t;
         Ok(updates)
     }
 }
@@ -247,8 +266,16 @@ macro_rules! adam_optimizer {
                 self.0.steps
             }
 
-            fn record_update(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>> {
+            fn advance(&mut self) -> Result<()> {
+                self.0.advance()
+            }
+
+            fn record_current(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>> {
                 self.0.record(grads)
+            }
+
+            fn update_inputs(&mut self) -> Result<Vec<Tensor>> {
+                self.0.update_inputs()
             }
         }
     };

@@ -26,10 +26,12 @@
 //! ```
 
 mod adam;
+mod compiled;
 mod schedule;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig, AdamW, AdamWConfig};
+pub use compiled::CompiledStep;
 pub use schedule::{
     ConstantLr, CosineAnnealingLr, LinearLr, LrSchedule, LrScheduler, SequentialLr, StepLr,
 };
@@ -55,10 +57,30 @@ pub trait Optimizer {
     /// How many steps have been taken.
     fn steps(&self) -> u64;
 
+    /// Low level: advances the step count and sets the values that change from step to
+    /// step (the learning rate, bias corrections) for the update of that step, without
+    /// recording it. Errors (changing nothing) if a hyperparameter became invalid.
+    fn advance(&mut self) -> Result<()>;
+
+    /// Low level: records the update of the step [`Optimizer::advance`] set, lazily, and
+    /// returns `(tensor, new value)` pairs for every parameter and state tensor. Nothing
+    /// is computed or assigned, and the step count stays.
+    fn record_current(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>>;
+
+    /// Low level: every tensor an update reads besides the gradients (parameters, state,
+    /// the per-step values), as it holds them now: what a [`CompiledStep`] binds on each
+    /// call.
+    fn update_inputs(&mut self) -> Result<Vec<Tensor>>;
+
     /// Low level: records one update lazily and returns `(tensor, new value)` pairs for
     /// every parameter and state tensor, advancing the step count. Nothing is computed
     /// or assigned; [`Optimizer::apply`] does both, and is what callers want.
-    fn record_update(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>>;
+    fn record_update(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>> {
+        // Checked before advancing: a refused call changes nothing.
+        check_grads("Optimizer::apply", self.params(), grads)?;
+        self.advance()?;
+        self.record_current(grads)
+    }
 
     /// Updates the parameters from user-supplied gradients (one per parameter, in
     /// [`Optimizer::params`] order, each of its parameter's shape, dtype and device),
@@ -234,14 +256,15 @@ fn narrow(value: Tensor, like: &Tensor) -> Tensor {
     }
 }
 
-/// The per-step values of one step (learning rate, bias corrections, ...) as 0-d tensors,
-/// one set per dtype and device among the parameters.
+/// The values that change from step to step (learning rate, bias corrections, ...), held
+/// by one tensor per compute dtype and device among the parameters, read as 0-d views.
 ///
 /// They are tensors made from data, not constants: a constant's value is part of a plan's
-/// cache key, so a changing one would compile a new plan every step.
+/// cache key, so a changing one would compile a new plan every step. Each step assigns
+/// new data to the same tensors, so a [`CompiledStep`] binds them as arguments.
 struct StepValues {
     values: Vec<f64>,
-    made: Vec<(DType, Device, Vec<Tensor>)>,
+    made: Vec<(DType, Device, Tensor)>,
 }
 
 impl StepValues {
@@ -252,42 +275,63 @@ impl StepValues {
         }
     }
 
+    /// Sets the values the next recorded update reads.
+    fn set(&mut self, values: Vec<f64>) -> Result<()> {
+        for (dtype, device, all) in &self.made {
+            all.assign(&holding(&values, *dtype, *device)?)?;
+        }
+        self.values = values;
+        Ok(())
+    }
+
+    /// The tensors holding the values, one per dtype and device of `params` (each in its
+    /// compute dtype), made where missing.
+    fn tensors(&mut self, params: &[Tensor]) -> Result<Vec<Tensor>> {
+        for p in params {
+            self.holder(compute_dtype(p.dtype()), p.device())?;
+        }
+        Ok(self.made.iter().map(|(_, _, all)| all.clone()).collect())
+    }
+
     /// The values as 0-d tensors of `like`'s dtype and device (`like` is already in its
     /// compute dtype).
     fn for_param(&mut self, like: &Tensor) -> Result<Vec<Tensor>> {
-        let (dtype, device) = (like.dtype(), like.device());
-        if let Some((_, _, ts)) = self
-            .made
-            .iter()
-            .find(|(d, dev, _)| *d == dtype && *dev == device)
-        {
-            return Ok(ts.clone());
-        }
-        // One tensor holding them all, so a step uploads one buffer per dtype and device
-        // (on a GPU each upload is a copy of its own), each value a view of it.
-        let v = &self.values;
-        let all = match dtype {
-            DType::F64 => Tensor::from_vec(v.clone(), [v.len()])?,
-            DType::F32 => Tensor::from_vec(v.iter().map(|&x| x as f32).collect(), [v.len()])?,
-            DType::F16 => {
-                Tensor::from_vec(v.iter().map(|&x| f16::from_f64(x)).collect(), [v.len()])?
-            }
-            DType::BF16 => {
-                Tensor::from_vec(v.iter().map(|&x| bf16::from_f64(x)).collect(), [v.len()])?
-            }
-            other => {
-                return Err(Error::UnsupportedDType {
-                    op: "optimizer step",
-                    dtype: other,
-                    hint: "only floating-point parameters can be optimized",
-                });
-            }
-        }
-        .to(&device)?;
-        let ts = (0..v.len())
+        let all = self.holder(like.dtype(), like.device())?;
+        (0..self.values.len())
             .map(|i| all.narrow(0, i as i64, 1)?.reshape(&[]))
-            .collect::<Result<Vec<Tensor>>>()?;
-        self.made.push((dtype, device, ts.clone()));
-        Ok(ts)
+            .collect()
     }
+
+    /// The tensor holding the values in `dtype` on `device`, made if missing.
+    fn holder(&mut self, dtype: DType, device: Device) -> Result<Tensor> {
+        if let Some((_, _, all)) =
+            (self.made.iter()).find(|(d, dev, _)| *d == dtype && *dev == device)
+        {
+            return Ok(all.clone());
+        }
+        let all = holding(&self.values, dtype, device)?;
+        self.made.push((dtype, device, all.clone()));
+        Ok(all)
+    }
+}
+
+/// One tensor holding `values` in `dtype` on `device`, so a step uploads one buffer per
+/// dtype and device (on a GPU each upload is a copy of its own).
+fn holding(values: &[f64], dtype: DType, device: Device) -> Result<Tensor> {
+    let v = values;
+    let all = match dtype {
+        DType::F64 => Tensor::from_vec(v.to_vec(), [v.len()])?,
+        DType::F32 => Tensor::from_vec(v.iter().map(|&x| x as f32).collect(), [v.len()])?,
+        DType::F16 => Tensor::from_vec(v.iter().map(|&x| f16::from_f64(x)).collect(), [v.len()])?,
+        DType::BF16 => Tensor::from_vec(v.iter().map(|&x| bf16::from_f64(x)).collect(), [v.len()])?,
+        other => {
+            return Err(Error::UnsupportedDType {
+                op: "optimizer step",
+                dtype: other,
+                hint: "only floating-point parameters can be optimized",
+            });
+        }
+    }
+    .to(&device)?;
+    Ok(all)
 }

@@ -50,6 +50,8 @@ pub struct Sgd {
     /// One momentum buffer per parameter when `momentum != 0`.
     momentum: Vec<Tensor>,
     steps: u64,
+    /// The learning rate and the gradient's factor.
+    values: StepValues,
 }
 
 impl Sgd {
@@ -85,6 +87,7 @@ impl Sgd {
             config,
             momentum,
             steps: 0,
+            values: StepValues::new(vec![0.0; 2]),
         })
     }
 
@@ -116,18 +119,32 @@ impl Optimizer for Sgd {
         self.steps
     }
 
-    fn record_update(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>> {
-        const OP: &str = "Sgd::step";
+    fn advance(&mut self) -> Result<()> {
         let c = self.config;
-        check_at_least(OP, "lr", c.lr, 0.0)?;
-        check_grads(OP, &self.params, grads)?;
+        check_at_least("Sgd::step", "lr", c.lr, 0.0)?;
         // The buffers start at zero, so `momentum · 0 + k · g` is the first step's `b = g`
         // when the gradient's factor `k` is 1 on the first step and `1 − dampening` after:
         // both steps share one graph.
         let first = self.steps == 0;
-        let dampened = c.dampening != 0.0;
         let grad_factor = if first { 1.0 } else { 1.0 - c.dampening };
-        let mut values = StepValues::new(vec![c.lr, grad_factor]);
+        self.values.set(vec![c.lr, grad_factor])?;
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn update_inputs(&mut self) -> Result<Vec<Tensor>> {
+        let mut inputs = self.params.clone();
+        inputs.extend(self.momentum.iter().cloned());
+        inputs.extend(self.values.tensors(&self.params)?);
+        Ok(inputs)
+    }
+
+    fn record_current(&mut self, grads: &[Tensor]) -> Result<Vec<(Tensor, Tensor)>> {
+        const OP: &str = "Sgd::step";
+        let c = self.config;
+        check_grads(OP, &self.params, grads)?;
+        let dampened = c.dampening != 0.0;
+        let values = &mut self.values;
         let mut updates = Vec::with_capacity(self.params.len() * 2);
         for (i, (param, g)) in self.params.iter().zip(grads).enumerate() {
             let p = widen(param);
@@ -150,7 +167,6 @@ impl Optimizer for Sgd {
             }
             updates.push((param.clone(), narrow(p.sub(&g.mul(lr)?)?, param)));
         }
-        self.steps += 1;
         Ok(updates)
     }
 }

@@ -11,6 +11,7 @@
 
 mod autograd;
 mod common;
+mod compiled;
 mod conv;
 mod creation;
 mod custom;
