@@ -199,16 +199,11 @@ impl Runtime {
                 rest.push((place, (buffer, bytes)));
                 continue;
             };
-            let leaf = LeafId(st.next_leaf);
-            st.next_leaf += 1;
-            st.leaves.insert(
-                leaf,
-                LeafData::Device {
-                    device,
-                    buffer,
-                    bytes,
-                },
-            );
+            let leaf = st.new_leaf(LeafData::Device {
+                device,
+                buffer,
+                bytes,
+            });
             let (dtype, shape) = captured.outputs[ks[0]].clone();
             let node = st.graph.add(Node {
                 op: Op::Leaf(leaf),

@@ -48,13 +48,23 @@ pub(crate) enum LeafData {
 pub struct State {
     /// The process-wide lazy graph every tensor records into.
     pub graph: Graph,
-    pub(crate) leaves: FxHashMap<LeafId, LeafData>,
-    pub(crate) next_leaf: u64,
+    leaves: FxHashMap<LeafId, LeafData>,
+    next_leaf: u64,
     plans: Plans,
     /// The recorded structure of realized one-element float tensors (losses), keeping their
     /// operands alive, so that a loss read before its gradient is taken is still
     /// differentiable (`tessel_tensor::grad` starts from it). Dropped with the leaf.
     history: FxHashMap<LeafId, Node>,
+}
+
+impl State {
+    /// A new leaf holding `data`.
+    pub(crate) fn new_leaf(&mut self, data: LeafData) -> LeafId {
+        let leaf = LeafId(self.next_leaf);
+        self.next_leaf += 1;
+        self.leaves.insert(leaf, data);
+        leaf
+    }
 }
 
 /// [`Runtime::plan_for`]'s plan, with the lock it was checked under, the leaves it reads
@@ -244,9 +254,7 @@ impl Runtime {
     /// Adds a leaf holding host bytes; the caller owns one count.
     pub fn add_host_leaf(&self, bytes: HostBytes, dtype: DType, shape: Shape) -> NodeId {
         let mut st = self.lock();
-        let leaf = LeafId(st.next_leaf);
-        st.next_leaf += 1;
-        st.leaves.insert(leaf, LeafData::Host(bytes));
+        let leaf = st.new_leaf(LeafData::Host(bytes));
         st.graph.add(Node {
             op: Op::Leaf(leaf),
             dtype,
@@ -347,9 +355,7 @@ impl Runtime {
             }
             None => return Err(Error::Internal(format!("leaf {old:?} has no data"))),
         };
-        let leaf = LeafId(st.next_leaf);
-        st.next_leaf += 1;
-        st.leaves.insert(leaf, data);
+        let leaf = st.new_leaf(data);
         Ok(st.graph.add(Node {
             op: Op::Leaf(leaf),
             dtype: n.dtype,
@@ -644,16 +650,11 @@ impl Runtime {
             };
             if let Some(&k) = output {
                 let node = targets[k];
-                let leaf = LeafId(st.next_leaf);
-                st.next_leaf += 1;
-                st.leaves.insert(
-                    leaf,
-                    LeafData::Device {
-                        device,
-                        buffer,
-                        bytes,
-                    },
-                );
+                let leaf = st.new_leaf(LeafData::Device {
+                    device,
+                    buffer,
+                    bytes,
+                });
                 // A loss keeps what it was computed from, for `grad` (see `history`).
                 let n = st.graph.node(node);
                 let kept = (n.dtype.is_float()

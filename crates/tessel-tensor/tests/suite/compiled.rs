@@ -3,40 +3,8 @@
 //! why where it cannot compile or be called.
 
 use crate::common::nd::{Nd, assert_nd, reduce_tol};
-use crate::common::{Domain, Rng};
+use crate::dynamic::{bias_relu_ref, random, softmax_ref};
 use tessel_tensor::{Compiled, DType, Error, Result, Tensor};
-
-fn random(seed: u64, dims: &[usize]) -> Nd {
-    Nd::random(
-        &mut Rng::new(seed),
-        DType::F32,
-        dims,
-        Domain::new((-1.0, 1.0), (-2, 2)),
-    )
-}
-
-/// Softmax over the last axis, in f64.
-fn softmax_ref(x: &Nd) -> Nd {
-    let n = *x.dims.last().expect("a vector or more");
-    let mut data = x.data.clone();
-    for row in data.chunks_mut(n) {
-        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = row.iter().map(|v| (v - max).exp()).sum();
-        for v in row.iter_mut() {
-            *v = (*v - max).exp() / sum;
-        }
-    }
-    Nd::new(&x.dims, data)
-}
-
-/// `relu(x + b)` with `b` broadcast over the rows.
-fn bias_relu_ref(x: &Nd, b: &Nd) -> Nd {
-    let n = b.numel();
-    let data = (x.data.iter().enumerate())
-        .map(|(i, v)| (v + b.data[i % n]).max(0.0))
-        .collect();
-    Nd::new(&x.dims, data)
-}
 
 /// Row sums, keeping the axis.
 fn row_sums_ref(x: &Nd) -> Nd {

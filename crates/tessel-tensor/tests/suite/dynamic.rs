@@ -5,7 +5,7 @@ use crate::common::nd::{Nd, assert_nd, reduce_tol};
 use crate::common::{Domain, Rng, assert_err, invalid};
 use tessel_tensor::{DType, Result, Tensor, Var};
 
-fn random(seed: u64, dims: &[usize]) -> Nd {
+pub(crate) fn random(seed: u64, dims: &[usize]) -> Nd {
     Nd::random(
         &mut Rng::new(seed),
         DType::F32,
@@ -15,7 +15,7 @@ fn random(seed: u64, dims: &[usize]) -> Nd {
 }
 
 /// Softmax over the last axis, in f64.
-fn softmax_ref(x: &Nd) -> Nd {
+pub(crate) fn softmax_ref(x: &Nd) -> Nd {
     let n = *x.dims.last().expect("a vector or more");
     let mut data = x.data.clone();
     for row in data.chunks_mut(n) {
@@ -29,7 +29,7 @@ fn softmax_ref(x: &Nd) -> Nd {
 }
 
 /// `x + b` with `b` broadcast over the rows, then `ReLU`.
-fn bias_relu_ref(x: &Nd, b: &Nd) -> Nd {
+pub(crate) fn bias_relu_ref(x: &Nd, b: &Nd) -> Nd {
     let n = b.numel();
     let data = x
         .data
