@@ -1,6 +1,8 @@
 //! The models bench: GPT-2 small, BERT-base and ResNet-50 at full size, from the files
 //! `benches/models_torch.py DIR` writes (random weights, inputs and PyTorch's outputs), and
-//! a small MLP's training step (`mlp-train`, built here: it needs no files),
+//! a small MLP's training step (`mlp-train`, built here: it needs no files; with
+//! `-compiled`, `mlp-train-compiled` and `gpt2-train-bf16-compiled` run the step through a
+//! `CompiledStep`),
 //! timed as a user sees them (record + realize + `Device::synchronize`): the first call
 //! (plan, compile, measure) and the median of later calls. Each output is checked against
 //! PyTorch's for the same weights.
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 use tessel_models::{Bert, GenerateOptions, Gpt2, ResNet, generate};
 use tessel_nn::Module;
 use tessel_nn::loss::{CrossEntropyOptions, cross_entropy};
-use tessel_nn::optim::{AdamW, AdamWConfig, Optimizer};
+use tessel_nn::optim::{AdamW, AdamWConfig, CompiledStep, Optimizer};
 use tessel_tensor::{DType, Device, Result, Tensor, autocast as autocast_scope, load_safetensors};
 
 /// First call and median of `runs` later calls of `f`, synchronized.
@@ -160,12 +162,14 @@ fn gpt2_decode(dir: &Path, device: Device, runs: usize) -> Result<()> {
 
 /// One `AdamW` step of GPT-2 with `f32` master weights; with `autocast` set, the forward and
 /// backward run under `tessel_tensor::autocast` in that dtype (PyTorch's `torch.autocast`).
+/// `compiled`: through a `CompiledStep` (compiled in the first call).
 fn gpt2_train(
     dir: &Path,
     device: Device,
     runs: usize,
     tokens: Option<(i64, i64)>,
     autocast: Option<DType>,
+    compiled: bool,
 ) -> Result<()> {
     let r = reference(dir, device)?;
     let start = Instant::now();
@@ -182,25 +186,39 @@ fn gpt2_train(
             ..AdamWConfig::default()
         },
     )?;
-    let loss = || {
-        let logits = model.forward(&inputs)?;
-        let v = logits.dims()[2] as i64;
-        cross_entropy(
-            &logits.reshape(&[-1, v])?,
-            &targets,
-            &CrossEntropyOptions::default(),
-        )
-    };
-    let (first, steady) = timed(device, runs, || {
-        let loss = match autocast {
-            Some(dtype) => autocast_scope(dtype, loss)?,
-            None => loss()?,
+    let loss = |inputs: &Tensor, targets: &Tensor| {
+        let run = || {
+            let logits = model.forward(inputs)?;
+            let v = logits.dims()[2] as i64;
+            cross_entropy(
+                &logits.reshape(&[-1, v])?,
+                targets,
+                &CrossEntropyOptions::default(),
+            )
         };
-        opt.step(&loss)
+        match autocast {
+            Some(dtype) => autocast_scope(dtype, run),
+            None => run(),
+        }
+    };
+    let mut step: Option<CompiledStep> = None;
+    let (first, steady) = timed(device, runs, || {
+        if !compiled {
+            return opt.step(&loss(&inputs, &targets)?);
+        }
+        if step.is_none() {
+            let batch = [&inputs, &targets];
+            step = Some(CompiledStep::new(&mut opt, &batch, |b| loss(&b[0], &b[1]))?);
+        }
+        if let Some(s) = &step {
+            s.step(&mut opt, &[&inputs, &targets])?;
+        }
+        Ok(())
     })?;
     let precision = autocast.map_or("f32".to_owned(), |d| format!("{d} autocast"));
+    let how = if compiled { ", compiled" } else { "" };
     report(
-        &format!("gpt2 AdamW step [{rows},{}] {precision}", length + 1),
+        &format!("gpt2 AdamW step [{rows},{}] {precision}{how}", length + 1),
         load,
         first,
         steady,
@@ -213,7 +231,8 @@ fn gpt2_train(
 
 /// One `AdamW` step of a 784-128-10 MLP (`Linear` → `ReLU` → `Linear`, cross-entropy) on a
 /// batch of 64: a step of a few dozen small kernels, where launch overhead is the cost.
-fn mlp_train(device: Device, runs: usize) -> Result<()> {
+/// `compiled`: through a `CompiledStep` (compiled in the first call).
+fn mlp_train(device: Device, runs: usize, compiled: bool) -> Result<()> {
     Tensor::manual_seed(0);
     let opts = tessel_nn::ParamOptions {
         dtype: DType::F32,
@@ -230,13 +249,31 @@ fn mlp_train(device: Device, runs: usize) -> Result<()> {
     Tensor::realize_all(&[&x, &y])?;
     let mut opt = AdamW::new(model.parameters(), AdamWConfig::default())?;
     let load = start.elapsed();
+    let loss = |x: &Tensor, y: &Tensor| {
+        let logits = tessel_nn::Forward::forward(&model, x)?;
+        cross_entropy(&logits, y, &CrossEntropyOptions::default())
+    };
+    let mut step: Option<CompiledStep> = None;
     let (first, steady) = timed(device, runs, || {
-        let logits = tessel_nn::Forward::forward(&model, &x)?;
-        let loss = cross_entropy(&logits, &y, &CrossEntropyOptions::default())?;
-        opt.step(&loss)
+        if !compiled {
+            return opt.step(&loss(&x, &y)?);
+        }
+        if step.is_none() {
+            step = Some(CompiledStep::new(&mut opt, &[&x, &y], |b| {
+                loss(&b[0], &b[1])
+            })?);
+        }
+        if let Some(s) = &step {
+            s.step(&mut opt, &[&x, &y])?;
+        }
+        Ok(())
     })?;
     report(
-        "mlp 784-128-10 AdamW step [64] f32",
+        if compiled {
+            "mlp 784-128-10 AdamW step [64] f32, compiled"
+        } else {
+            "mlp 784-128-10 AdamW step [64] f32"
+        },
         load,
         first,
         steady,
@@ -373,12 +410,23 @@ fn main() -> std::process::ExitCode {
         ),
         (
             "gpt2-train-f32",
-            Box::new(|| gpt2_train(&gpt2, device, runs, tokens, None)),
+            Box::new(|| gpt2_train(&gpt2, device, runs, tokens, None, false)),
         ),
-        ("mlp-train", Box::new(|| mlp_train(device, runs.max(20)))),
+        (
+            "mlp-train",
+            Box::new(|| mlp_train(device, runs.max(20), false)),
+        ),
+        (
+            "mlp-train-compiled",
+            Box::new(|| mlp_train(device, runs.max(20), true)),
+        ),
         (
             "gpt2-train-bf16",
-            Box::new(|| gpt2_train(&gpt2, device, runs, tokens, Some(DType::BF16))),
+            Box::new(|| gpt2_train(&gpt2, device, runs, tokens, Some(DType::BF16), false)),
+        ),
+        (
+            "gpt2-train-bf16-compiled",
+            Box::new(|| gpt2_train(&gpt2, device, runs, tokens, Some(DType::BF16), true)),
         ),
     ];
     println!("Tessel on {device}");

@@ -59,7 +59,7 @@ impl Runtime {
     /// held, and replays read its data as it is now. Nothing runs yet.
     ///
     /// Errors if the graph reads a dynamic dim (a replay binds no values) or draws random
-    /// numbers (a replay would draw the same ones again).
+    /// numbers from a key that is not an argument (a replay would draw the same ones again).
     pub fn capture(
         &self,
         targets: &[NodeId],
@@ -71,10 +71,12 @@ impl Runtime {
             let walk = Walk::new(&st.graph, targets);
             for &n in walk.order() {
                 let node = st.graph.node(n);
-                if matches!(node.op, Op::Random(..)) {
+                if let Op::Random(key, _) = node.op
+                    && !args.contains(&key)
+                {
                     return Err(Error::InvalidArgument {
                         op: "compile",
-                        reason: "random numbers drawn inside a compiled function are not supported (every call would draw the same values); draw them outside and pass them as arguments".into(),
+                        reason: "random numbers drawn from a key that is not an argument (every call would draw the same values); bind each draw's key as an argument".into(),
                     });
                 }
                 if node.shape.iter().any(|d| !d.vars().is_empty()) {

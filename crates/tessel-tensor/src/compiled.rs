@@ -4,6 +4,7 @@ use tessel_runtime::{Captured, Error, Result, runtime};
 use tessel_shape::{DType, Shape};
 
 use crate::dynamic::DimValues;
+use crate::ops::{collect_keys, fresh_key};
 use crate::tensor::Tensor;
 use crate::{Device, RealizeReport};
 
@@ -21,8 +22,11 @@ use crate::{Device, RealizeReport};
 /// The function is traced, not re-run: **every tensor it reads besides its arguments is
 /// fixed at its value when compiled** (a weight captured from the environment stays the
 /// value it had; pass what changes as an argument), and host code inside it runs once.
-/// Not supported (an `Err` at compile time): random numbers drawn inside the function
-/// (each call would repeat them; pass them in) and dynamic dims.
+/// Random numbers drawn inside it (`rand`, `randn`, `dropout`) are the exception: each
+/// call draws anew from the process's generator, in the order the function drew them, so
+/// a call after [`Tensor::manual_seed`] gives what the same code recorded would. Not
+/// supported (an `Err` at compile time): dynamic dims, and random numbers on a device
+/// without 64-bit integers (whose bits are made on the host).
 ///
 /// ```
 /// # use tessel_tensor::{Compiled, Tensor};
@@ -38,6 +42,8 @@ use crate::{Device, RealizeReport};
 pub struct Compiled {
     captured: Captured,
     device: Device,
+    /// Draws the function makes: each call binds that many new keys after the arguments.
+    draws: usize,
     args: Vec<(Shape, DType)>,
     outputs: Vec<(Shape, DType)>,
     report: RealizeReport,
@@ -88,7 +94,17 @@ impl Compiled {
                 });
             }
         }
-        let outputs = f(&args.iter().map(|&a| a.clone()).collect::<Vec<_>>())?;
+        let given: Vec<Tensor> = args.iter().map(|&a| a.clone()).collect();
+        let (outputs, keys, keyed) = collect_keys(|| f(&given));
+        let outputs = outputs?;
+        if !keyed || keys.iter().any(|k| k.device() != device) {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "the function draws random numbers whose bits {device} cannot compute (no 64-bit integers: they are made on the host), which a compiled function does not support; draw them outside and pass them as arguments"
+                ),
+            });
+        }
         if outputs.is_empty() {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -115,10 +131,13 @@ impl Compiled {
             }
         }
         let targets: Vec<_> = outputs.iter().map(Tensor::node).collect();
-        let (captured, report) = runtime().capture(&targets, &nodes, device)?;
+        let mut bound = nodes;
+        bound.extend(keys.iter().map(Tensor::node));
+        let (captured, report) = runtime().capture(&targets, &bound, device)?;
         Ok(Compiled {
             captured,
             device,
+            draws: keys.len(),
             args: args
                 .iter()
                 .map(|a| (a.shape().clone(), a.dtype()))
@@ -168,7 +187,10 @@ impl Compiled {
         if args.iter().any(|a| !a.is_realized()) {
             Tensor::realize_all(args)?;
         }
-        let nodes: Vec<_> = args.iter().map(|a| a.node()).collect();
+        let keys: Vec<Tensor> = (0..self.draws).map(|_| fresh_key(self.device)).collect();
+        let nodes: Vec<_> = (args.iter().copied().chain(&keys))
+            .map(Tensor::node)
+            .collect();
         let outputs = runtime().replay(&self.captured, &nodes)?;
         Ok(outputs
             .into_iter()

@@ -12,9 +12,10 @@ use super::Optimizer;
 ///
 /// As with [`Compiled`], the loss function is traced once: tensors it reads besides the
 /// batch and the optimizer's parameters and state (frozen weights, constants) keep their
-/// values from when it was compiled. Not supported yet (an `Err` when compiling): random
-/// numbers drawn inside the loss (dropout in training mode), forward passes that update
-/// buffers (`BatchNorm` in training mode), dynamic dims.
+/// values from when it was compiled, while random numbers it draws (dropout in training
+/// mode) are drawn anew every step, as the recorded step would draw them. Not supported
+/// yet (an `Err` when compiling): forward passes that update buffers (`BatchNorm` in
+/// training mode), dynamic dims.
 ///
 /// ```
 /// use tessel_nn::optim::{CompiledStep, Optimizer, Sgd, SgdConfig};

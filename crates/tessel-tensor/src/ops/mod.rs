@@ -25,6 +25,7 @@ pub use custom::{CustomBackward, CustomOp};
 pub use elementwise::Operand;
 pub(crate) use indexing::verify_pending_indices;
 pub use pool::PoolOptions;
+pub(crate) use random::{collect_keys, fresh_key};
 pub(crate) use scatter::scatter_add_into_zeros;
 
 use tessel_graph::Op;

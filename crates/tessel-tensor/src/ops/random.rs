@@ -9,6 +9,7 @@
 //! the same values for a seed. A device without 64-bit integers (which the
 //! bits' wide multiplies need) gets the same bits computed on the host and uploaded.
 
+use std::cell::{Cell, RefCell};
 use std::sync::{Mutex, PoisonError};
 
 use tessel_graph::{Op, Philox, Words};
@@ -23,12 +24,48 @@ const DEFAULT_SEED: u64 = 67_280_421_310_721;
 /// The process-wide generator: the seed, and the stream the next draw takes.
 static GENERATOR: Mutex<(u64, u64)> = Mutex::new((DEFAULT_SEED, 0));
 
+thread_local! {
+    /// Draws made on this thread.
+    static DRAWS: Cell<u64> = const { Cell::new(0) };
+    /// While a function compiles on this thread ([`collect_keys`]): the keys of its draws.
+    static KEYS: RefCell<Option<Vec<Tensor>>> = const { RefCell::new(None) };
+}
+
 /// The seed and a fresh stream for one draw.
 fn next_draw() -> (u64, u64) {
+    DRAWS.with(|n| n.set(n.get() + 1));
     let mut generator = GENERATOR.lock().unwrap_or_else(PoisonError::into_inner);
     let draw = *generator;
     generator.1 = generator.1.wrapping_add(1);
     draw
+}
+
+/// `f`'s result, the keys of the draws it made (in order), and whether every draw it made
+/// has such a key (a device without 64-bit integers draws its bits on the host: no key).
+/// What `Compiled` binds anew on every call, so that a compiled function draws as the
+/// same code recorded each time would.
+pub(crate) fn collect_keys<T>(f: impl FnOnce() -> T) -> (T, Vec<Tensor>, bool) {
+    let before = DRAWS.with(Cell::get);
+    let outer = KEYS.with(|k| k.replace(Some(Vec::new())));
+    let out = f();
+    let keys = KEYS.with(|k| k.replace(outer)).unwrap_or_default();
+    let keyed = DRAWS.with(Cell::get) - before == keys.len() as u64;
+    (out, keys, keyed)
+}
+
+/// The key of a new draw on `device` (which computes 64-bit integers), as [`draw`] makes it.
+pub(crate) fn fresh_key(device: Device) -> Tensor {
+    let (seed, stream) = next_draw();
+    key_tensor(Philox { seed, stream }, device)
+}
+
+fn key_tensor(philox: Philox, device: Device) -> Tensor {
+    let key: Vec<u8> = philox
+        .key_operand()
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    Tensor::from_bytes_on(key, DType::U32, Shape::from([4]), device)
 }
 
 /// Significand bits a uniform of `dtype` carries: every value is exact in the dtype and
@@ -269,12 +306,12 @@ fn draw(
     let (seed, stream) = next_draw();
     let philox = Philox { seed, stream };
     if device.supports(DType::U64) {
-        let key: Vec<u8> = philox
-            .key_operand()
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
-        let key = Tensor::from_bytes_on(key, DType::U32, Shape::from([4]), *device);
+        let key = key_tensor(philox, *device);
+        KEYS.with(|k| {
+            if let Some(keys) = k.borrow_mut().as_mut() {
+                keys.push(key.clone());
+            }
+        });
         return Ok(words
             .iter()
             .map(|&w| key.record(Op::Random(key.node(), w), DType::U32, shape.clone()))
