@@ -119,7 +119,7 @@ impl Compiled {
                     rhs: format!("{} (output {k})", out.device()),
                 });
             }
-            if out.is_realized() {
+            if Tensor::all_realized(&[out]) {
                 return Err(Error::InvalidArgument {
                     op: OP,
                     reason: format!(
@@ -184,7 +184,7 @@ impl Compiled {
                 });
             }
         }
-        if args.iter().any(|a| !a.is_realized()) {
+        if !Tensor::all_realized(args) {
             Tensor::realize_all(args)?;
         }
         let keys: Vec<Tensor> = (0..self.draws).map(|_| fresh_key(self.device)).collect();

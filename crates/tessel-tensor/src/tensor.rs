@@ -140,10 +140,11 @@ impl Tensor {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// Whether the tensor holds computed data (a leaf) rather than recorded ops.
-    pub(crate) fn is_realized(&self) -> bool {
+    /// Whether every tensor of `tensors` holds computed data (a leaf) rather than recorded
+    /// ops (one lock for all: a compiled step asks this of every parameter on every call).
+    pub(crate) fn all_realized(tensors: &[&Tensor]) -> bool {
         let st = runtime().lock();
-        matches!(st.graph.node(self.node()).op, tessel_graph::Op::Leaf(_))
+        (tensors.iter()).all(|t| matches!(st.graph.node(t.node()).op, tessel_graph::Op::Leaf(_)))
     }
 
     /// Makes this tensor — and every clone of it — hold `value` from now on, like
