@@ -154,5 +154,12 @@ fn compiled_steps_refuse_what_they_cannot_replay() -> Result<()> {
     let wide = Tensor::from_vec(vec![0f32; 8 * 13], [8, 13])?;
     let e = error_of("batch shape", step.step(&mut opt, &[&wide, &y]));
     assert!(e.to_string().contains("compiled for"), "{e}");
+    assert_eq!(
+        opt.steps(),
+        0,
+        "a refused step does not advance the optimizer"
+    );
+    step.step(&mut opt, &[&x, &y])?;
+    assert_eq!(opt.steps(), 1);
     Ok(())
 }

@@ -150,10 +150,9 @@ impl Compiled {
         })
     }
 
-    /// The function's outputs for `args` (as many as it was compiled with, each of the
-    /// same shape, dtype and device; unrealized ones are realized first), as new realized
-    /// tensors.
-    pub fn call(&self, args: &[&Tensor]) -> Result<Vec<Tensor>> {
+    /// Whether [`Compiled::call`] accepts `args`: as many as the function was compiled
+    /// with, each of the same shape, dtype and device; `Err` names the first that is not.
+    pub fn check(&self, args: &[&Tensor]) -> Result<()> {
         const OP: &str = "Compiled::call";
         if args.len() != self.args.len() {
             return Err(Error::InvalidArgument {
@@ -184,9 +183,15 @@ impl Compiled {
                 });
             }
         }
-        if !Tensor::all_realized(args) {
-            Tensor::realize_all(args)?;
-        }
+        Ok(())
+    }
+
+    /// The function's outputs for `args` (as many as it was compiled with, each of the
+    /// same shape, dtype and device; unrealized ones are realized first), as new realized
+    /// tensors.
+    pub fn call(&self, args: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.check(args)?;
+        Tensor::realize_all(args)?;
         let keys: Vec<Tensor> = (0..self.draws).map(|_| fresh_key(self.device)).collect();
         let nodes: Vec<_> = (args.iter().copied().chain(&keys))
             .map(Tensor::node)

@@ -306,6 +306,9 @@ impl Tensor {
     /// Computes several tensors in one schedule, sharing their common work.
     pub fn realize_all(tensors: &[&Tensor]) -> Result<RealizeReport> {
         let mut total = RealizeReport::default();
+        if Self::all_realized(tensors) {
+            return Ok(total);
+        }
         let mut devices: Vec<Device> = tensors.iter().map(|t| t.device()).collect();
         devices.dedup();
         for device in devices {

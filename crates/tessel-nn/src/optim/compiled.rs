@@ -66,15 +66,7 @@ impl CompiledStep {
                     reason: "the loss updates buffers in its forward pass (BatchNorm in training mode), which a compiled step does not support yet; use Optimizer::step".into(),
                 });
             }
-            if loss.numel() != 1 {
-                return Err(Error::InvalidArgument {
-                    op: "CompiledStep::new",
-                    reason: format!(
-                        "the loss must be a single value, but it has shape {}; reduce it with .mean_all() or .sum_all() first",
-                        loss.shape()
-                    ),
-                });
-            }
+            super::check_loss("CompiledStep::new", &loss)?;
             let wrt: Vec<&Tensor> = params.iter().collect();
             let grads = loss.backward(&wrt)?;
             let updates = opt.record_current(&grads)?;
@@ -107,6 +99,12 @@ impl CompiledStep {
                 reason: "this optimizer is not the one the step was compiled with; pass the same optimizer to new and step".into(),
             });
         }
+        // Everything that can refuse the call is checked before the step count advances.
+        let current = opt.update_inputs()?;
+        let mut args: Vec<&Tensor> = current.iter().collect();
+        args.extend_from_slice(batch);
+        self.compiled.check(&args)?;
+        Tensor::realize_all(batch)?;
         opt.advance()?;
         let inputs = opt.update_inputs()?;
         if inputs.len() != self.from_optimizer {

@@ -112,21 +112,27 @@ pub trait Optimizer {
     /// Buffers a forward pass updated (`BatchNorm`'s running statistics) need not be listed:
     /// every step realizes them.
     fn step_with(&mut self, loss: &Tensor, also_realize: &[&Tensor]) -> Result<()> {
-        if loss.numel() != 1 {
-            return Err(Error::InvalidArgument {
-                op: "Optimizer::step",
-                reason: format!(
-                    "the loss must be a single value, but it has shape {}; reduce it with .mean_all() or .sum_all() first",
-                    loss.shape()
-                ),
-            });
-        }
+        check_loss("Optimizer::step", loss)?;
         let wrt: Vec<&Tensor> = self.params().iter().collect();
         let grads = loss.backward(&wrt)?;
         let mut outputs = vec![loss];
         outputs.extend_from_slice(also_realize);
         self.apply(&grads, &outputs)
     }
+}
+
+/// Checks that a loss is one value, as gradients of it are defined.
+fn check_loss(op: &'static str, loss: &Tensor) -> Result<()> {
+    if loss.numel() != 1 {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "the loss must be a single value, but it has shape {}; reduce it with .mean_all() or .sum_all() first",
+                loss.shape()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a parameter list: non-empty, float, concrete shapes.
