@@ -53,6 +53,31 @@ impl Signature {
     pub fn structure_hash(&self) -> u64 {
         self.hash
     }
+
+    /// A 128-bit hash of the structure that every process computes alike, for keys on
+    /// disk; `None` where it would not be: the subgraph holds a custom kernel (known by
+    /// identity within one process) or a symbolic size (its variables are interned per
+    /// process, and a plan for them binds their values at launch).
+    pub fn stable_hash(&self) -> Option<u128> {
+        let mut h = tessel_ir::cache::Fnv128::new();
+        let mut text = String::new();
+        for node in self.nodes.iter() {
+            if matches!(node.op, Op::Custom(..)) || node.shape.dims().iter().any(|d| !d.is_const())
+            {
+                return None;
+            }
+            text.clear();
+            // Every part of a node prints exactly (ops and dtypes by name, sizes as
+            // integers, float constants as their shortest exact decimals), except a NaN
+            // constant's payload, which no plan depends on.
+            let _ = std::fmt::Write::write_fmt(&mut text, format_args!("{node:?}"));
+            h.field(text.as_bytes());
+        }
+        for t in self.targets.iter() {
+            h.bytes(&t.to_le_bytes());
+        }
+        Some(h.finish())
+    }
 }
 
 /// The subgraph behind some targets, walked once: operands before users, each node's

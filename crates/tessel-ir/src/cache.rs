@@ -162,6 +162,32 @@ pub fn write_keyed(dir: &std::path::Path, key: u128, text: &str) -> std::io::Res
     written
 }
 
+/// Removes the least recently written files of the cache folder `dir` beyond the newest
+/// `keep`, so a cache whose keys change (with every build, say) stays bounded. Errors
+/// are ignored: a file another process removed first is gone either way.
+pub fn keep_newest(dir: &std::path::Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, std::path::PathBuf)> = entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let meta = e.metadata().ok()?;
+            if !meta.is_file() {
+                return None;
+            }
+            Some((meta.modified().ok()?, e.path()))
+        })
+        .collect();
+    if files.len() <= keep {
+        return;
+    }
+    files.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+    for (_, path) in files.drain(keep..) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// The root of Tessel's on-disk caches: `$TESSEL_CACHE_DIR`, else `$XDG_CACHE_HOME/tessel`,
 /// else `$HOME/.cache/tessel`, else the temporary directory's `tessel`.
 pub fn default_root() -> std::path::PathBuf {
@@ -180,7 +206,31 @@ pub fn default_root() -> std::path::PathBuf {
 mod tests {
     use std::sync::Arc;
 
-    use super::{BuiltCache, Fnv128, temp_suffix};
+    use super::{BuiltCache, Fnv128, keep_newest, temp_suffix, write_keyed};
+
+    #[test]
+    fn a_bounded_folder_keeps_its_newest_files() {
+        let dir = std::env::temp_dir().join(format!("tessel-keep-newest-{}", temp_suffix()));
+        for key in 0..5u128 {
+            write_keyed(&dir, key, "x").unwrap();
+            let file = std::fs::File::options()
+                .write(true)
+                .open(dir.join(format!("{key:032x}")))
+                .unwrap();
+            let when =
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + key as u64);
+            file.set_modified(when).unwrap();
+        }
+        keep_newest(&dir, 2);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, [format!("{:032x}", 3), format!("{:032x}", 4)]);
+        keep_newest(&dir.join("missing"), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn built_cache_separates_devices_and_sources_and_evicts_lru() {

@@ -3,7 +3,9 @@
 //! - [`kernel`]: the IR itself — [`Kernel`], [`Param`], [`Grid`], [`Inst`], [`Value`].
 //! - [`builder`]: [`KernelBuilder`], for writing kernels by hand.
 //! - [`verify`](mod@verify): the verifier, one precise [`VerifyError`] per broken kernel.
-//! - The text form: `Display` for [`Kernel`], stable and snapshot-tested.
+//! - The text form: `Display` for [`Kernel`], stable and snapshot-tested, and
+//!   [`Kernel::parse`], which reads it back (kernels of constant sizes); routines as one
+//!   line that reads back ([`VendorOp::record`]).
 //! - [`backend`]: the [`Backend`] trait every runtime implements, and [`LaunchArgs`], the
 //!   launch-argument checks every backend shares.
 //! - [`handles`]: [`Handles`], the table of live buffers or programs every backend keeps,
@@ -28,8 +30,10 @@ pub mod handles;
 pub mod interp;
 pub mod kernel;
 pub mod launch;
+mod parse;
 pub mod passes;
 pub mod philox;
+mod record;
 pub mod samples;
 pub mod vendor;
 pub mod verify;
@@ -43,6 +47,7 @@ pub use display::inst_text;
 pub use handles::Handles;
 pub use kernel::{Access, AtomicOp, Grid, Inst, Kernel, Mem, Param, Special, Ty, Value};
 pub use launch::LaunchArgs;
+pub use parse::ParseError;
 pub use vendor::{
     Activation, Attention, AttentionBackward, AttentionDropout, AttentionGrads, AttentionLayout,
     AttentionMask, AttentionPart, AttentionSizes, Epilogue, Matmul, MatmulSizes, RowLayout,

@@ -75,3 +75,50 @@ fn rejects_unusable_arguments() {
     let huge = Var::new("h", 0, i64::from(i32::MAX)).unwrap();
     assert!(samples::dynamic_vector_add(huge, 64).is_err());
 }
+
+#[test]
+fn the_text_form_reads_back() {
+    use tessel_ir::{AtomicOp, Kernel};
+    let kernels = [
+        samples::vector_add(DType::F32, 100, 32).unwrap(),
+        samples::vector_add(DType::Bool, 8, 8).unwrap(),
+        samples::vector_add(DType::BF16, 64, 32).unwrap(),
+        samples::upcast_add(DType::F16, 64, 4, 8).unwrap(),
+        samples::permuted_copy([2, 3, 4], [2, 0, 1]).unwrap(),
+        samples::row_sum(4, 8, DType::I32).unwrap(),
+        samples::tree_reduce(100, 16).unwrap(),
+        samples::tiled_matmul(8, 12, 16, 4).unwrap(),
+        samples::scatter(AtomicOp::Add, DType::F32, 64, 8).unwrap(),
+        samples::scatter(AtomicOp::Max, DType::U32, 64, 8).unwrap(),
+    ];
+    for kernel in kernels {
+        let text = kernel.to_string();
+        let back = Kernel::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(back, kernel, "{text}");
+        assert_eq!(back.to_string(), text);
+    }
+}
+
+#[test]
+fn the_text_form_refuses_what_it_cannot_read_back() {
+    use tessel_ir::Kernel;
+    let n = Var::new("n", 1, 4096).unwrap();
+    let text = samples::dynamic_vector_add(n, 64).unwrap().to_string();
+    let e = Kernel::parse(&text).unwrap_err();
+    assert_eq!(e.line, 1);
+    assert!(e.to_string().contains("dynamic"), "{e}");
+
+    let text = samples::vector_add(DType::F32, 100, 32)
+        .unwrap()
+        .to_string();
+    let broken = text.replacen(" add ", " frobnicate ", 1);
+    let e = Kernel::parse(&broken).unwrap_err();
+    assert!(
+        e.to_string().contains("unknown instruction `frobnicate`"),
+        "{e}"
+    );
+    assert!(e.line > 2, "{e}");
+    let e = Kernel::parse(&text.replacen("%1 =", "%7 =", 1)).unwrap_err();
+    assert!(e.to_string().contains("defined as instruction 1"), "{e}");
+    assert!(Kernel::parse("").is_err());
+}

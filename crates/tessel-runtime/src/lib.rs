@@ -24,6 +24,7 @@ mod precision;
 mod program;
 mod progress;
 mod runtime;
+mod stored_plans;
 #[cfg(test)]
 mod test_graph;
 mod tuning;

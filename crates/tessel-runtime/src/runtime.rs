@@ -28,6 +28,7 @@ use crate::plan_cache::{self, StoredPlan};
 use crate::planner::{self, Place, Plan, PlanSlot, PlanStep};
 use crate::plans::{PlanKey, Plans};
 use crate::precision::float32_matmul_precision;
+use crate::stored_plans;
 use crate::tuning::tuning;
 
 /// Plans kept per runtime before the oldest is evicted.
@@ -50,7 +51,7 @@ pub struct State {
     pub graph: Graph,
     leaves: FxHashMap<LeafId, LeafData>,
     next_leaf: u64,
-    plans: Plans,
+    pub(crate) plans: Plans,
     /// The recorded structure of realized one-element float tensors (losses), keeping their
     /// operands alive, so that a loss read before its gradient is taken is still
     /// differentiable (`tessel_tensor::grad` starts from it). Dropped with the leaf.
@@ -456,6 +457,8 @@ impl Runtime {
         let backend = self.backend(device)?;
         // `plan_view` wants the candidates, which a stored plan does not compile.
         let mut from_disk = stored_ok && plan_cache::enabled();
+        // Whether the whole plan was looked for on disk (once: a miss goes on to planning).
+        let mut looked_whole = !from_disk;
         loop {
             let st = self.lock();
             let walk = Walk::new(&st.graph, targets);
@@ -470,16 +473,45 @@ impl Runtime {
             let key = (walk.signature(&st.graph), device, precision, tuning);
             let leaves = walk.into_leaves();
             let devices = planner::placement_devices(device);
+            let mut plan_devices = Vec::with_capacity(devices.len());
+            for &d in &devices {
+                plan_devices.push((d, self.backend(d)?));
+            }
+            let whole_key = stored_plans::enabled()
+                .then(|| stored_plans::key(&key.0, &plan_devices, precision, tuning))
+                .flatten();
+            if let Some(whole) = whole_key.filter(|_| !looked_whole) {
+                looked_whole = true;
+                // Built without the lock: other threads keep recording.
+                drop(st);
+                let started = Instant::now();
+                let mut origins = planner::Origins::default();
+                if let Some(plan) = stored_plans::load(whole, &plan_devices, &mut origins) {
+                    self.count(report, origins);
+                    tracing::info!(
+                        target: "tessel::first_call",
+                        "{device}: stored plan of {} steps, {} kernels compiled, {} from caches, in {:.2} s",
+                        plan.steps.len(),
+                        origins.compiled,
+                        origins.cached,
+                        started.elapsed().as_secs_f64(),
+                    );
+                    let plan = Arc::new(plan);
+                    let mut st = self.lock();
+                    if Walk::new(&st.graph, targets).matches(&st.graph, &key.0) {
+                        st.plans.insert(key.clone(), plan.clone());
+                        return Ok((st, plan, leaves, key));
+                    }
+                }
+                // The graph may have changed without the lock: walk it again.
+                continue;
+            }
             let started = Instant::now();
             let parts =
                 planner::partition(&st.graph, targets, &leaves, &devices, precision, tuning)?;
             drop(st);
             let partitioned = started.elapsed();
             tracing::debug!(target: "tessel::first_call", "{device}: partitioned in {:.2} s", partitioned.as_secs_f64());
-            let mut plan_devices = Vec::with_capacity(devices.len());
-            for d in devices {
-                plan_devices.push((d, self.backend(d)?));
-            }
             let disk_key = plan_cache::key(&parts, &plan_devices, dims, precision);
             let stored = from_disk.then(|| plan_cache::load(disk_key)).flatten();
             let only = stored.as_ref().map(StoredPlan::programs);
@@ -521,6 +553,9 @@ impl Runtime {
             } else {
                 compiled.default_plan()
             };
+            if let Some(whole) = whole_key {
+                stored_plans::store(whole, &plan, &compiled);
+            }
             tracing::info!(
                 target: "tessel::first_call",
                 "{device}: new plan of {} steps{}: partitioned in {:.2} s; {} kernels compiled, \

@@ -205,7 +205,7 @@ pub(crate) fn compile(
 
 /// Compiles `kernels` on `device`, first occurrences in parallel (in batches of the
 /// backend's [`Backend::compile_batch`]), repeats after them.
-fn compile_all(
+pub(crate) fn compile_all(
     backend: &dyn Backend,
     device: Device,
     kernels: &[(usize, &Kernel)],
@@ -398,7 +398,7 @@ impl Compiled {
 
     /// The default partition's plan on the home device: every program, in order (without
     /// alternatives, the programs are exactly the default partition, producers first).
-    pub(crate) fn default_plan(self) -> Plan {
+    pub(crate) fn default_plan(&self) -> Plan {
         let all: Vec<Step> = (0..self.programs.len()).map(Step::Run).collect();
         let mut plan = self.plan(&all);
         plan.view = Some(Arc::new(self.view(&vec![None; self.programs.len()], &all)));

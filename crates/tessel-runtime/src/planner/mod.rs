@@ -49,7 +49,7 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::program::Program;
 
-pub(crate) use compile::{Compiled, Origins, compile};
+pub(crate) use compile::{Compiled, Origins, compile, compile_all};
 pub(crate) use partition::{Partitions, Work, partition};
 /// A device a plan uses, with its backend. Index 0 of a plan's devices is its home.
 pub(crate) type PlanDevice = (Device, Arc<dyn Backend>);
