@@ -8,13 +8,15 @@
 //! ```
 //!
 //! Options: `--devices LIST` (default: every device found), `--small` (sizes divided by
-//! 16, for a quick check on a CPU), `--only NAME[,NAME]` (workloads by name).
+//! 16, for a quick check on a CPU), `--only NAME[,NAME]` (workloads by name), `--compiled`
+//! (each workload also as a `tessel::Compiled` function: recorded and planned once, each
+//! run a call + synchronize; a row `NAME [compiled]` whose first time includes compiling).
 
 use std::time::{Duration, Instant};
 
 use tessel_tensor::{
-    Conv2dOptions, DType, Device, Float32MatmulPrecision, Padding, PoolOptions, Result, Tensor,
-    set_float32_matmul_precision,
+    Compiled, Conv2dOptions, DType, Device, Float32MatmulPrecision, Padding, PoolOptions, Result,
+    Tensor, set_float32_matmul_precision,
 };
 
 /// One workload: builds its output from its inputs, and says how much work it is.
@@ -663,7 +665,7 @@ fn data(len: usize, seed: u32) -> Vec<f32> {
 
 /// The first run's time (planning and compiling included) and the median of `runs` runs
 /// of `w` on `device` after a second warm-up run.
-fn time(w: &Workload, device: Device, runs: usize) -> Result<(Duration, Duration)> {
+fn time(w: &Workload, device: Device, runs: usize, compiled: bool) -> Result<(Duration, Duration)> {
     let inputs = w
         .inputs
         .iter()
@@ -683,7 +685,11 @@ fn time(w: &Workload, device: Device, runs: usize) -> Result<(Duration, Duration
         .collect::<Result<Vec<_>>>()?;
     device.synchronize()?;
     set_float32_matmul_precision(w.f32_matmul);
-    let timed = run_timed(w, &inputs, device, runs);
+    let timed = if compiled {
+        run_compiled(w, &inputs, device, runs)
+    } else {
+        run_timed(w, &inputs, device, runs)
+    };
     set_float32_matmul_precision(Float32MatmulPrecision::Highest);
     timed
 }
@@ -707,6 +713,35 @@ fn run_timed(
         }
         if k >= 2 {
             times.push(start.elapsed());
+        }
+    }
+    times.sort();
+    Ok((first, times[times.len() / 2]))
+}
+
+/// [`time`]'s runs of the workload as a [`Compiled`] function of `inputs`; the first
+/// includes compiling it.
+fn run_compiled(
+    w: &Workload,
+    inputs: &[Tensor],
+    device: Device,
+    runs: usize,
+) -> Result<(Duration, Duration)> {
+    let args: Vec<&Tensor> = inputs.iter().collect();
+    let start = Instant::now();
+    let f = Compiled::new(&args, |a| Ok(vec![(w.run)(a)?]))?;
+    let mut times = Vec::new();
+    let mut first = Duration::ZERO;
+    for k in 0..runs + 2 {
+        let call = Instant::now();
+        let out = f.call(&args)?;
+        device.synchronize()?;
+        drop(out);
+        if k == 0 {
+            first = start.elapsed();
+        }
+        if k >= 2 {
+            times.push(call.elapsed());
         }
     }
     times.sort();
@@ -744,6 +779,7 @@ fn main() -> std::process::ExitCode {
         None => Device::all(),
     };
     let only = value("--only");
+    let compiled = args.iter().any(|a| a == "--compiled");
     let mut table = String::from(
         "workload                                 device    median ms    throughput    first s\n",
     );
@@ -754,23 +790,31 @@ fn main() -> std::process::ExitCode {
         {
             continue;
         }
-        for &device in &devices {
+        let modes: &[bool] = if compiled { &[false, true] } else { &[false] };
+        for (&device, &as_compiled) in devices
+            .iter()
+            .flat_map(|d| modes.iter().map(move |m| (d, m)))
+        {
             let runs = if w.amount > 1e11 { 5 } else { 10 };
-            let line = match time(&w, device, runs) {
+            let name = if as_compiled {
+                format!("{} [compiled]", w.name)
+            } else {
+                w.name.to_string()
+            };
+            let line = match time(&w, device, runs, as_compiled) {
                 Ok((first, t)) => {
                     let per_s = w.amount / t.as_secs_f64();
                     // Both units are 1e9 of their base.
                     let value = per_s / 1e9;
                     format!(
-                        "{:<40} {:<9} {:>9.3}    {value:>8.2} {:<7} {:>7.2}",
-                        w.name,
+                        "{name:<40} {:<9} {:>9.3}    {value:>8.2} {:<7} {:>7.2}",
                         device.to_string(),
                         t.as_secs_f64() * 1e3,
                         w.unit,
                         first.as_secs_f64()
                     )
                 }
-                Err(e) => format!("{:<40} {:<9} error: {e}", w.name, device.to_string()),
+                Err(e) => format!("{name:<40} {:<9} error: {e}", device.to_string()),
             };
             eprintln!("{line}");
             table.push_str(&line);

@@ -16,8 +16,9 @@ use tessel_shape::{Bindings, DType, Shape};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::execute::free_temps;
 use crate::planner::{Place, Plan, PlanSlot};
-use crate::runtime::{LeafData, RealizeReport, Runtime, free_temps, runtime};
+use crate::runtime::{LeafData, RealizeReport, Runtime, runtime};
 
 /// A plan kept for replays ([`Runtime::capture`]). Dropping it releases the leaves it holds.
 pub struct Captured {

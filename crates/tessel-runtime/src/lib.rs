@@ -14,6 +14,7 @@
 mod captured;
 mod device;
 mod error;
+mod execute;
 mod host;
 mod measure;
 mod plan_cache;
@@ -32,14 +33,12 @@ mod tuning;
 pub use captured::Captured;
 pub use device::{Device, on_synchronize};
 pub use error::{Error, Result};
+pub use execute::{host_bytes, out_of_host_memory};
 pub use host::HostBytes;
 pub use planner::set_placement;
 pub use precision::{
     Float32MatmulPrecision, float32_matmul_precision, set_float32_matmul_precision,
 };
-pub use runtime::{
-    PLAN_CACHE_LIMIT, RealizeReport, Runtime, RuntimeStats, host_bytes, out_of_host_memory,
-    runtime, stats,
-};
+pub use runtime::{PLAN_CACHE_LIMIT, RealizeReport, Runtime, RuntimeStats, runtime, stats};
 pub use tessel_ir::{BackendError, DeviceInfo, DeviceKind, Features};
 pub use tuning::{Tuning, set_tuning, tuning};
