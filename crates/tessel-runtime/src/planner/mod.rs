@@ -30,7 +30,7 @@
 //!    (unless it is the default partition's, on the home device), never failing the
 //!    realize.
 //! 3. [`choose`](crate::measure::choose): where some value has more than one producer,
-//!    every program is measured (see `measure.rs`) and
+//!    every program is measured (see `measure/`) and
 //!    [`tessel_graph::placement::place`] picks the cheapest closed set of programs and
 //!    copies between devices.
 //!

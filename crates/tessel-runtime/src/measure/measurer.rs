@@ -1,207 +1,60 @@
-//! Measuring a realize's programs and choosing its plan.
-//!
-//! Every program runs on the realize's own inputs, in dependency order, on its device.
-//! Values a program reads on another device are copied there first (untimed); a program
-//! whose value has already been produced writes scratch buffers and must match that
-//! reference (the default partition's, on the home device, where there is one) before its
-//! time counts. Times are device-timer medians. Copies between the home device and each
-//! other device are timed too, per value size, on the host clock (they go through host
-//! memory). Times are cached on disk by backend, device, driver, program text and
-//! dynamic-dim values (copies: both devices and the size), so a second process measures
-//! nothing it already knows. [`tessel_graph::placement::place`] then picks the cheapest
-//! closed set of programs and copies.
+//! The measurer: every program run on the realize's inputs in dependency order, checked
+//! against the reference values, and timed with device timers (or its time found in the
+//! timing cache).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tessel_graph::extract::{Budget, ExtractError};
-use tessel_graph::placement::{self, PlacedCandidate, Placement, Transfer};
-use tessel_ir::cache::{Fnv128, read_keyed, write_keyed};
-use tessel_ir::{Backend, BufferId, ProgramId, compare};
-use tessel_shape::{Bindings, DType, Dim};
+use tessel_graph::extract::Budget;
+use tessel_graph::placement::{self, Transfer};
+use tessel_ir::{Backend, BufferId, compare};
+use tessel_shape::{Bindings, DType};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::plan_cache::StoredPlan;
-use crate::planner::{Compiled, Place, Plan, PlanSlot, Work};
+use crate::planner::{Compiled, Place, PlanSlot, Work};
 
-/// Measures every program on the realize's leaves (`leaves`, on the home device, in
-/// signature order) with the dynamic dims `dims`, and returns the plan of the cheapest
-/// closed set of programs and copies.
-/// Returns it also as [`crate::plan_cache`] stores it.
-pub(crate) fn choose(
-    compiled: &Compiled,
-    leaves: &[BufferId],
-    dims: &Bindings,
-) -> Result<(Plan, StoredPlan)> {
-    let inputs: Vec<BufferId> = compiled.inputs.iter().map(|&i| leaves[i]).collect();
-    let mut m = Measurer::new(compiled, dims);
-    let outcome = m
-        .run(&inputs)
-        .and_then(|times| {
-            crate::tuning::record(compiled, &times, m.planned.as_ref());
-            Ok((times, m.transfers()?))
-        })
-        .and_then(|(times, transfers)| pick(&mut m, &times, transfers));
-    m.free();
-    outcome
-}
-
-/// Extracts the plan from the measured `times` and `transfers`, and checks it whole: run
-/// as planned, it must give the default partition's targets, else the default partition
-/// is the plan.
-fn pick(
-    m: &mut Measurer<'_>,
-    times: &[Option<f64>],
-    transfers: Vec<Transfer>,
-) -> Result<(Plan, StoredPlan)> {
-    let compiled = m.compiled;
-    let fastest = crate::tuning::fastest(compiled, times);
-    let problem = placement_problem(compiled, times, transfers, |k| {
-        !crate::tuning::lost(compiled, &fastest, k)
-    });
-    // The default partition is a valid plan by construction: the search starts from it
-    // (so it never returns worse), and a search that found no plan within its budget
-    // (greedy plans that write a value twice, too many alternatives) falls back to it
-    // rather than failing the realize (where a default program lost and was left out).
-    let default: Vec<usize> = default_steps(compiled)
-        .iter()
-        .filter_map(|s| match *s {
-            placement::Step::Run(k) => Some(k),
-            placement::Step::Copy { .. } => None,
-        })
-        .collect();
-    let placed = match placement::place_from(&problem, Budget::default(), &default) {
-        Ok(placed) => placed,
-        Err(ExtractError::NoValidPlan {
-            exhausted: true, ..
-        }) => {
-            tracing::warn!(target: "tessel::plan", "{}: no plan found within the search budget; using the default partition", compiled.devices[0].0);
-            return Ok(default_plan(compiled, times));
-        }
-        Err(e) => return Err(Error::Internal(format!("choosing a plan: {e}"))),
-    };
-    let view = Arc::new(compiled.view(times, &placed.steps));
-    if tracing::enabled!(target: "tessel::plan", tracing::Level::INFO) {
-        tracing::info!(target: "tessel::plan", "{}: plan of {} programs, chosen cost {:.1} µs:\n{}", compiled.devices[0].0, compiled.programs.len(), placed.cost * 1e6, view.to_text());
-    }
-    // Each program was checked against references on its own; the plan combines programs
-    // of different partitions, so it is run once as a whole and checked too.
-    if let Some(why) = m.check_plan(&placed.steps)? {
-        tracing::warn!(target: "tessel::plan", "{}: the measured plan gives wrong values ({why}); using the default partition", compiled.devices[0].0);
-        return Ok(default_plan(compiled, times));
-    }
-    let mut plan = compiled.plan(&placed.steps);
-    plan.view = Some(view);
-    let runner_up = placed.runner_up.as_ref().map(|(steps, _)| steps.as_slice());
-    if let Some(runner_up) = runner_up {
-        plan.fallback = Some(Arc::new(compiled.plan(runner_up)));
-    }
-    let stored = StoredPlan::new(compiled, times, &placed.steps, runner_up);
-    Ok((plan, stored))
-}
-
-/// The default partition's programs on the home device.
-fn default_steps(compiled: &Compiled) -> Vec<placement::Step> {
-    compiled
-        .programs
-        .iter()
-        .enumerate()
-        .filter(|(_, b)| b.device == 0 && compiled.candidates[b.candidate].default)
-        .map(|(k, _)| placement::Step::Run(k))
-        .collect()
-}
-
-/// The default partition's programs on the home device, as a plan.
-fn default_plan(compiled: &Compiled, times: &[Option<f64>]) -> (Plan, StoredPlan) {
-    let default = default_steps(compiled);
-    let mut plan = compiled.plan(&default);
-    plan.view = Some(Arc::new(compiled.view(times, &default)));
-    (plan, StoredPlan::new(compiled, times, &default, None))
-}
-
-/// The extraction problem over the programs with a time that `keep` keeps.
-fn placement_problem(
-    compiled: &Compiled,
-    times: &[Option<f64>],
-    transfers: Vec<Transfer>,
-    keep: impl Fn(usize) -> bool,
-) -> Placement {
-    Placement {
-        devices: compiled.devices.len(),
-        candidates: compiled
-            .programs
-            .iter()
-            .enumerate()
-            .filter(|&(k, _)| keep(k))
-            .filter_map(|(k, b)| {
-                let c = &compiled.candidates[b.candidate];
-                Some(PlacedCandidate {
-                    id: k,
-                    device: b.device,
-                    writes: c
-                        .writes
-                        .iter()
-                        .map(|&w| compiled.class(PlanSlot::Node(w)))
-                        .collect(),
-                    reads: c.reads().map(|r| compiled.class(r)).collect(),
-                    cost: times[k]?,
-                })
-            })
-            .collect(),
-        transfers,
-        available: (0..compiled.inputs.len())
-            .map(|i| compiled.class(PlanSlot::Input(i)))
-            .chain(
-                compiled
-                    .empty
-                    .iter()
-                    .map(|&p| compiled.class(PlanSlot::Node(p))),
-            )
-            .collect(),
-        targets: compiled
-            .targets
-            .iter()
-            .map(|&p| compiled.class(PlanSlot::Node(p)))
-            .collect(),
-    }
-}
+use super::check::{
+    DEVICE_COMPARISON_MIN, difference_program, eval, float_decoder, in_parallel, largest_magnitude,
+    median,
+};
+use super::placement_problem;
+use super::timings::{Timed, copy_key, load_timing, store_timing, timing_key};
 
 /// Runs programs to validate and time them.
-struct Measurer<'c> {
-    compiled: &'c Compiled,
+pub(super) struct Measurer<'c> {
+    pub(super) compiled: &'c Compiled,
     /// A buffer holding each value, per device it has been produced on or copied to.
-    real: FxHashMap<Place, BufferId>,
+    pub(super) real: FxHashMap<Place, BufferId>,
     /// Every buffer allocated (with its device), freed at the end.
-    owned: Vec<(usize, BufferId)>,
+    pub(super) owned: Vec<(usize, BufferId)>,
     /// The dynamic dims' values for this measurement.
-    dims: Bindings,
+    pub(super) dims: Bindings,
     /// [`CANDIDATE_TOLERANCE`], or the rounding of the narrowest float the realize holds.
-    precision: f64,
+    pub(super) precision: f64,
     /// [`Measurer::magnitude`]'s answers.
-    magnitudes: FxHashMap<PlanSlot, f64>,
+    pub(super) magnitudes: FxHashMap<PlanSlot, f64>,
     /// Each program's time, once measured (or found in the cache) and checked.
-    times: Vec<Option<f64>>,
+    pub(super) times: Vec<Option<f64>>,
     /// The programs of the plan extracted from every program but the other launch shapes
     /// of kernels, made before the first of those runs (every program where no plan was
     /// found).
-    planned: Option<FxHashSet<usize>>,
+    pub(super) planned: Option<FxHashSet<usize>>,
 }
 
 /// Timed runs after the first (validating) one; fewer for slow candidates.
-const RUNS: usize = 5;
+pub(super) const RUNS: usize = 5;
 
 /// How many times slower than the fastest program writing the same values a program may
 /// become before its checking run is stopped (where the backend can stop one): it would
 /// never be chosen. A naive generated 2048³ product on a CPU took 35 s to lose to `gemm`'s
 /// 0.1 s.
-const HOPELESS: f64 = 8.0;
+pub(super) const HOPELESS: f64 = 8.0;
 
 /// A checking run is never stopped before this: stopping saves nothing worth losing the
 /// program as a runner-up for.
-const HOPELESS_AFTER: Duration = Duration::from_millis(100);
+pub(super) const HOPELESS_AFTER: Duration = Duration::from_millis(100);
 
 /// How far a candidate's output may be from the reference computed from the same inputs,
 /// relative to the largest reference magnitude, when every value is f32 or wider. Where
@@ -209,20 +62,20 @@ const HOPELESS_AFTER: Duration = Duration::from_millis(100);
 /// ([`Measurer::precision`]): two candidates rounding an f32 product to bf16 at different
 /// points differ by bf16's 2^-8, and with 1e-3 every library product of a bf16 model was
 /// dropped for it.
-const CANDIDATE_TOLERANCE: f64 = 1e-3;
+pub(super) const CANDIDATE_TOLERANCE: f64 = 1e-3;
 
 /// The candidates' tolerance where `f32` products may run in TF32
 /// ([`crate::set_float32_matmul_precision`]).
-const TF32_TOLERANCE: f64 = 1e-2;
+pub(super) const TF32_TOLERANCE: f64 = 1e-2;
 
 /// The same for a whole plan's targets, as a multiple of the candidates' tolerance.
 /// Rounding differences of every program add up along the plan and some steps amplify
 /// them (an Adam update divides a gradient by its own magnitude); a program wired to the
 /// wrong values is off by the values' own size.
-const PLAN_TOLERANCE: f64 = 10.0;
+pub(super) const PLAN_TOLERANCE: f64 = 10.0;
 
 impl<'c> Measurer<'c> {
-    fn new(compiled: &'c Compiled, dims: &Bindings) -> Self {
+    pub(super) fn new(compiled: &'c Compiled, dims: &Bindings) -> Self {
         Measurer {
             compiled,
             real: FxHashMap::default(),
@@ -241,7 +94,7 @@ impl<'c> Measurer<'c> {
     /// half precision at different points (a fused kernel keeps f32 where a materialized
     /// value is rounded), and in a 12-layer residual stream the two roundings of bf16
     /// drift apart by a few percent of the largest value.
-    fn precision(compiled: &Compiled) -> f64 {
+    pub(super) fn precision(compiled: &Compiled) -> f64 {
         let dtypes = compiled.input_sizes.iter().chain(compiled.buffers.values());
         let stored = dtypes
             .map(|&(dtype, _)| match dtype {
@@ -262,16 +115,16 @@ impl<'c> Measurer<'c> {
         }
     }
 
-    fn backend(&self, device: usize) -> &Arc<dyn Backend> {
+    pub(super) fn backend(&self, device: usize) -> &Arc<dyn Backend> {
         &self.compiled.devices[device].1
     }
 
-    fn device(&self, device: usize) -> Device {
+    pub(super) fn device(&self, device: usize) -> Device {
         self.compiled.devices[device].0
     }
 
     /// Bytes of a slot's value under this measurement's dims.
-    fn bytes(&self, slot: PlanSlot) -> Result<usize> {
+    pub(super) fn bytes(&self, slot: PlanSlot) -> Result<usize> {
         let (dtype, numel) = self.compiled.size(slot);
         Ok(eval(numel, &self.dims)? * dtype.size_bytes())
     }
@@ -279,7 +132,7 @@ impl<'c> Measurer<'c> {
     /// A buffer of `bytes` filled with `0xff` (NaN in every float dtype), so a program
     /// that reads an element nothing wrote fails its check instead of passing on whatever
     /// a reused allocation held.
-    fn alloc(&mut self, device: usize, bytes: usize) -> Result<BufferId> {
+    pub(super) fn alloc(&mut self, device: usize, bytes: usize) -> Result<BufferId> {
         let ordinal = self.device(device).ordinal;
         let b = self.backend(device).alloc(ordinal, bytes.max(1))?;
         self.owned.push((device, b));
@@ -287,14 +140,14 @@ impl<'c> Measurer<'c> {
         Ok(b)
     }
 
-    fn free(&mut self) {
+    pub(super) fn free(&mut self) {
         for (d, b) in std::mem::take(&mut self.owned) {
             let _ = self.backend(d).free(b);
         }
     }
 
     /// Frees one buffer of [`Self::owned`] before the end.
-    fn release(&mut self, device: usize, buffer: BufferId) {
+    pub(super) fn release(&mut self, device: usize, buffer: BufferId) {
         if let Some(i) = self
             .owned
             .iter()
@@ -306,7 +159,7 @@ impl<'c> Measurer<'c> {
     }
 
     /// Copies `bytes` from `src` on device `from` to `dst` on device `to`, through the host.
-    fn copy(
+    pub(super) fn copy(
         &self,
         from: usize,
         src: BufferId,
@@ -326,7 +179,7 @@ impl<'c> Measurer<'c> {
 
     /// A buffer holding `slot`'s value on `device`, copying it from another device if it
     /// has not been there yet; `None` if no device has it.
-    fn on_device(&mut self, slot: PlanSlot, device: usize) -> Result<Option<BufferId>> {
+    pub(super) fn on_device(&mut self, slot: PlanSlot, device: usize) -> Result<Option<BufferId>> {
         let here = Place { slot, device };
         if let Some(&b) = self.real.get(&here) {
             return Ok(Some(b));
@@ -342,7 +195,7 @@ impl<'c> Measurer<'c> {
     }
 
     /// Median seconds per program; `None` for one that failed or disagreed.
-    fn run(&mut self, inputs: &[BufferId]) -> Result<Vec<Option<f64>>> {
+    pub(super) fn run(&mut self, inputs: &[BufferId]) -> Result<Vec<Option<f64>>> {
         let compiled = self.compiled;
         let n = compiled.programs.len();
         self.times = vec![None; n];
@@ -483,7 +336,7 @@ impl<'c> Measurer<'c> {
 
     /// Runs program `k`: the first run produces (or checks) its values, then times it
     /// unless `known` already holds its time.
-    fn measure(&mut self, k: usize, known: Option<f64>) -> Result<Option<Timed>> {
+    pub(super) fn measure(&mut self, k: usize, known: Option<f64>) -> Result<Option<Timed>> {
         let compiled = self.compiled;
         let b = &compiled.programs[k];
         let c = &compiled.candidates[b.candidate];
@@ -584,7 +437,7 @@ impl<'c> Measurer<'c> {
     }
 
     /// Whether program `k` is another launch shape of a kernel (not the kernel itself).
-    fn is_shape(&self, k: usize) -> bool {
+    pub(super) fn is_shape(&self, k: usize) -> bool {
         let c = &self.compiled.candidates[self.compiled.programs[k].candidate];
         c.tuning.as_ref().is_some_and(|t| !t.is_default())
     }
@@ -592,7 +445,7 @@ impl<'c> Measurer<'c> {
     /// The programs of the cheapest plan of those measured so far that are not other
     /// launch shapes; every program where there is none (copies between devices are not
     /// timed yet).
-    fn plan_without_shapes(&self) -> FxHashSet<usize> {
+    pub(super) fn plan_without_shapes(&self) -> FxHashSet<usize> {
         let compiled = self.compiled;
         let problem = placement_problem(compiled, &self.times, Vec::new(), |k| !self.is_shape(k));
         match placement::place(&problem, Budget::default()) {
@@ -611,7 +464,7 @@ impl<'c> Measurer<'c> {
     /// Builds, on several threads, the deferred programs (other launch shapes) that
     /// [`Measurer::not_worth_tuning`] lets through, counting them into
     /// `Compiled::built_later`.
-    fn build_shapes_worth_measuring(&self) {
+    pub(super) fn build_shapes_worth_measuring(&self) {
         let compiled = self.compiled;
         let wanted: Vec<usize> = (0..compiled.programs.len())
             .filter(|&k| {
@@ -651,7 +504,7 @@ impl<'c> Measurer<'c> {
     /// is too fast to gain much, or it is much slower than another program writing its
     /// values (a generated product against the library routine). Exhaustive tuning
     /// measures every shape.
-    fn not_worth_tuning(&self, k: usize) -> Option<String> {
+    pub(super) fn not_worth_tuning(&self, k: usize) -> Option<String> {
         let compiled = self.compiled;
         let b = &compiled.programs[k];
         let tag = compiled.candidates[b.candidate].tuning.as_ref()?;
@@ -677,7 +530,7 @@ impl<'c> Measurer<'c> {
 
     /// The best time measured so far of a program on `k`'s device that writes exactly the
     /// values `k` writes.
-    fn fastest_twin(&self, k: usize) -> Option<f64> {
+    pub(super) fn fastest_twin(&self, k: usize) -> Option<f64> {
         let compiled = self.compiled;
         let b = &compiled.programs[k];
         let writes = &compiled.candidates[b.candidate].writes;
@@ -695,7 +548,7 @@ impl<'c> Measurer<'c> {
     /// The time of program `k` on `args`, after a first run of `first`: the median of
     /// several runs ([`Timed::Median`]), or the first run alone for a candidate that loses
     /// anyway ([`Timed::FirstRun`]).
-    fn time(&self, k: usize, args: &[BufferId], first: Duration) -> Result<Timed> {
+    pub(super) fn time(&self, k: usize, args: &[BufferId], first: Duration) -> Result<Timed> {
         let backend = self.backend(self.compiled.programs[k].device);
         let program = self.compiled.programs[k].program.id()?;
         // A candidate slower than a second, or `HOPELESS` times slower than the fastest
@@ -721,7 +574,7 @@ impl<'c> Measurer<'c> {
 
     /// Runs `steps` on fresh buffers (inputs shared) and says why its targets differ from
     /// the references, if they do.
-    fn check_plan(&mut self, steps: &[placement::Step]) -> Result<Option<String>> {
+    pub(super) fn check_plan(&mut self, steps: &[placement::Step]) -> Result<Option<String>> {
         let compiled = self.compiled;
         let mut bufs: FxHashMap<Place, BufferId> = self
             .real
@@ -830,7 +683,7 @@ impl<'c> Measurer<'c> {
     }
 
     /// The buffer holding `slot`'s reference value: on the home device if it is there.
-    fn reference(&self, slot: PlanSlot) -> Option<(&Place, &BufferId)> {
+    pub(super) fn reference(&self, slot: PlanSlot) -> Option<(&Place, &BufferId)> {
         let home = Place { slot, device: 0 };
         self.real
             .get_key_value(&home)
@@ -839,7 +692,7 @@ impl<'c> Measurer<'c> {
 
     /// Measured copies of every value between the home device and each other device
     /// (cached on disk by the two devices and the size).
-    fn transfers(&mut self) -> Result<Vec<Transfer>> {
+    pub(super) fn transfers(&mut self) -> Result<Vec<Transfer>> {
         let compiled = self.compiled;
         if compiled.devices.len() < 2 {
             return Ok(Vec::new());
@@ -875,7 +728,7 @@ impl<'c> Measurer<'c> {
     }
 
     /// Median seconds to copy `bytes` from device `from` to device `to` through the host.
-    fn copy_time(&mut self, from: usize, to: usize, bytes: usize) -> Result<f64> {
+    pub(super) fn copy_time(&mut self, from: usize, to: usize, bytes: usize) -> Result<f64> {
         let key = copy_key(
             (&**self.backend(from), self.device(from)),
             (&**self.backend(to), self.device(to)),
@@ -901,7 +754,7 @@ impl<'c> Measurer<'c> {
 
     /// The largest finite magnitude of `slot`'s reference value (0 for other dtypes),
     /// read once.
-    fn magnitude(&mut self, slot: PlanSlot) -> Result<f64> {
+    pub(super) fn magnitude(&mut self, slot: PlanSlot) -> Result<f64> {
         if let Some(&m) = self.magnitudes.get(&slot) {
             return Ok(m);
         }
@@ -927,7 +780,7 @@ impl<'c> Measurer<'c> {
     /// Why two buffers holding `slot`'s value disagree beyond `tolerance` (relative to the
     /// largest reference magnitude: a different summation order moves every element by
     /// about the same absolute amount), if they do; other dtypes compare exactly.
-    fn disagreement(
+    pub(super) fn disagreement(
         &self,
         slot: PlanSlot,
         reference: (usize, BufferId),
@@ -943,7 +796,7 @@ impl<'c> Measurer<'c> {
     }
 
     /// [`Measurer::disagreement`], untimed.
-    fn compare(
+    pub(super) fn compare(
         &self,
         slot: PlanSlot,
         reference: (usize, BufferId),
@@ -994,7 +847,7 @@ impl Measurer<'_> {
     /// [`tessel_ir::compare::differences`] of two `dtype` buffers of `bytes` on `device`,
     /// run there: `None` for buffers under [`DEVICE_COMPARISON_MIN`], other dtypes, and
     /// where the device refuses the kernel (the host compares then).
-    fn on_device_differences(
+    pub(super) fn on_device_differences(
         &self,
         device: usize,
         dtype: DType,
@@ -1026,191 +879,5 @@ impl Measurer<'_> {
         run()
             .inspect_err(|e| tracing::debug!(target: "tessel::measure", "comparing on {} failed ({e}); comparing on the host", backend.name()))
             .ok()
-    }
-}
-
-/// Buffers from this size on are compared on their device
-/// ([`Measurer::on_device_differences`]); smaller ones on the host, where reading them
-/// costs less than a launch.
-const DEVICE_COMPARISON_MIN: usize = 8 << 20;
-
-/// The [`compare::differences`] program of `dtype` on device `ordinal` of `backend`,
-/// compiled once per process (`None` where the device refused it or would interpret it).
-fn difference_program(
-    backend: &Arc<dyn Backend>,
-    ordinal: usize,
-    dtype: DType,
-) -> Option<ProgramId> {
-    type Programs = FxHashMap<(usize, usize, DType), Option<ProgramId>>;
-    static PROGRAMS: std::sync::Mutex<Option<Programs>> = std::sync::Mutex::new(None);
-    // Backends live as long as the process: the address names one.
-    let key = (Arc::as_ptr(backend).cast::<u8>() as usize, ordinal, dtype);
-    let lock = || {
-        PROGRAMS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    };
-    if let Some(&known) = lock().as_ref().and_then(|m| m.get(&key)) {
-        return known;
-    }
-    // Compiled outside the lock; a racing thread's duplicate is released.
-    let compiled = compare::differences(dtype)
-        .map_err(|e| e.to_string())
-        .and_then(|kernel| backend.compile(ordinal, &kernel).map_err(|e| e.to_string()))
-        .inspect_err(|e| tracing::debug!(target: "tessel::measure", "{}: no device comparison of {dtype}: {e}", backend.name()))
-        .ok()
-        // An interpreted comparison is slower than the host's.
-        .filter(|&p| {
-            let interpreted = matches!(backend.origin(p), Ok(tessel_ir::ProgramOrigin::Interpreted));
-            if interpreted {
-                let _ = backend.release(p);
-            }
-            !interpreted
-        });
-    let mut programs = lock();
-    let programs = programs.get_or_insert_with(FxHashMap::default);
-    if let Some(&known) = programs.get(&key) {
-        if let Some(p) = compiled {
-            let _ = backend.release(p);
-        }
-        return known;
-    }
-    programs.insert(key, compiled);
-    compiled
-}
-
-fn eval(numel: Dim, dims: &Bindings) -> Result<usize> {
-    let n = numel.eval(dims).map_err(Error::from_eval)?;
-    Ok(n.max(0) as usize)
-}
-
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
-
-/// `f` on contiguous ranges of `0..elements`, one per available core for large ranges,
-/// at once, in range order: a first call compares outputs of hundreds of megabytes on the
-/// host (a cross-entropy's gradient over a vocabulary), which one core does in seconds.
-fn in_parallel<R: Send>(elements: usize, f: impl Fn(std::ops::Range<usize>) -> R + Sync) -> Vec<R> {
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let threads = cores.min(elements.div_ceil(1 << 18)).max(1);
-    if threads == 1 {
-        return vec![f(0..elements)];
-    }
-    let per = elements.div_ceil(threads);
-    std::thread::scope(|scope| {
-        let f = &f;
-        let handles: Vec<_> = (0..threads)
-            .map(|t| scope.spawn(move || f(t * per..((t + 1) * per).min(elements))))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
-}
-
-/// The largest finite magnitude among `bytes`' elements, and `floor`.
-fn largest_magnitude(bytes: &[u8], width: usize, decode: fn(&[u8]) -> f64, floor: f64) -> f64 {
-    in_parallel(bytes.len() / width, |range| {
-        bytes[range.start * width..range.end * width]
-            .chunks_exact(width)
-            .map(decode)
-            .filter(|v| v.is_finite())
-            .fold(floor, |m, v| m.max(v.abs()))
-    })
-    .into_iter()
-    .fold(floor, f64::max)
-}
-
-/// How to read one element of a float dtype as f64, `None` for other dtypes.
-fn float_decoder(dtype: DType) -> Option<fn(&[u8]) -> f64> {
-    Some(match dtype {
-        DType::F32 => |b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        DType::F64 => |b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-        DType::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DType::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-        _ => return None,
-    })
-}
-
-/// The disk timing cache: one small file per (backend, device, driver, program text,
-/// dynamic-dim values), or per copy (both devices, size).
-fn timing_dir() -> PathBuf {
-    tessel_ir::cache::default_root().join("timings")
-}
-
-/// Hashes the dynamic dims' values (a program takes as long as the sizes it runs at), in
-/// name order.
-pub(crate) fn dims_identity(h: &mut Fnv128, dims: &Bindings) {
-    let mut values: Vec<(String, i64)> = dims.iter().map(|(v, n)| (v.to_string(), n)).collect();
-    values.sort_unstable();
-    for (name, value) in values {
-        h.field(format!("{name}={value}").as_bytes());
-    }
-}
-
-/// Hashes a backend's device identity: backend, device name and driver.
-pub(crate) fn device_identity(h: &mut Fnv128, backend: &dyn Backend, device: Device) {
-    h.field(backend.name().as_bytes());
-    if let Some(info) = backend.devices().get(device.ordinal) {
-        h.field(info.name.as_bytes());
-        h.field(info.driver.as_bytes());
-    }
-}
-
-/// A measured time and how it was taken.
-#[derive(Clone, Copy, Debug)]
-enum Timed {
-    /// The median of several runs: what the timing cache keeps.
-    Median(f64),
-    /// One checking run of a program that loses anyway: an upper bound.
-    FirstRun(f64),
-}
-
-fn timing_key(
-    backend: &dyn Backend,
-    device: Device,
-    work: &Work,
-    variant: &str,
-    dims: &Bindings,
-) -> u128 {
-    let mut h = Fnv128::new();
-    // v3: v2 caches could hold first-run times of losing candidates.
-    h.field(b"tessel-timing-v3");
-    // A program with dynamic dims takes as long as the sizes it runs at.
-    dims_identity(&mut h, dims);
-    device_identity(&mut h, backend, device);
-    if let Work::Vendor(_) = work {
-        h.field(backend.vendor_library(device.ordinal).as_bytes());
-        h.field(variant.as_bytes());
-    }
-    h.field(work.text().as_bytes());
-    h.finish()
-}
-
-fn copy_key(from: (&dyn Backend, Device), to: (&dyn Backend, Device), bytes: usize) -> u128 {
-    let mut h = Fnv128::new();
-    h.field(b"tessel-copy-v1");
-    device_identity(&mut h, from.0, from.1);
-    device_identity(&mut h, to.0, to.1);
-    h.field(&bytes.to_le_bytes());
-    h.finish()
-}
-
-fn load_timing(key: u128) -> Option<f64> {
-    let text = read_keyed(&timing_dir(), key)?;
-    text.trim()
-        .parse()
-        .ok()
-        .filter(|t: &f64| t.is_finite() && *t >= 0.0)
-}
-
-fn store_timing(key: u128, seconds: f64) {
-    let dir = timing_dir();
-    // A cache that cannot be written costs a measurement next time, nothing else.
-    if let Err(e) = write_keyed(&dir, key, &format!("{seconds:e}\n")) {
-        tracing::debug!(target: "tessel::plan", "cannot cache a timing in {}: {e}", dir.display());
     }
 }
