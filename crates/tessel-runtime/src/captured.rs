@@ -113,16 +113,19 @@ impl Runtime {
         for leaf in &leaves {
             sources.push(match (arg_of.get(leaf), node_of.get(leaf)) {
                 (Some(&i), _) => Source::Arg(i),
-                (None, Some(&n)) => {
-                    st.graph.retain(n);
-                    Source::Held(n)
-                }
+                (None, Some(&n)) => Source::Held(n),
                 (None, None) => {
                     return Err(Error::Internal(format!(
                         "the captured plan reads {leaf:?}, which its graph does not hold"
                     )));
                 }
             });
+        }
+        // Held only once every source is known, so an error leaves no count behind.
+        for source in &sources {
+            if let Source::Held(n) = source {
+                st.graph.retain(*n);
+            }
         }
         let outputs = targets
             .iter()
