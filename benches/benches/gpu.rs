@@ -33,7 +33,23 @@ struct Workload {
     init: Init,
     /// `set_float32_matmul_precision` while the workload runs.
     f32_matmul: Float32MatmulPrecision,
-    run: fn(&[Tensor]) -> Result<Tensor>,
+    run: Run,
+}
+
+/// What a workload computes: one output, or several realized together (all of them the
+/// work; a compiled function returns them all).
+enum Run {
+    One(fn(&[Tensor]) -> Result<Tensor>),
+    Many(fn(&[Tensor]) -> Result<Vec<Tensor>>),
+}
+
+impl Run {
+    fn outputs(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        match self {
+            Run::One(f) => Ok(vec![f(inputs)?]),
+            Run::Many(f) => f(inputs),
+        }
+    }
 }
 
 /// How a workload's inputs are filled.
@@ -84,7 +100,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| &(&x[0] * 2.0)? + &x[1],
+            run: Run::One(|x| &(&x[0] * 2.0)? + &x[1]),
         },
         Workload {
             name: "chain8 f32 (8 fused elementwise ops)",
@@ -94,7 +110,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| chain8(&x[0]),
+            run: Run::One(|x| chain8(&x[0])),
         },
         Workload {
             name: "sum last axis f32",
@@ -104,7 +120,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].sum(&[-1], false),
+            run: Run::One(|x| x[0].sum(&[-1], false)),
         },
         Workload {
             name: "sum axis 0 f32 (column sums)",
@@ -114,7 +130,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].sum(&[0], false),
+            run: Run::One(|x| x[0].sum(&[0], false)),
         },
         Workload {
             name: "bias add rows f32",
@@ -124,7 +140,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| &x[0] + &x[1],
+            run: Run::One(|x| &x[0] + &x[1]),
         },
         Workload {
             name: "transpose copy f32",
@@ -134,7 +150,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| Ok(x[0].t()?.contiguous()),
+            run: Run::One(|x| Ok(x[0].t()?.contiguous())),
         },
         Workload {
             name: "chain8 bf16 (8 fused elementwise ops)",
@@ -144,7 +160,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::BF16,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| chain8(&x[0]),
+            run: Run::One(|x| chain8(&x[0])),
         },
         Workload {
             name: "bias add rows bf16",
@@ -154,7 +170,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::BF16,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| &x[0] + &x[1],
+            run: Run::One(|x| &x[0] + &x[1]),
         },
         Workload {
             name: "transpose copy bf16",
@@ -164,7 +180,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::BF16,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| Ok(x[0].t()?.contiguous()),
+            run: Run::One(|x| Ok(x[0].t()?.contiguous())),
         },
         Workload {
             name: "softmax rows f32",
@@ -174,7 +190,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].softmax(-1),
+            run: Run::One(|x| x[0].softmax(-1)),
         },
         Workload {
             name: "layer_norm rows f32",
@@ -184,7 +200,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| layer_norm(&x[0]),
+            run: Run::One(|x| layer_norm(&x[0])),
         },
         Workload {
             name: "matmul f32 (large)",
@@ -194,7 +210,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].matmul(&x[1]),
+            run: Run::One(|x| x[0].matmul(&x[1])),
         },
         Workload {
             name: "matmul f32 tf32 (large)",
@@ -204,7 +220,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::High,
-            run: |x| x[0].matmul(&x[1]),
+            run: Run::One(|x| x[0].matmul(&x[1])),
         },
         Workload {
             name: "matmul f32 (1024)",
@@ -214,7 +230,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].matmul(&x[1]),
+            run: Run::One(|x| x[0].matmul(&x[1])),
         },
         // Half-precision products: the library's tensor-core routines where there is one.
         Workload {
@@ -225,7 +241,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::BF16,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].matmul(&x[1]),
+            run: Run::One(|x| x[0].matmul(&x[1])),
         },
         Workload {
             name: "matmul f16 (large)",
@@ -235,7 +251,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F16,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].matmul(&x[1]),
+            run: Run::One(|x| x[0].matmul(&x[1])),
         },
         // A linear layer with its bias and GELU (tanh form), GPT-2's MLP up-projection: a
         // routine with the epilogue against PyTorch's `addmm` then GELU.
@@ -247,7 +263,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::BF16,
             init: Init::Linear,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| Ok((&x[0].matmul(&x[1])? + &x[2])?.gelu_tanh()),
+            run: Run::One(|x| Ok((&x[0].matmul(&x[1])? + &x[2])?.gelu_tanh())),
         },
         Workload {
             name: "linear+gelu f32 [4096,768]x[768,3072]",
@@ -257,7 +273,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Linear,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| Ok((&x[0].matmul(&x[1])? + &x[2])?.gelu_tanh()),
+            run: Run::One(|x| Ok((&x[0].matmul(&x[1])? + &x[2])?.gelu_tanh())),
         },
         // Issue 9: a ResNet-50 stage convolution, a stem max-pool, and a long sort.
         Workload {
@@ -268,13 +284,13 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::One(|x| {
                 let opts = Conv2dOptions {
                     padding: Padding::Explicit([1, 1]),
                     ..Conv2dOptions::default()
                 };
                 x[0].conv2d(&x[1], None, &opts)
-            },
+            }),
         },
         Workload {
             name: "max_pool2d f32 [32,64,112,112] 3x3 s2 p1",
@@ -284,13 +300,13 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::One(|x| {
                 x[0].max_pool2d(&PoolOptions {
                     stride: Some([2, 2]),
                     padding: [1, 1],
                     ..PoolOptions::new([3, 3])
                 })
-            },
+            }),
         },
         Workload {
             name: "sort f32 16M (values + i64 indices)",
@@ -301,11 +317,10 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::Many(|x| {
                 let (values, indices) = x[0].sort(0, false)?;
-                Tensor::realize_all(&[&values, &indices])?;
-                Ok(values)
-            },
+                Ok(vec![values, indices])
+            }),
         },
         // Rows a workgroup sorts in local memory.
         Workload {
@@ -317,7 +332,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].argsort(-1, false),
+            run: Run::One(|x| x[0].argsort(-1, false)),
         },
         // Issue 20: indexing and losses over GPT-2's vocabulary.
         Workload {
@@ -329,7 +344,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| Tensor::embedding(&x[1], &token_ids(&x[0])?),
+            run: Run::One(|x| Tensor::embedding(&x[1], &token_ids(&x[0])?)),
         },
         Workload {
             name: "embedding backward f32 [8,512] into [50257,768]",
@@ -340,11 +355,11 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::One(|x| {
                 let rows = Tensor::embedding(&x[1], &token_ids(&x[0])?)?;
                 let loss = (&rows * &x[2])?.sum_all()?;
                 Ok(tessel_tensor::grad(&loss, &[&x[1]])?.remove(0))
-            },
+            }),
         },
         Workload {
             name: "embedding backward deterministic f32 [8,512] into [50257,768]",
@@ -354,7 +369,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::One(|x| {
                 // Read when the ops are recorded: on for this graph only.
                 tessel_tensor::use_deterministic_algorithms(true);
                 let rows = Tensor::embedding(&x[1], &token_ids(&x[0])?)?;
@@ -362,7 +377,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
                 let g = tessel_tensor::grad(&loss, &[&x[1]]).map(|mut g| g.remove(0));
                 tessel_tensor::use_deterministic_algorithms(false);
                 g
-            },
+            }),
         },
         // Message aggregation as graph networks do it: 1M rows of 64 into 16384 nodes.
         Workload {
@@ -374,12 +389,12 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::One(|x| {
                 let index = node_ids(&x[0])?;
                 Tensor::zeros([16384, 64], DType::F32)
                     .to(&x[1].device())?
                     .scatter_reduce(0, &index, &x[1], "amax", false)
-            },
+            }),
         },
         Workload {
             name: "scatter f32 [1M,64] into [16384,64]",
@@ -389,12 +404,12 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::One(|x| {
                 let index = node_ids(&x[0])?;
                 Tensor::zeros([16384, 64], DType::F32)
                     .to(&x[1].device())?
                     .scatter(0, &index, &x[1])
-            },
+            }),
         },
         Workload {
             name: "cross_entropy fwd+bwd f32 [4096,50257]",
@@ -405,16 +420,15 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::Many(|x| {
                 let loss = tessel_nn::loss::cross_entropy(
                     &x[0],
                     &token_ids(&x[1])?,
                     &tessel_nn::loss::CrossEntropyOptions::default(),
                 )?;
                 let g = tessel_tensor::grad(&loss, &[&x[0]])?.remove(0);
-                Tensor::realize_all(&[&loss, &g])?;
-                Ok(g)
-            },
+                Ok(vec![loss, g])
+            }),
         },
         Workload {
             name: "topk k=50 f32 [64,50257]",
@@ -424,11 +438,10 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| {
+            run: Run::Many(|x| {
                 let (values, indices) = x[0].topk(50, -1, true, true)?;
-                Tensor::realize_all(&[&values, &indices])?;
-                Ok(values)
-            },
+                Ok(vec![values, indices])
+            }),
         },
         // Device random numbers: Philox bits computed in the kernel that uses them.
         dropout_workload("dropout p=0.1 f32 [8,512,768]", DType::F32, scale),
@@ -441,7 +454,7 @@ fn workloads(scale: usize) -> Vec<Workload> {
             dtype: DType::F32,
             init: Init::Unit,
             f32_matmul: Float32MatmulPrecision::Highest,
-            run: |x| x[0].randn_like(),
+            run: Run::One(|x| x[0].randn_like()),
         },
         sdpa_workload("sdpa causal fwd f32 [8,12,512,64]", DType::F32, scale),
         sdpa_workload("sdpa causal fwd bf16 [8,12,512,64]", DType::BF16, scale),
@@ -474,7 +487,7 @@ fn dropout_workload(name: &'static str, dtype: DType, scale: usize) -> Workload 
         dtype,
         init: Init::Unit,
         f32_matmul: Float32MatmulPrecision::Highest,
-        run: |x| x[0].dropout(0.1),
+        run: Run::One(|x| x[0].dropout(0.1)),
     }
 }
 
@@ -499,7 +512,7 @@ fn block_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
         dtype,
         init: Init::Linear,
         f32_matmul: Float32MatmulPrecision::Highest,
-        run: block,
+        run: Run::One(block),
     }
 }
 
@@ -516,11 +529,11 @@ fn sdpa_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
         dtype,
         init: Init::Unit,
         f32_matmul: Float32MatmulPrecision::Highest,
-        run: |t| {
+        run: Run::One(|t| {
             tessel_nn::scaled_dot_product_attention(
                 &t[0], &t[1], &t[2], None, 0.0, true, None, false,
             )
-        },
+        }),
     }
 }
 
@@ -537,15 +550,14 @@ fn sdpa_backward_workload(name: &'static str, dtype: DType, scale: usize) -> Wor
         dtype,
         init: Init::Unit,
         f32_matmul: Float32MatmulPrecision::Highest,
-        run: |t| {
+        run: Run::Many(|t| {
             let y = tessel_nn::scaled_dot_product_attention(
                 &t[0], &t[1], &t[2], None, 0.0, true, None, false,
             )?;
             let loss = (&y * &t[3])?.cast(DType::F32).sum_all()?;
             let grads = tessel_tensor::grad(&loss, &[&t[0], &t[1], &t[2]])?;
-            Tensor::realize_all(&grads.iter().collect::<Vec<_>>())?;
-            Ok(grads[0].clone())
-        },
+            Ok(grads)
+        }),
     }
 }
 
@@ -566,11 +578,11 @@ fn decode_workload(name: &'static str, dtype: DType, scale: usize) -> Workload {
         dtype,
         init: Init::Unit,
         f32_matmul: Float32MatmulPrecision::Highest,
-        run: |t| {
+        run: Run::One(|t| {
             tessel_nn::scaled_dot_product_attention(
                 &t[0], &t[1], &t[2], None, 0.0, false, None, false,
             )
-        },
+        }),
     }
 }
 
@@ -705,8 +717,8 @@ fn run_timed(
     let mut first = Duration::ZERO;
     for k in 0..runs + 2 {
         let start = Instant::now();
-        let out = (w.run)(inputs)?;
-        out.realize()?;
+        let out = w.run.outputs(inputs)?;
+        Tensor::realize_all(&out.iter().collect::<Vec<_>>())?;
         device.synchronize()?;
         if k == 0 {
             first = start.elapsed();
@@ -729,7 +741,7 @@ fn run_compiled(
 ) -> Result<(Duration, Duration)> {
     let args: Vec<&Tensor> = inputs.iter().collect();
     let start = Instant::now();
-    let f = Compiled::new(&args, |a| Ok(vec![(w.run)(a)?]))?;
+    let f = Compiled::new(&args, |a| w.run.outputs(a))?;
     let mut times = Vec::new();
     let mut first = Duration::ZERO;
     for k in 0..runs + 2 {

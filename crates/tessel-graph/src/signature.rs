@@ -55,18 +55,20 @@ impl Signature {
     }
 
     /// A 128-bit hash of the structure that every process computes alike, for keys on
-    /// disk; `None` where it would not be: the subgraph holds a custom kernel (known by
-    /// identity within one process) or a symbolic size (its variables are interned per
-    /// process, and a plan for them binds their values at launch).
+    /// disk; `None` where the subgraph holds a custom kernel (known by identity within one
+    /// process). Dynamic dims count by name and bounds (what makes a variable), not by
+    /// value: a plan binds their values at launch.
     pub fn stable_hash(&self) -> Option<u128> {
         let mut h = tessel_ir::cache::Fnv128::new();
         let mut text = String::new();
         for node in self.nodes.iter() {
-            if matches!(node.op, Op::Custom(..)) || node.shape.dims().iter().any(|d| !d.is_const())
-            {
+            if matches!(node.op, Op::Custom(..)) {
                 return None;
             }
             text.clear();
+            for d in node.shape.dims().iter().filter(|d| !d.is_const()) {
+                let _ = std::fmt::Write::write_fmt(&mut text, format_args!("{:?}", d.vars()));
+            }
             // Every part of a node prints exactly (ops and dtypes by name, sizes as
             // integers, float constants as their shortest exact decimals), except a NaN
             // constant's payload, which no plan depends on.

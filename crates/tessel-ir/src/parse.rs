@@ -2,14 +2,15 @@
 //! again, so a plan stored on disk can carry its kernels (see `tessel-runtime`'s plan
 //! cache).
 //!
-//! Kernels whose sizes are all constants read back; a kernel with dynamic dims (`Param::Dim`,
-//! symbolic lengths or grids) is refused, as is anything the printer would not write. A
-//! caller that must rely on the result compares `Kernel::parse(&k.to_string())` with `k`:
-//! the text form drops nothing else, but a `NaN` constant's payload prints as `NaN`.
+//! Dynamic dims read back as the variables their parameters declare (`n: dim i32 in 1..=4096`
+//! is `Var::new("n", 1, 4096)`, the same variable wherever it is made), and sizes as
+//! expressions of them. A caller that must rely on the result compares
+//! `Kernel::parse(&k.to_string())` with `k`: the text form drops nothing else, but a `NaN`
+//! constant's payload prints as `NaN`, and a size names only the kernel's dim parameters.
 
 use std::fmt;
 
-use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp};
+use tessel_shape::{BinaryOp, DType, Dim, Scalar, TernaryOp, UnaryOp, Var};
 
 use crate::kernel::{Access, AtomicOp, Grid, Inst, Kernel, Mem, Param, Special, Value};
 
@@ -48,7 +49,7 @@ impl Kernel {
         let (n, grid) = lines
             .next()
             .ok_or_else(|| at(n + 1)("no grid line".into()))?;
-        let grid = grid_of(grid).map_err(at(n))?;
+        let grid = grid_of(grid, &params).map_err(at(n))?;
         let mut kernel = Kernel {
             name,
             params,
@@ -63,30 +64,70 @@ impl Kernel {
     }
 }
 
-/// `kernel NAME(PARAM, ...)`.
+/// `kernel NAME(PARAM, ...)`: dim parameters first (buffer lengths name them), then every
+/// parameter in order.
 fn header_of(line: &str) -> Parsed<(String, Vec<Param>)> {
     let rest = line
         .strip_prefix("kernel ")
         .ok_or("expected `kernel NAME(...)`")?;
     let (name, rest) = rest.split_once('(').ok_or("expected `(` after the name")?;
     let list = rest.strip_suffix(')').ok_or("expected `)` at the end")?;
-    let params = if list.is_empty() {
+    let texts = if list.is_empty() {
         Vec::new()
     } else {
-        list.split(", ").map(param_of).collect::<Parsed<_>>()?
+        split_top(list)
     };
+    let mut vars = Vec::new();
+    for text in &texts {
+        if let Some((name, rest)) = text.split_once(": dim ") {
+            let (dtype, bounds) = rest
+                .split_once(" in ")
+                .ok_or_else(|| format!("dim parameter `{text}`"))?;
+            let (lo, hi) = bounds
+                .split_once("..=")
+                .ok_or_else(|| format!("bounds `{bounds}`"))?;
+            let var = Var::new(name, int_of(lo)?, int_of(hi)?).map_err(|e| e.to_string())?;
+            vars.push((var, dtype_of(dtype)?));
+        }
+    }
+    let params = texts
+        .iter()
+        .map(|text| param_of(text, &vars))
+        .collect::<Parsed<_>>()?;
     Ok((name.to_string(), params))
 }
 
-/// `name: dtype[len] access`.
-fn param_of(text: &str) -> Parsed<Param> {
+/// `text` split at the `, ` outside parentheses and brackets.
+fn split_top(text: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    let bytes = text.as_bytes();
+    for (i, &c) in bytes.iter().enumerate() {
+        match c {
+            b'(' | b'[' => depth += 1,
+            b')' | b']' => depth -= 1,
+            b',' if depth == 0 && bytes.get(i + 1) == Some(&b' ') => {
+                parts.push(&text[start..i]);
+                start = i + 2;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+/// `name: dtype[len] access` or `name: dim dtype in lo..=hi` (its variable among `vars`).
+fn param_of(text: &str, vars: &[(Var, DType)]) -> Parsed<Param> {
     let (name, rest) = text
         .split_once(": ")
         .ok_or_else(|| format!("parameter `{text}`"))?;
     if rest.starts_with("dim ") {
-        return Err(format!(
-            "parameter `{name}` is a dynamic dim, which the text form does not read back"
-        ));
+        let &(var, dtype) = vars
+            .iter()
+            .find(|(v, _)| &*v.name() == name)
+            .ok_or_else(|| format!("dim parameter `{text}`"))?;
+        return Ok(Param::Dim { var, dtype });
     }
     let (ty, access) = rest
         .rsplit_once(' ')
@@ -102,22 +143,39 @@ fn param_of(text: &str) -> Parsed<Param> {
     Ok(Param::Buffer {
         name: name.to_string(),
         dtype: dtype_of(dtype)?,
-        len: Dim::constant(int_of(len)?),
+        len: size_of(len, vars)?,
         access,
     })
 }
 
+/// A size: an expression of the dim parameters' variables.
+fn size_of(text: &str, vars: &[(Var, DType)]) -> Parsed<Dim> {
+    Dim::parse(text, |name| {
+        vars.iter()
+            .find(|(v, _)| &*v.name() == name)
+            .map(|(v, _)| *v)
+    })
+    .ok_or_else(|| format!("`{text}` is not a size of the kernel's dims"))
+}
+
 /// `grid groups(a, b, c) local(d, e, f)`.
-fn grid_of(line: &str) -> Parsed<Grid> {
+fn grid_of(line: &str, params: &[Param]) -> Parsed<Grid> {
+    let vars: Vec<(Var, DType)> = params
+        .iter()
+        .filter_map(|p| match p {
+            Param::Dim { var, dtype } => Some((*var, *dtype)),
+            Param::Buffer { .. } => None,
+        })
+        .collect();
     let rest = line
         .strip_prefix("grid groups(")
         .ok_or("expected `grid groups(...)`")?;
     let (groups, rest) = rest.split_once(") local(").ok_or("expected `local(...)`")?;
     let local = rest.strip_suffix(')').ok_or("expected `)` at the end")?;
     let three = |text: &str| -> Parsed<[Dim; 3]> {
-        let dims: Vec<Dim> = text
-            .split(", ")
-            .map(|d| int_of(d).map(Dim::constant))
+        let dims: Vec<Dim> = split_top(text)
+            .into_iter()
+            .map(|d| size_of(d, &vars))
             .collect::<Parsed<_>>()?;
         dims.try_into()
             .map_err(|_| format!("`{text}` is not three sizes"))
@@ -155,7 +213,13 @@ fn inst_of(kernel: &Kernel, line: &str) -> Parsed<Inst> {
     };
     Ok(match word {
         "const" => Inst::Const(scalar_of(args, typed()?)?),
-        "dim" => return Err(format!("`dim {args}` reads a dynamic dim")),
+        "dim" => Inst::DimParam(
+            kernel
+                .params
+                .iter()
+                .position(|p| matches!(p, Param::Dim { var, .. } if &*var.name() == args))
+                .ok_or_else(|| format!("no dim parameter `{args}`"))?,
+        ),
         "group_id.x" | "group_id.y" | "group_id.z" => {
             Inst::Special(Special::GroupId(axis(word)), typed()?)
         }

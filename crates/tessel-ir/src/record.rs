@@ -2,10 +2,10 @@
 //! [`VendorOp::from_record`], so a plan stored on disk can name the routines it runs
 //! (kernels go through their text form, [`Kernel::parse`](crate::Kernel::parse)).
 //!
-//! The line is the op's fields in declaration order, separated by spaces. Like the kernel
-//! text form it holds constant sizes only: an op with a symbolic size has no record.
+//! The line is the op's fields in declaration order, separated by `|`; a symbolic size is
+//! its expression's text, its variables given back by name when the line is read.
 
-use tessel_shape::{DType, Dim, Scalar};
+use tessel_shape::{DType, Dim, Scalar, Var};
 
 use crate::vendor::{
     Activation, Attention, AttentionBackward, AttentionDropout, AttentionLayout, AttentionMask,
@@ -13,17 +13,27 @@ use crate::vendor::{
 };
 
 impl VendorOp {
-    /// The op as one line of text, or `None` where a size is symbolic.
-    pub fn record(&self) -> Option<String> {
-        let mut w = Writer(Vec::new());
+    /// The op as one line of text.
+    pub fn record(&self) -> String {
+        self.write().fields.join("|")
+    }
+
+    /// The variables the op's sizes name (each once), which [`VendorOp::from_record`]
+    /// needs back.
+    pub fn vars(&self) -> Vec<Var> {
+        self.write().vars
+    }
+
+    fn write(&self) -> Writer {
+        let mut w = Writer::default();
         match self {
             VendorOp::Matmul(m) => {
                 w.word("matmul");
-                w.matmul(m)?;
+                w.matmul(m);
             }
             VendorOp::Attention(a) => {
                 w.word("attention");
-                w.attention(a)?;
+                w.attention(a);
             }
             VendorOp::AttentionBackward(b) => {
                 w.word("attention_backward");
@@ -33,15 +43,19 @@ impl VendorOp {
                     AttentionPart::Key => "dk",
                     AttentionPart::Value => "dv",
                 });
-                w.attention(&b.forward)?;
+                w.attention(&b.forward);
             }
         }
-        Some(w.0.join(" "))
+        w
     }
 
-    /// The op [`VendorOp::record`] wrote as `line`, or `None` if `line` is not one.
-    pub fn from_record(line: &str) -> Option<VendorOp> {
-        let mut r = Reader(line.split(' '));
+    /// The op [`VendorOp::record`] wrote as `line`, its sizes' variables among `vars` (by
+    /// name), or `None` if `line` is not one.
+    pub fn from_record(line: &str, vars: &[Var]) -> Option<VendorOp> {
+        let mut r = Reader {
+            fields: line.split('|'),
+            vars,
+        };
         let op = match r.word()? {
             "matmul" => VendorOp::Matmul(r.matmul()?),
             "attention" => VendorOp::Attention(r.attention()?),
@@ -60,24 +74,34 @@ impl VendorOp {
             }
             _ => return None,
         };
-        r.0.next().is_none().then_some(op)
+        r.fields.next().is_none().then_some(op)
     }
 }
 
-struct Writer(Vec<String>);
+#[derive(Default)]
+struct Writer {
+    fields: Vec<String>,
+    vars: Vec<Var>,
+}
 
 impl Writer {
     fn word(&mut self, w: &str) {
-        self.0.push(w.to_string());
+        self.fields.push(w.to_string());
     }
 
-    fn dim(&mut self, d: Dim) -> Option<()> {
-        self.0.push(d.as_const()?.to_string());
-        Some(())
+    fn dim(&mut self, d: Dim) {
+        for v in d.vars() {
+            if !self.vars.contains(&v) {
+                self.vars.push(v);
+            }
+        }
+        self.fields.push(d.to_string());
     }
 
-    fn dims(&mut self, ds: &[Dim]) -> Option<()> {
-        ds.iter().try_for_each(|&d| self.dim(d))
+    fn dims(&mut self, ds: &[Dim]) {
+        for &d in ds {
+            self.dim(d);
+        }
     }
 
     fn flag(&mut self, b: bool) {
@@ -91,15 +115,15 @@ impl Writer {
     /// A scalar as its dtype and bits, exact for every value (NaN payloads too).
     fn scalar(&mut self, s: Scalar) {
         self.dtype(s.dtype());
-        self.0.push(s.to_bits().to_string());
+        self.fields.push(s.to_bits().to_string());
     }
 
-    fn matmul(&mut self, m: &Matmul) -> Option<()> {
+    fn matmul(&mut self, m: &Matmul) {
         self.dtype(m.dtype);
-        self.dims(&[m.batch, m.m, m.n, m.k])?;
+        self.dims(&[m.batch, m.m, m.n, m.k]);
         self.flag(m.lhs_transposed);
         self.flag(m.rhs_transposed);
-        self.dims(&[m.lhs_batch_stride, m.rhs_batch_stride])?;
+        self.dims(&[m.lhs_batch_stride, m.rhs_batch_stride]);
         self.flag(m.allow_tf32);
         self.flag(m.epilogue.bias);
         self.word(match m.epilogue.activation {
@@ -107,10 +131,9 @@ impl Writer {
             Activation::Relu => "relu",
             Activation::GeluTanh => "gelu_tanh",
         });
-        Some(())
     }
 
-    fn attention(&mut self, a: &Attention) -> Option<()> {
+    fn attention(&mut self, a: &Attention) {
         self.dtype(a.dtype);
         self.dims(&[
             a.batch,
@@ -122,22 +145,22 @@ impl Writer {
             a.k_batch_stride,
             a.v_batch_stride,
             a.kv_group,
-        ])?;
+        ]);
         self.scalar(a.scale);
         self.flag(a.causal);
         match &a.mask {
             Some(m) => {
                 self.word("mask");
                 self.dtype(m.dtype);
-                self.dim(m.heads)?;
-                self.dims(&m.strides)?;
+                self.dim(m.heads);
+                self.dims(&m.strides);
             }
             None => self.word("-"),
         }
         match &a.dropout {
             Some(d) => {
                 self.word("dropout");
-                self.0.push(d.threshold.to_string());
+                self.fields.push(d.threshold.to_string());
                 self.scalar(d.scale);
             }
             None => self.word("-"),
@@ -145,26 +168,31 @@ impl Writer {
         match &a.layout {
             Some(l) => {
                 self.word("layout");
-                self.dim(l.heads)?;
+                self.dim(l.heads);
                 for rows in [&l.q, &l.k, &l.v, &l.out] {
-                    self.dims(rows)?;
+                    self.dims(rows);
                 }
             }
             None => self.word("-"),
         }
-        Some(())
     }
 }
 
-struct Reader<'a>(std::str::Split<'a, char>);
+struct Reader<'a> {
+    fields: std::str::Split<'a, char>,
+    vars: &'a [Var],
+}
 
 impl Reader<'_> {
     fn word(&mut self) -> Option<&str> {
-        self.0.next()
+        self.fields.next()
     }
 
     fn dim(&mut self) -> Option<Dim> {
-        self.word()?.parse().ok().map(Dim::constant)
+        let text = self.fields.next()?;
+        Dim::parse(text, |name| {
+            self.vars.iter().copied().find(|v| &*v.name() == name)
+        })
     }
 
     fn dims<const N: usize>(&mut self) -> Option<[Dim; N]> {
@@ -362,17 +390,26 @@ mod tests {
             }),
         ];
         for op in ops {
-            let line = op.record().unwrap();
-            assert_eq!(VendorOp::from_record(&line), Some(op), "{line}");
-            assert!(VendorOp::from_record(&format!("{line} 1")).is_none());
-            assert!(VendorOp::from_record(line.rsplit_once(' ').unwrap().0).is_none());
+            let line = op.record();
+            assert!(op.vars().is_empty());
+            assert_eq!(VendorOp::from_record(&line, &[]), Some(op), "{line}");
+            assert!(VendorOp::from_record(&format!("{line}|1"), &[]).is_none());
+            assert!(VendorOp::from_record(line.rsplit_once('|').unwrap().0, &[]).is_none());
         }
     }
 
     #[test]
-    fn symbolic_sizes_have_no_record() {
+    fn symbolic_sizes_read_back_with_their_variables() {
+        let s = Var::new("s", 1, 4096).unwrap();
         let mut a = attention();
-        a.l = Var::new("l", 1, 4096).unwrap().into();
-        assert_eq!(VendorOp::Attention(a).record(), None);
+        a.l = Dim::constant(1);
+        a.s = s.into();
+        a.k_batch_stride = Dim::from(s) * 64;
+        a.v_batch_stride = Dim::from(s) * 64;
+        let op = VendorOp::Attention(a);
+        assert_eq!(op.vars(), [s]);
+        let line = op.record();
+        assert_eq!(VendorOp::from_record(&line, &[s]), Some(op), "{line}");
+        assert_eq!(VendorOp::from_record(&line, &[]), None, "{line}");
     }
 }

@@ -12,8 +12,10 @@
 //! parses the kernels, compiles them (the backends' program caches make that a load) and
 //! runs, without touching the e-graph.
 //!
-//! Only plans of constant sizes are stored (kernel text and routine records hold
-//! constants), and only where every kernel reads back exactly. Files live in
+//! Dynamic dims are stored as the variables they are (name and bounds) and sizes as
+//! expressions of them, so a plan with dynamic dims replays for any of their values, as a
+//! cached plan does in memory. A plan is stored only where every kernel, routine and size
+//! reads back exactly. Files live in
 //! `$TESSEL_CACHE_DIR/whole-plans/`; `TESSEL_PLAN_CACHE=0` turns this cache off with the
 //! other. A file that cannot be read, or whose programs no longer build, is ignored and
 //! replaced by the next plan made for its key. `TESSEL_WHOLE_PLANS=0` turns off this cache
@@ -27,7 +29,7 @@ use rustc_hash::FxHashMap;
 use tessel_graph::Signature;
 use tessel_ir::cache::{Fnv128, read_keyed, write_keyed};
 use tessel_ir::{Kernel, ProgramOrigin, VendorOp};
-use tessel_shape::{DType, Dim};
+use tessel_shape::{DType, Dim, Var};
 
 use crate::measure::device_identity;
 use crate::planner::{self, Compiled, Origins, Place, Plan, PlanDevice, PlanSlot, PlanStep, Work};
@@ -132,7 +134,9 @@ fn to_text(plan: &Plan, compiled: &Compiled) -> Option<String> {
         .collect();
     // Programs in order of first use, each written once.
     let mut numbers: FxHashMap<usize, usize> = FxHashMap::default();
-    let mut out = format!("{HEADER}\n");
+    // The dynamic dims routines and buffer sizes name, declared before the programs.
+    let mut vars: Vec<Var> = Vec::new();
+    let mut out = String::new();
     let mut sections = Vec::new();
     let mut next = Some(plan);
     while let Some(p) = next {
@@ -164,7 +168,12 @@ fn to_text(plan: &Plan, compiled: &Compiled) -> Option<String> {
                                 );
                             }
                             Work::Vendor(op) => {
-                                let record = op.record()?;
+                                let record = op.record();
+                                let op_vars = op.vars();
+                                if VendorOp::from_record(&record, &op_vars).as_ref() != Some(op) {
+                                    return None;
+                                }
+                                vars.extend(op_vars);
                                 let _ = writeln!(
                                     out,
                                     "routine {} {}\n{record}",
@@ -185,12 +194,8 @@ fn to_text(plan: &Plan, compiled: &Compiled) -> Option<String> {
             }
         }
         for (place, dtype, numel) in &p.buffers {
-            let _ = writeln!(
-                section,
-                "buffer {} {dtype} {}",
-                place_text(*place),
-                numel.as_const()?
-            );
+            vars.extend(numel.vars());
+            let _ = writeln!(section, "buffer {} {dtype} {numel}", place_text(*place));
         }
         let inputs: Vec<String> = p.inputs.iter().map(usize::to_string).collect();
         let _ = writeln!(section, "inputs {}", inputs.join(" "));
@@ -207,7 +212,36 @@ fn to_text(plan: &Plan, compiled: &Compiled) -> Option<String> {
         out.push_str(if i == 0 { "plan\n" } else { "fallback\n" });
         out.push_str(section);
     }
-    Some(out)
+    vars.sort_unstable_by_key(|v| v.name());
+    vars.dedup();
+    // Sizes name their variables by name alone.
+    if vars.windows(2).any(|w| w[0].name() == w[1].name()) {
+        return None;
+    }
+    let mut head = format!("{HEADER}\n");
+    for v in &vars {
+        let b = v.bounds();
+        let _ = writeln!(head, "var {} {} {}", v.name(), b.lo, b.hi);
+    }
+    // Every size must read back as itself (two variables may share a name).
+    let sizes_read_back = plan_and_fallbacks(plan).all(|p| {
+        p.buffers
+            .iter()
+            .all(|(_, _, n)| size_of(&n.to_string(), &vars) == Some(*n))
+    });
+    sizes_read_back.then(|| head + &out)
+}
+
+/// A plan and its fallbacks, in order.
+fn plan_and_fallbacks(plan: &Plan) -> impl Iterator<Item = &Plan> {
+    std::iter::successors(Some(plan), |p| p.fallback.as_deref())
+}
+
+/// A size's text read back, its variables among `vars`.
+fn size_of(text: &str, vars: &[Var]) -> Option<Dim> {
+    Dim::parse(text, |name| {
+        vars.iter().copied().find(|v| &*v.name() == name)
+    })
 }
 
 fn place_text(p: Place) -> String {
@@ -242,10 +276,18 @@ fn from_text(text: &str, devices: &[PlanDevice], origins: &mut Origins) -> Optio
         return None;
     }
     let mut sources: Vec<(usize, Source)> = Vec::new();
+    let mut vars: Vec<Var> = Vec::new();
     let mut line = lines.next()?;
     loop {
         let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
         match kind {
+            "var" => {
+                let mut words = rest.split(' ');
+                let name = words.next()?;
+                let lo = words.next()?.parse().ok()?;
+                let hi = words.next()?.parse().ok()?;
+                vars.push(Var::new(name, lo, hi).ok()?);
+            }
             "kernel" => {
                 let (device, count) = rest.split_once(' ')?;
                 let count: usize = count.parse().ok()?;
@@ -255,7 +297,7 @@ fn from_text(text: &str, devices: &[PlanDevice], origins: &mut Origins) -> Optio
             }
             "routine" => {
                 let (device, variant) = rest.split_once(' ').unwrap_or((rest, ""));
-                let op = VendorOp::from_record(lines.next()?)?;
+                let op = VendorOp::from_record(lines.next()?, &vars)?;
                 let variant = variant.to_owned();
                 sources.push((device.parse().ok()?, Source::Routine { op, variant }));
             }
@@ -300,9 +342,10 @@ fn from_text(text: &str, devices: &[PlanDevice], origins: &mut Origins) -> Optio
                 current.as_mut()?.steps.push(PlanStep::Copy { from, to });
             }
             "buffer" => {
-                let place = place_of(words.next()?)?;
-                let dtype: DType = words.next()?.parse().ok()?;
-                let numel = Dim::constant(words.next()?.parse().ok()?);
+                let mut parts = rest.splitn(3, ' ');
+                let place = place_of(parts.next()?)?;
+                let dtype: DType = parts.next()?.parse().ok()?;
+                let numel = size_of(parts.next()?, &vars)?;
                 current.as_mut()?.buffers.push((place, dtype, numel));
             }
             "inputs" => {
@@ -462,5 +505,81 @@ mod tests {
             .realize(&[again], cpu, &Bindings::default())
             .expect("the loaded plan runs");
         assert_eq!(values(again, cpu), want);
+    }
+}
+
+#[cfg(test)]
+mod dynamic_tests {
+    use tessel_graph::{Node, Op};
+    use tessel_shape::{Bindings, DType, Shape, UnaryOp, Var};
+
+    use super::*;
+    use crate::runtime::runtime;
+    use crate::test_graph::random_leaf;
+    use crate::tuning::tuning;
+
+    /// A plan over a dynamic dim is stored whole with its variable, and the loaded plan
+    /// runs for another value of it.
+    #[test]
+    fn a_plan_with_dynamic_dims_is_stored_whole_and_runs_for_new_values() {
+        let cpu = crate::Device::cpu();
+        let rows = Var::new("stored_rows", 1, 64).unwrap();
+        let shape = Shape::new(vec![rows.into(), tessel_shape::Dim::constant(5)]);
+        let exp2_of = |seed: u64, n: usize| {
+            let leaf = random_leaf(seed, &[n, 5]);
+            let leaf = runtime().relabel_leaf(leaf, shape.clone()).unwrap();
+            runtime().add(Node {
+                op: Op::Unary(UnaryOp::Exp2, leaf),
+                dtype: DType::F32,
+                shape: shape.clone(),
+            })
+        };
+        let read = |node, n: i64| -> Vec<f32> {
+            let dims = Bindings::new().with(rows, n);
+            runtime().realize(&[node], cpu, &dims).unwrap();
+            runtime()
+                .read(node, &dims)
+                .unwrap()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        };
+        let want = read(exp2_of(31, 7), 7);
+
+        let again = exp2_of(31, 7);
+        let precision = crate::precision::float32_matmul_precision();
+        let key = {
+            let st = runtime().lock();
+            (
+                tessel_graph::signature(&st.graph, &[again]).0,
+                cpu,
+                precision,
+                tuning(),
+            )
+        };
+        let devices: Vec<PlanDevice> = planner::placement_devices(cpu)
+            .into_iter()
+            .map(|d| (d, runtime().backend(d).expect("a backend")))
+            .collect();
+        let whole = super::key(&key.0, &devices, precision, key.3).expect("no custom kernel");
+        let loaded = load(whole, &devices, &mut Origins::default()).expect("stored whole");
+        assert!(
+            loaded.buffers.iter().any(|(_, _, n)| n.vars() == [rows]) || loaded.buffers.is_empty()
+        );
+        runtime().lock().plans.insert(key, Arc::new(loaded));
+        assert_eq!(read(again, 7), want);
+        // Another value of the dim, on the same loaded plan: 2^x of each input.
+        let inputs = random_leaf(32, &[3, 5]);
+        let inputs: Vec<f32> = runtime()
+            .read(inputs, &Bindings::default())
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let got = read(exp2_of(32, 3), 3);
+        assert_eq!(got.len(), 15);
+        for (g, x) in got.iter().zip(&inputs) {
+            assert!((g - x.exp2()).abs() <= 1e-5 * x.exp2(), "{g} vs 2^{x}");
+        }
     }
 }

@@ -32,6 +32,7 @@ use rustc_hash::FxHashMap;
 use crate::ShapeError;
 
 mod eval;
+mod parse;
 mod simplify;
 
 use eval::EvalFailure;
