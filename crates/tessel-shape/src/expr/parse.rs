@@ -72,9 +72,9 @@ impl Parser<'_> {
         };
         loop {
             if self.eat("+") {
-                e = e + self.product()?;
+                e += self.product()?;
             } else if self.eat("-") {
-                e = e - self.product()?;
+                e -= self.product()?;
             } else {
                 return Some(e);
             }
@@ -86,7 +86,7 @@ impl Parser<'_> {
         let mut e = self.atom()?;
         loop {
             if self.eat("*") {
-                e = e * self.atom()?;
+                e *= self.atom()?;
             } else if self.eat("/") {
                 e = e.checked_div(self.atom()?)?;
             } else if self.eat("%") {
