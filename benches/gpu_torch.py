@@ -225,11 +225,12 @@ with torch.no_grad():
     rows.append(("transformer block fwd bf16 [8,512,768]", time_ms(lambda: block(hx, *hw)), block_flops, "GFLOP/s"))
     try:
         compiled_block = torch.compile(block)
-        start = time.perf_counter()
-        compiled_block(hx, *hw)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - start
-        rows.append((f"block bf16 torch.compile (first {first:.1f} s)", time_ms(lambda: compiled_block(hx, *hw)), block_flops, "GFLOP/s"))
+        for tag, args in [("f32", (bx, *bw)), ("bf16", (hx, *hw))]:
+            start = time.perf_counter()
+            compiled_block(*args)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start
+            rows.append((f"block {tag} torch.compile (first {first:.1f} s)", time_ms(lambda: compiled_block(*args)), block_flops, "GFLOP/s"))
     except Exception as e:
         print(f"torch.compile unavailable: {e}")
 
