@@ -965,15 +965,13 @@ impl Backend for CudaBackend {
         }
     }
 
+    /// The cuBLAS version, the same before and after the device's handle is made (stored
+    /// plans are keyed by it).
     fn vendor_library(&self, device: usize) -> String {
-        self.device(device)
-            .ok()
-            .and_then(|dev| {
-                lock(&dev.blas)
-                    .as_ref()
-                    .map(|b| format!("cuBLAS {}", b.version))
-            })
-            .unwrap_or_default()
+        match (self.device(device), ffi::cublas::library_version()) {
+            (Ok(_), Some(version)) => format!("cuBLAS {version}"),
+            _ => String::new(),
+        }
     }
 }
 

@@ -25,6 +25,7 @@ const SYMBOLS: &[&str] = &[
     "cublasSetMathMode",
     "cublasSetWorkspace_v2",
     "cublasGetVersion_v2",
+    "cublasGetProperty",
     "cublasSgemm_v2",
     "cublasDgemm_v2",
     "cublasSgemmStridedBatched",
@@ -51,6 +52,29 @@ pub(crate) fn load() -> Result<(), &'static str> {
         .as_ref()
         .copied()
         .map_err(String::as_str)
+}
+
+/// cuBLAS's version as `10000·major + 100·minor + patch` (what `cublasGetVersion` gives),
+/// read without a handle, or `None` without cuBLAS. Once per process.
+pub(crate) fn library_version() -> Option<i32> {
+    static VERSION: OnceLock<Option<i32>> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        load().ok()?;
+        let mut parts = [0 as c_int; 3];
+        let kinds = [
+            bsys::libraryPropertyType::MAJOR_VERSION,
+            bsys::libraryPropertyType::MINOR_VERSION,
+            bsys::libraryPropertyType::PATCH_LEVEL,
+        ];
+        for (kind, part) in kinds.into_iter().zip(&mut parts) {
+            // SAFETY: `load` found the library and this symbol in it; writes one int through
+            // a valid pointer.
+            unsafe { bsys::cublasGetProperty(kind, std::ptr::from_mut(part)) }
+                .result()
+                .ok()?;
+        }
+        Some(10000 * parts[0] + 100 * parts[1] + parts[2])
+    })
 }
 
 fn find() -> Result<(), String> {
