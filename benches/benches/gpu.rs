@@ -713,22 +713,11 @@ fn run_timed(
     device: Device,
     runs: usize,
 ) -> Result<(Duration, Duration)> {
-    let mut times = Vec::new();
-    let mut first = Duration::ZERO;
-    for k in 0..runs + 2 {
-        let start = Instant::now();
+    median_of(runs, Instant::now(), || {
         let out = w.run.outputs(inputs)?;
         Tensor::realize_all(&out.iter().collect::<Vec<_>>())?;
-        device.synchronize()?;
-        if k == 0 {
-            first = start.elapsed();
-        }
-        if k >= 2 {
-            times.push(start.elapsed());
-        }
-    }
-    times.sort();
-    Ok((first, times[times.len() / 2]))
+        device.synchronize()
+    })
 }
 
 /// [`time`]'s runs of the workload as a [`Compiled`] function of `inputs`; the first
@@ -742,18 +731,29 @@ fn run_compiled(
     let args: Vec<&Tensor> = inputs.iter().collect();
     let start = Instant::now();
     let f = Compiled::new(&args, |a| w.run.outputs(a))?;
+    median_of(runs, start, || {
+        f.call(&args)?;
+        device.synchronize()
+    })
+}
+
+/// Runs `one` `runs + 2` times: the first run's time counted from `first_from` (so it may
+/// include setup), and the median of the runs after the two warm-up ones.
+fn median_of(
+    runs: usize,
+    first_from: Instant,
+    mut one: impl FnMut() -> Result<()>,
+) -> Result<(Duration, Duration)> {
     let mut times = Vec::new();
     let mut first = Duration::ZERO;
     for k in 0..runs + 2 {
-        let call = Instant::now();
-        let out = f.call(&args)?;
-        device.synchronize()?;
-        drop(out);
+        let start = Instant::now();
+        one()?;
         if k == 0 {
-            first = start.elapsed();
+            first = first_from.elapsed();
         }
         if k >= 2 {
-            times.push(call.elapsed());
+            times.push(start.elapsed());
         }
     }
     times.sort();
