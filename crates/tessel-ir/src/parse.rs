@@ -34,8 +34,10 @@ impl std::error::Error for ParseError {}
 type Parsed<T> = Result<T, String>;
 
 impl Kernel {
-    /// The kernel whose text form (`Display`) is `text`; see the [module docs](self) for
-    /// what reads back.
+    /// The kernel whose text form (`Display`) is `text`. Dim parameters read back as
+    /// `Var::new(name, lo, hi)` (the same variable wherever it is made) and sizes as
+    /// expressions of them; a `NaN` constant's payload does not survive the text, so a
+    /// caller that relies on the result compares it with the kernel printed.
     pub fn parse(text: &str) -> Result<Kernel, ParseError> {
         let mut lines = text.lines().enumerate();
         let at = |line: usize| {
