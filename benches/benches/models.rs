@@ -2,7 +2,8 @@
 //! `benches/models_torch.py DIR` writes (random weights, inputs and PyTorch's outputs), and
 //! a small MLP's training step (`mlp-train`, built here: it needs no files; with
 //! `-compiled`, `mlp-train-compiled` and `gpt2-train-bf16-compiled` run the step through a
-//! `CompiledStep`),
+//! `CompiledStep`; `gpt2-bf16-compiled` and `bert-bf16-compiled` run the forward as a
+//! `tessel::Compiled` function),
 //! timed as a user sees them (record + realize + `Device::synchronize`): the first call
 //! (plan, compile, measure) and the median of later calls. Each output is checked against
 //! PyTorch's for the same weights.
@@ -25,7 +26,9 @@ use tessel_models::{Bert, GenerateOptions, Gpt2, ResNet, generate};
 use tessel_nn::Module;
 use tessel_nn::loss::{CrossEntropyOptions, cross_entropy};
 use tessel_nn::optim::{AdamW, AdamWConfig, CompiledStep, Optimizer};
-use tessel_tensor::{DType, Device, Result, Tensor, autocast as autocast_scope, load_safetensors};
+use tessel_tensor::{
+    Compiled, DType, Device, Result, Tensor, autocast as autocast_scope, load_safetensors,
+};
 
 /// First call and median of `runs` later calls of `f`, synchronized.
 fn timed(
@@ -47,6 +50,40 @@ fn timed(
     }
     times.sort();
     Ok((first, times[times.len() / 2]))
+}
+
+/// First call and median of `runs` later calls of the forward `f` on `args`, and its
+/// output: recorded and realized each call, or (`compiled`) recorded once into a
+/// [`Compiled`] function in the first call and replayed after.
+fn timed_forward(
+    device: Device,
+    runs: usize,
+    args: &[&Tensor],
+    compiled: bool,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> Result<(Duration, Duration, Tensor)> {
+    let mut out = None;
+    let mut function: Option<Compiled> = None;
+    let (first, steady) = timed(device, runs, || {
+        let y = if compiled {
+            if function.is_none() {
+                function = Some(Compiled::new(args, |a| Ok(vec![f(a)?]))?);
+            }
+            function
+                .as_ref()
+                .map_or(Ok(Vec::new()), |c| c.call(args))?
+                .remove(0)
+        } else {
+            let given: Vec<Tensor> = args.iter().map(|&a| a.clone()).collect();
+            let y = f(&given)?;
+            y.realize()?;
+            y
+        };
+        out = Some(y);
+        Ok(())
+    })?;
+    let out = out.expect("timed calls its function at least once");
+    Ok((first, steady, out))
 }
 
 /// The largest difference from `want` relative to `want`'s largest magnitude.
@@ -93,23 +130,26 @@ fn gpt2_ids(r: &HashMap<String, Tensor>, tokens: Option<(i64, i64)>) -> Result<T
     }
 }
 
+/// `compiled`: the forward as a [`Compiled`] function (compiled in the first call).
 fn gpt2_forward(
     dir: &Path,
     device: Device,
     dtype: DType,
     runs: usize,
     tokens: Option<(i64, i64)>,
+    compiled: bool,
 ) -> Result<()> {
     let r = reference(dir, device)?;
     let start = Instant::now();
     let model = Gpt2::from_dir(dir, dtype, &device)?;
     let load = start.elapsed();
     let ids = &gpt2_ids(&r, tokens)?;
-    let (first, steady) = timed(device, runs, || model.forward(ids)?.realize().map(|_| ()))?;
+    let (first, steady, logits) =
+        timed_forward(device, runs, &[ids], compiled, |a| model.forward(&a[0]))?;
     let check = if tokens.is_some() {
         "not checked (--tokens)".to_owned()
     } else {
-        let last = model.forward(ids)?.narrow(1, 511, 1)?.squeeze(Some(&[1]))?;
+        let last = logits.narrow(1, 511, 1)?.squeeze(Some(&[1]))?;
         format!(
             "last logits vs PyTorch f32: {:.2e} rel",
             rel_diff(&last, &r["last_logits"])?
@@ -117,7 +157,10 @@ fn gpt2_forward(
     };
     let [rows, length] = [ids.dims()[0], ids.dims()[1]];
     report(
-        &format!("gpt2 forward [{rows},{length}] {dtype}"),
+        &format!(
+            "gpt2 forward [{rows},{length}] {dtype}{}",
+            if compiled { ", compiled" } else { "" }
+        ),
         load,
         first,
         steady,
@@ -284,25 +327,28 @@ fn mlp_train(device: Device, runs: usize, compiled: bool) -> Result<()> {
     Ok(())
 }
 
-fn bert(dir: &Path, device: Device, dtype: DType, runs: usize) -> Result<()> {
+/// `compiled`: the forward as a [`Compiled`] function (compiled in the first call).
+fn bert(dir: &Path, device: Device, dtype: DType, runs: usize, compiled: bool) -> Result<()> {
     let r = reference(dir, device)?;
     let start = Instant::now();
     let model = Bert::from_dir(dir, dtype, &device)?;
     let load = start.elapsed();
     let (ids, mask) = (&r["input_ids"], &r["attention_mask"]);
-    let run = || {
+    let (first, steady, states) = timed_forward(device, runs, &[ids, mask], compiled, |a| {
         model
-            .forward(ids, None, Some(mask))
+            .forward(&a[0], None, Some(&a[1]))
             .map(|o| o.last_hidden_state)
-    };
-    let (first, steady) = timed(device, runs, || run()?.realize().map(|_| ()))?;
-    let cls = run()?.narrow(1, 0, 1)?.squeeze(Some(&[1]))?;
+    })?;
+    let cls = states.narrow(1, 0, 1)?.squeeze(Some(&[1]))?;
     let check = format!(
         "[CLS] states vs PyTorch f32: {:.2e} rel",
         rel_diff(&cls, &r["cls"])?
     );
     report(
-        &format!("bert-base [64,128] {dtype}"),
+        &format!(
+            "bert-base [64,128] {dtype}{}",
+            if compiled { ", compiled" } else { "" }
+        ),
         load,
         first,
         steady,
@@ -385,20 +431,28 @@ fn main() -> std::process::ExitCode {
     let workloads: Vec<(&str, Workload<'_>)> = vec![
         (
             "gpt2-f32",
-            Box::new(|| gpt2_forward(&gpt2, device, DType::F32, runs, tokens)),
+            Box::new(|| gpt2_forward(&gpt2, device, DType::F32, runs, tokens, false)),
         ),
         (
             "gpt2-bf16",
-            Box::new(|| gpt2_forward(&gpt2, device, DType::BF16, runs, tokens)),
+            Box::new(|| gpt2_forward(&gpt2, device, DType::BF16, runs, tokens, false)),
+        ),
+        (
+            "gpt2-bf16-compiled",
+            Box::new(|| gpt2_forward(&gpt2, device, DType::BF16, runs, tokens, true)),
         ),
         ("gpt2-decode", Box::new(|| gpt2_decode(&gpt2, device, runs))),
         (
             "bert-f32",
-            Box::new(|| bert(&root.join("bert"), device, DType::F32, runs)),
+            Box::new(|| bert(&root.join("bert"), device, DType::F32, runs, false)),
         ),
         (
             "bert-bf16",
-            Box::new(|| bert(&root.join("bert"), device, DType::BF16, runs)),
+            Box::new(|| bert(&root.join("bert"), device, DType::BF16, runs, false)),
+        ),
+        (
+            "bert-bf16-compiled",
+            Box::new(|| bert(&root.join("bert"), device, DType::BF16, runs, true)),
         ),
         (
             "resnet-f32",

@@ -1,6 +1,8 @@
 //! Host time of loops that replay cached plans on the default device: greedy decoding with
 //! the tiny GPT-2 fixture (`crates/tessel-models/tests/fixtures/gpt2`: 2 layers, 32 wide, so
-//! the device's work is small), and `AdamW` steps of a 784-128-10 MLP on a batch of 64 and of
+//! the device's work is small), its forward on [4, 32] tokens (recording, then realizing;
+//! then as a `Compiled` function),
+//! and `AdamW` steps of a 784-128-10 MLP on a batch of 64 and of
 //! the tiny GPT-2 on [4, 32] tokens, timed by phase (recording the forward and loss, `grad`,
 //! recording the update plus realizing it), then the same steps through a `CompiledStep`
 //! (recorded once, replayed per step). `GPT2_DIR` names another GPT-2 directory
@@ -13,7 +15,8 @@
 //!
 //! The second form logs each realize's host time (plan lookup, inputs bound, launched,
 //! outputs kept) on stderr. `TOKENS`, `RUNS` and `STEPS` set the loop lengths; `ONLY=mlp`
-//! runs the MLP's steps alone (for a profiler).
+//! runs the MLP's steps alone, `ONLY=forward` GPT-2's decoding and forwards (for a
+//! profiler).
 
 use std::time::Instant;
 
@@ -21,7 +24,7 @@ use tessel_models::{GenerateOptions, Gpt2, generate};
 use tessel_nn::Module;
 use tessel_nn::loss::{CrossEntropyOptions, cross_entropy};
 use tessel_nn::optim::{AdamW, AdamWConfig, CompiledStep, Optimizer};
-use tessel_tensor::{DType, Device, Result, Tensor};
+use tessel_tensor::{Compiled, DType, Device, Result, Tensor};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -38,8 +41,12 @@ fn main() -> Result<()> {
             .try_init();
     }
     let device = Device::default();
-    if std::env::var("ONLY").as_deref() != Ok("mlp") {
+    let only = std::env::var("ONLY").unwrap_or_default();
+    if only != "mlp" {
         gpt2(device)?;
+    }
+    if only == "forward" {
+        return Ok(());
     }
     mlp(device)
 }
@@ -67,6 +74,10 @@ fn gpt2(device: Device) -> Result<()> {
     let inputs = ids.narrow(1, 0, 32)?;
     let targets = ids.narrow(1, 1, 32)?.reshape(&[-1])?;
     Tensor::realize_all(&[&inputs, &targets])?;
+    forward(&model, device, &inputs, env("STEPS", 300))?;
+    if std::env::var("ONLY").as_deref() == Ok("forward") {
+        return Ok(());
+    }
     let params = model.parameters();
     let mut opt = AdamW::new(params.clone(), AdamWConfig::default())?;
     train(
@@ -85,6 +96,50 @@ fn gpt2(device: Device) -> Result<()> {
         &[&inputs, &targets],
         |b| gpt2_loss(&model, &b[0], &b[1]),
     )
+}
+
+/// Forwards of GPT-2 on `inputs` (after 3 untimed ones): the mean host time of recording
+/// the forward, and of realizing and synchronizing it.
+fn forward(model: &Gpt2, device: Device, inputs: &Tensor, runs: usize) -> Result<()> {
+    let (mut record, mut realize) = (0.0, 0.0);
+    for run in 0..runs + 3 {
+        let t0 = Instant::now();
+        let logits = model.forward(inputs)?;
+        let t1 = Instant::now();
+        logits.realize()?;
+        device.synchronize()?;
+        if run >= 3 {
+            record += (t1 - t0).as_secs_f64();
+            realize += t1.elapsed().as_secs_f64();
+        }
+    }
+    let us = |s: f64| s * 1e6 / runs as f64;
+    eprintln!(
+        "GPT-2 forward {:?}: recording {:.1} µs, realize + synchronize {:.1} µs",
+        inputs.dims(),
+        us(record),
+        us(realize)
+    );
+    let recorded = model.forward(inputs)?.to_vec::<f32>()?;
+    let f = Compiled::new(&[inputs], |a| Ok(vec![model.forward(&a[0])?]))?;
+    let mut call = 0.0;
+    let mut logits = Vec::new();
+    for run in 0..runs + 3 {
+        let t0 = Instant::now();
+        logits = f.call(&[inputs])?;
+        device.synchronize()?;
+        if run >= 3 {
+            call += t0.elapsed().as_secs_f64();
+        }
+    }
+    let same = logits[0].to_vec::<f32>()? == recorded;
+    eprintln!(
+        "GPT-2 forward {:?} as a Compiled function: {:.1} µs per call + synchronize (logits {} the recorded forward's)",
+        inputs.dims(),
+        us(call),
+        if same { "equal" } else { "DIFFER from" }
+    );
+    Ok(())
 }
 
 fn gpt2_loss(model: &Gpt2, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
