@@ -78,11 +78,15 @@ impl Sampler {
 
     /// The token chosen from one row of logits.
     pub fn sample(&mut self, logits: &[f32], opts: &GenerateOptions) -> Result<i64> {
+        // The first maximum, NaN counting as the largest, as `torch.argmax` (and
+        // `Tensor::argmax`, which `generate` runs on the device for greedy decoding).
         let argmax = |xs: &[f32]| {
             let mut best = 0;
             for (i, &x) in xs.iter().enumerate() {
-                // The first maximum, as `torch.argmax`; NaN never wins.
-                if x > xs[best] || xs[best].is_nan() && !x.is_nan() {
+                if xs[best].is_nan() {
+                    break;
+                }
+                if x > xs[best] || x.is_nan() {
                     best = i;
                 }
             }
@@ -183,23 +187,39 @@ pub fn generate(
     let mut finished = vec![false; b];
     let mut step: Vec<i64> = rows.iter().flatten().copied().collect();
     let mut width = longest;
+    let greedy = opts.temperature == 0.0;
     for _ in 0..opts.max_new_tokens {
         cache.begin(mask)?;
         let ids = Tensor::from_vec(step, [b, width])?;
         let logits = model.forward_cached(&ids, &mut cache)?;
-        let last = logits.narrow(1, width as i64 - 1, 1)?.cast(DType::F32);
+        let last = logits.narrow(1, width as i64 - 1, 1)?;
+        // Greedy decoding picks each row's token on the device (`torch.argmax`'s choice):
+        // a step reads back one index per row instead of a row of logits.
+        let last = if greedy {
+            last.argmax(2, false)?
+        } else {
+            last.cast(DType::F32)
+        };
         let mut outputs = vec![&last];
         outputs.extend(cache.pending());
         Tensor::realize_all(&outputs)?;
         cache.commit()?;
-        let values = last.to_vec::<f32>()?;
+        let (values, chosen) = if greedy {
+            (Vec::new(), last.to_vec::<i64>()?)
+        } else {
+            (last.to_vec::<f32>()?, Vec::new())
+        };
         let v = model.vocab_size();
         step = Vec::with_capacity(b);
         for (r, row) in rows.iter_mut().enumerate() {
             let token = if finished[r] {
                 opts.pad_token_id
             } else {
-                let t = sampler.sample(&values[r * v..(r + 1) * v], opts)?;
+                let t = if greedy {
+                    chosen[r]
+                } else {
+                    sampler.sample(&values[r * v..(r + 1) * v], opts)?
+                };
                 on_token(r, t);
                 finished[r] = opts.eos_token_id == Some(t);
                 t
@@ -214,4 +234,61 @@ pub fn generate(
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{GenerateOptions, Sampler};
+
+    #[test]
+    fn greedy_takes_the_first_maximum_and_nan_as_torch_argmax() {
+        let greedy = GenerateOptions::greedy(1);
+        let mut s = Sampler::new(0);
+        assert_eq!(s.sample(&[0.5, 2.0, -1.0, 2.0], &greedy).unwrap(), 1);
+        assert_eq!(
+            s.sample(&[0.5, f32::NAN, 3.0, f32::NAN], &greedy).unwrap(),
+            1
+        );
+        assert_eq!(s.sample(&[f32::NAN, 9.0], &greedy).unwrap(), 0);
+    }
+
+    #[test]
+    fn sampling_is_seeded_and_filters_by_top_k_and_top_p() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 50) as f32 / 10.0).collect();
+        let sampling = GenerateOptions {
+            temperature: 1.0,
+            ..GenerateOptions::greedy(1)
+        };
+        let draw = |opts: &GenerateOptions, seed| {
+            let mut s = Sampler::new(seed);
+            (0..64)
+                .map(|_| s.sample(&logits, opts).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(&sampling, 7), draw(&sampling, 7));
+        assert_ne!(draw(&sampling, 7), draw(&sampling, 8));
+        let top = Sampler::new(0)
+            .sample(&logits, &GenerateOptions::greedy(1))
+            .unwrap();
+        let top_k = GenerateOptions {
+            top_k: Some(1),
+            ..sampling.clone()
+        };
+        assert!(draw(&top_k, 3).iter().all(|&t| t == top));
+        let top_p = GenerateOptions {
+            top_p: Some(1e-6),
+            ..sampling.clone()
+        };
+        assert!(draw(&top_p, 3).iter().all(|&t| t == top));
+        let two = GenerateOptions {
+            top_k: Some(2),
+            ..sampling
+        };
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let best_two = [order[0] as i64, order[1] as i64];
+        let drawn = draw(&two, 5);
+        assert!(drawn.iter().all(|t| best_two.contains(t)));
+        assert!(best_two.iter().all(|t| drawn.contains(t)), "{drawn:?}");
+    }
 }
