@@ -8,7 +8,8 @@ side measures). `benches/benches/models.rs` then loads the same files.
 
 `MODELS_WRITE_ONLY=1` writes the files and reference outputs without timing anything;
 `MODELS_DEVICE=cpu` computes them on the CPU; `MODELS_ONLY=AdamW` times only the workloads
-whose names contain the text (`MODELS_ONLY=mlp,gpt2`: either).
+whose names contain the text (`MODELS_ONLY=mlp,gpt2`: either); `MODELS_DTYPES=bf16` times
+the models' forwards in bf16 only (default `f32,bf16`).
 """
 import copy
 import os
@@ -51,6 +52,8 @@ def timed(fn, runs=10):
 WRITE_ONLY = os.environ.get("MODELS_WRITE_ONLY") == "1"  # files and references, no timing
 # Time only workloads whose names contain this text (or one of several, comma-separated).
 ONLY = [o for o in os.environ.get("MODELS_ONLY", "").split(",") if o]
+# The dtypes models run in (`MODELS_DTYPES=bf16`: bf16 alone).
+DTYPES = [d for d in os.environ.get("MODELS_DTYPES", "f32,bf16").split(",") if d in ("f32", "bf16")]
 
 
 def wanted(name):
@@ -73,7 +76,8 @@ def bench(name, fn, unit=None, amount=None, runs=10):
 def variants(name, model, inputs, unit, amount):
     if WRITE_ONLY or not wanted(name):
         return
-    for label, m in [("f32", model), ("bf16", copy.deepcopy(model).to(torch.bfloat16))]:
+    for label in DTYPES:
+        m = model if label == "f32" else copy.deepcopy(model).to(torch.bfloat16)
         with torch.no_grad():
             bench(f"{name} {label} eager", lambda: m(*inputs(m)), unit, amount)
             c = torch.compile(m)
