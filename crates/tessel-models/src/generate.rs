@@ -76,7 +76,9 @@ impl Sampler {
         ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// The token chosen from one row of logits.
+    /// The token chosen from one row of logits. Errors on an empty row, a temperature
+    /// that is neither 0 nor positive, a `top_p` outside `(0, 1]`, and (when sampling) a
+    /// NaN or infinite logit among the candidates.
     pub fn sample(&mut self, logits: &[f32], opts: &GenerateOptions) -> Result<i64> {
         // The first maximum, NaN counting as the largest, as `torch.argmax` (and
         // `Tensor::argmax`, which `generate` runs on the device for greedy decoding).
@@ -92,6 +94,12 @@ impl Sampler {
             }
             best as i64
         };
+        if logits.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: "generate",
+                reason: "cannot pick a token from an empty row of logits".into(),
+            });
+        }
         if opts.temperature == 0.0 {
             return Ok(argmax(logits));
         }
@@ -104,38 +112,117 @@ impl Sampler {
                 ),
             });
         }
+        if let Some(p) = opts.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(Error::InvalidArgument {
+                op: "generate",
+                reason: format!("top_p must be in (0, 1], got {p}"),
+            });
+        }
+        // Candidates: every token, or the `top_k` largest logits (ties to the lower index).
+        // Selection, not a sort: a sort of a 50k vocabulary costs more per token than a
+        // decoding step on a GPU.
+        let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
         let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        if let Some(k) = opts.top_k {
-            order.truncate(k.max(1));
+        let k = opts.top_k.map_or(order.len(), |k| k.clamp(1, order.len()));
+        if k < order.len() {
+            order.select_nth_unstable_by(k - 1, by_logit);
+            order.truncate(k);
         }
-        let top = f64::from(logits[order[0]]);
-        let weights: Vec<f64> = order
+        let top = order
             .iter()
-            .map(|&i| ((f64::from(logits[i]) - top) / opts.temperature).exp())
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut keep = weights.len();
-        if let Some(p) = opts.top_p {
-            let mut cum = 0.0;
-            for (n, w) in weights.iter().enumerate() {
-                cum += w / total;
-                if cum >= p {
-                    keep = n + 1;
-                    break;
-                }
-            }
+            .map(|&i| logits[i])
+            .fold(f32::NEG_INFINITY, f32::max);
+        if !top.is_finite() || order.iter().any(|&i| logits[i].is_nan()) {
+            return Err(Error::InvalidArgument {
+                op: "generate",
+                reason: format!(
+                    "cannot sample from {} logits whose largest is {top}: they must be finite (a NaN or infinite logit usually means the model overflowed)",
+                    logits.len()
+                ),
+            });
         }
-        let total: f64 = weights[..keep].iter().sum();
+        // Softmax weights relative to the largest (which weighs 1), in f32 as PyTorch's,
+        // by token.
+        let inv_t = (1.0 / opts.temperature) as f32;
+        let mut weights = vec![0.0f32; logits.len()];
+        for &i in &order {
+            weights[i] = ((logits[i] - top) * inv_t).exp();
+        }
+        let weight = |i: usize| f64::from(weights[i]);
+        let total: f64 = order.iter().map(|&i| weight(i)).sum();
+        let kept = if let Some(p) = opts.top_p {
+            let n = nucleus(&mut order, p * total, weight, by_logit);
+            &order[..n]
+        } else {
+            if opts.top_k.is_some() {
+                order.sort_unstable_by(by_logit);
+            }
+            &order[..]
+        };
+        let total: f64 = kept.iter().map(|&i| weight(i)).sum();
         let mut u = self.uniform() * total;
-        for (n, w) in weights[..keep].iter().enumerate() {
-            u -= w;
+        for &i in kept {
+            u -= weight(i);
             if u < 0.0 {
-                return Ok(order[n] as i64);
+                return Ok(i as i64);
             }
         }
-        Ok(order[keep - 1] as i64)
+        Ok(*kept.last().expect("at least one candidate") as i64)
     }
+}
+
+/// How many of `order`'s tokens top-p sampling keeps: the fewest of the most likely (by
+/// `by_logit`) whose weights sum to at least `need`, or all. Rearranges `order` so that
+/// they come first, the last of them in order; a quickselect on the cumulative weight,
+/// linear in the vocabulary where a sort would not be.
+fn nucleus(
+    order: &mut [usize],
+    need: f64,
+    weight: impl Fn(usize) -> f64,
+    by_logit: impl Fn(&usize, &usize) -> std::cmp::Ordering + Copy,
+) -> usize {
+    // The kept tokens are a prefix by logit, so where the tokens weighing at least a floor
+    // already sum to `need`, they lie among those: a peaked distribution's few.
+    let mut hi = order.len();
+    for floor in [1e-6, 1e-12] {
+        let mut heavy = 0;
+        let mut sum = 0.0;
+        for j in 0..order.len() {
+            let w = weight(order[j]);
+            if w >= floor {
+                sum += w;
+                order.swap(heavy, j);
+                heavy += 1;
+            }
+        }
+        if sum >= need {
+            hi = heavy;
+            break;
+        }
+    }
+    // The crossing lies in `lo..hi`; `before` sums the weights of `order[..lo]`.
+    let (mut lo, mut before) = (0, 0.0);
+    while hi - lo > 64 {
+        let mid = lo + (hi - lo) / 2;
+        order[lo..hi].select_nth_unstable_by(mid - lo, by_logit);
+        let left: f64 = order[lo..mid].iter().map(|&i| weight(i)).sum();
+        if before + left >= need {
+            hi = mid;
+        } else {
+            before += left;
+            lo = mid;
+        }
+    }
+    order[lo..hi].sort_unstable_by(by_logit);
+    for (j, &i) in order[lo..hi].iter().enumerate() {
+        before += weight(i);
+        if before >= need {
+            return lo + j + 1;
+        }
+    }
+    hi
 }
 
 /// Continues every prompt by `opts.max_new_tokens` tokens and returns each row as
@@ -238,7 +325,123 @@ pub fn generate(
 
 #[cfg(test)]
 mod tests {
-    use super::{GenerateOptions, Sampler};
+    use super::{GenerateOptions, Sampler, nucleus};
+
+    fn sampling(temperature: f64) -> GenerateOptions {
+        GenerateOptions {
+            temperature,
+            ..GenerateOptions::greedy(1)
+        }
+    }
+
+    /// Logits from a fixed linear congruential sequence, in `0..scale`.
+    fn logits(n: usize, scale: f32) -> Vec<f32> {
+        let mut x = 12345u64;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (x >> 40) as f32 / (1u64 << 24) as f32 * scale
+            })
+            .collect()
+    }
+
+    #[test]
+    fn draws_follow_the_softmax_of_logits_over_temperature() {
+        let logits = [1.0f32, 0.0, 2.0, -1.0, 0.5];
+        let t = 0.7;
+        let weights: Vec<f64> = logits.iter().map(|&l| (f64::from(l) / t).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut s = Sampler::new(11);
+        let draws = 40_000;
+        let mut counts = [0usize; 5];
+        for _ in 0..draws {
+            counts[s.sample(&logits, &sampling(t)).unwrap() as usize] += 1;
+        }
+        for (i, &c) in counts.iter().enumerate() {
+            let p = weights[i] / total;
+            let sigma = (p * (1.0 - p) / draws as f64).sqrt();
+            let got = c as f64 / draws as f64;
+            assert!(
+                (got - p).abs() < 4.0 * sigma,
+                "token {i}: {got} drawn, {p} expected"
+            );
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_the_fewest_most_likely_tokens_reaching_p() {
+        // Probabilities 0.5, 0.3, 0.15, 0.05 at temperature 1.
+        let logits = [0.5f32, 0.3, 0.15, 0.05].map(f32::ln);
+        let opts = GenerateOptions {
+            top_p: Some(0.75),
+            ..sampling(1.0)
+        };
+        let mut s = Sampler::new(3);
+        let mut counts = [0usize; 4];
+        for _ in 0..8000 {
+            counts[s.sample(&logits, &opts).unwrap() as usize] += 1;
+        }
+        assert_eq!(counts[2] + counts[3], 0, "{counts:?}");
+        let share = counts[0] as f64 / 8000.0;
+        assert!((share - 0.625).abs() < 0.03, "{counts:?}");
+    }
+
+    #[test]
+    fn nucleus_matches_a_full_sort() {
+        for (n, scale, p) in [
+            (1000, 8.0f32, 0.9),
+            (5000, 30.0, 0.5),
+            (70, 1.0, 0.99),
+            (3, 1.0, 0.2),
+        ] {
+            let logits = logits(n, scale);
+            let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+            let weight = |i: usize| f64::from(logits[i]).exp();
+            let total: f64 = (0..n).map(weight).sum();
+            let mut sorted: Vec<usize> = (0..n).collect();
+            sorted.sort_by(by_logit);
+            let mut cum = 0.0;
+            let want = sorted
+                .iter()
+                .position(|&i| {
+                    cum += weight(i);
+                    cum >= p * total
+                })
+                .map_or(n, |j| j + 1);
+            let mut order: Vec<usize> = (0..n).collect();
+            let got = nucleus(&mut order, p * total, weight, by_logit);
+            assert!(
+                got.abs_diff(want) <= 1,
+                "n {n}: kept {got}, a sort keeps {want}"
+            );
+            let mut kept = order[..got].to_vec();
+            kept.sort_by(by_logit);
+            assert_eq!(
+                kept,
+                sorted[..got],
+                "n {n}: the kept tokens are the most likely"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_logits_and_options_are_errors() {
+        let mut s = Sampler::new(0);
+        assert!(s.sample(&[], &sampling(1.0)).is_err());
+        assert!(s.sample(&[], &GenerateOptions::greedy(1)).is_err());
+        assert!(s.sample(&[0.0, f32::NAN], &sampling(1.0)).is_err());
+        assert!(s.sample(&[0.0, f32::INFINITY], &sampling(1.0)).is_err());
+        for p in [0.0, 1.5, f64::NAN] {
+            let opts = GenerateOptions {
+                top_p: Some(p),
+                ..sampling(1.0)
+            };
+            assert!(s.sample(&[0.0, 1.0], &opts).is_err(), "top_p {p}");
+        }
+        assert!(s.sample(&[0.0, 1.0], &sampling(-1.0)).is_err());
+    }
 
     #[test]
     fn greedy_takes_the_first_maximum_and_nan_as_torch_argmax() {
