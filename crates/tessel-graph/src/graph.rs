@@ -396,6 +396,8 @@ pub struct Graph {
     /// Node hash → the live ids with that hash: the hash-consing table. Keyed by hash so
     /// that removing a node neither hashes nor copies it.
     dedup: FxHashMap<u64, Ids>,
+    /// [`Graph::release`]'s walk, empty between calls (kept for its allocation).
+    release_stack: Vec<NodeId>,
 }
 
 impl Graph {
@@ -495,7 +497,22 @@ impl Graph {
     #[must_use = "removed leaves own buffers that must be freed"]
     pub fn release(&mut self, id: NodeId) -> Vec<LeafId> {
         let mut freed = Vec::new();
-        let mut stack = vec![id];
+        // Most releases drop a count that others still hold: no walk, no allocation.
+        match self.slots[id.0 as usize].as_mut() {
+            Some(slot) if slot.refs > 1 => {
+                slot.refs -= 1;
+                return freed;
+            }
+            Some(_) => {}
+            None => {
+                debug_assert!(false, "released a dead node {id:?}");
+                return freed;
+            }
+        }
+        // The walk's stack is kept between calls (dropping a recorded forward removes
+        // thousands of nodes, a release per tensor).
+        let mut stack = std::mem::take(&mut self.release_stack);
+        stack.push(id);
         while let Some(id) = stack.pop() {
             let Some(slot) = self.slots[id.0 as usize].as_mut() else {
                 debug_assert!(false, "released a dead node {id:?}");
@@ -514,6 +531,7 @@ impl Graph {
                 stack.extend(slot.node.op.operands());
             }
         }
+        self.release_stack = stack;
         freed
     }
 
