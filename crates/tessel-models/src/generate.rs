@@ -334,16 +334,11 @@ mod tests {
         }
     }
 
-    /// Logits from a fixed linear congruential sequence, in `0..scale`.
+    /// `n` distinct logits in `0..scale`, in a scrambled order (7919 is prime, so
+    /// `i · 7919 mod n` visits every residue once where `n` is not a multiple of it).
     fn logits(n: usize, scale: f32) -> Vec<f32> {
-        let mut x = 12345u64;
         (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                (x >> 40) as f32 / (1u64 << 24) as f32 * scale
-            })
+            .map(|i| (i * 7919 % n) as f32 / n as f32 * scale)
             .collect()
     }
 
