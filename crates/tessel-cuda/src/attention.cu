@@ -7,6 +7,8 @@
 //   FA_F16      with FA_HALF: 1 f16, 0 bf16
 //   FA_CAUSAL   1: key j > query i is hidden
 //   FA_MASK     an additive mask read with strides: 0 none, 1 f32, 2 bf16, 3 f16
+//   FA_WM       half: 16-row query tiles per warp (1 or 2; blocks of 64 FA_WM rows);
+//               f32: query rows per thread (1, or 2: two threads split two rows' head dim)
 //
 // A block owns FA_BM queries of one pair and walks the keys in tiles of FA_BN, two tiles in
 // flight through `cp.async` (16-byte copies, zero-filled past `s`: rows of FA_D elements
@@ -64,10 +66,33 @@ __device__ __forceinline__ float fa_masked(float x, float m) {
 #define FA_COMMIT() asm volatile("cp.async.commit_group;\n" ::)
 #define FA_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n))
 
+#ifndef FA_WM
+#define FA_WM 1
+#endif
+#ifndef FA_MINB
+#define FA_MINB 1
+#endif
+#ifndef FA_FAST_EXP
+#define FA_FAST_EXP 0
+#endif
+// 2^x: the hardware's approximation (2 ulp), subnormal results flushed to 0 with
+// FA_FAST_EXP (a weight below 2^-126 of the row's largest adds nothing a half output
+// can hold).
+__device__ __forceinline__ float fa_exp2(float x) {
+#if FA_FAST_EXP
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
 #if FA_HALF
 typedef fa_u16 fa_t;
-#define FA_BM 64
+#define FA_BM (64 * FA_WM)
+#ifndef FA_BN
 #define FA_BN 64
+#endif
 #define FA_THREADS 128
 #define FA_PAD 8
 #else
@@ -152,11 +177,14 @@ __device__ __forceinline__ fa_u32 fa_pack(float lo, float hi) {
 #define FA_NT (FA_D / 8)
 #define FA_SN (FA_BN / 8)
 
-// Each of the 4 warps owns 16 query rows: its q fragments stay in registers, its scores
-// for a key tile are 8 mma tiles of 16 x 8, and the probabilities go from the scores'
+// Each of the 4 warps owns FA_WM tiles of 16 query rows: their q fragments stay in
+// registers, their scores for a key tile are FA_WM x 8 mma tiles of 16 x 8, and every k and
+// v fragment read from shared memory feeds FA_WM products (two halve the shared-memory
+// reads per product, at twice the registers). The probabilities go from the scores'
 // accumulator layout straight into the A fragments of the product with v (the layouts
-// agree), rounded to the operand dtype. A thread holds two rows (lane / 4 and + 8).
-extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
+// agree), rounded to the operand dtype. A thread holds two rows of each of its tiles
+// (lane / 4 and + 8).
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MINB) tessel_attention(
     const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v,
     fa_t* __restrict__ out, int l, int s, float scale_log2,
     long long q_outer, long long q_head, long long q_row,
@@ -187,19 +215,32 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     FA_WAIT(0);
     __syncthreads();
 
-    fa_u32 qf[FA_KT][4];
+    // The warp's first query row, and the row of (tile w, half h) of this thread.
+    const int warp_row = m0 + warp * FA_WM * 16;
+    const int row0 = warp_row + lane / 4;
+    fa_u32 qf[FA_WM][FA_KT][4];
 #pragma unroll
-    for (int kk = 0; kk < FA_KT; kk++) {
-        int row = warp * 16 + lane % 16, col = kk * 16 + (lane / 16) * 8;
-        fa_ldmatrix(qf[kk], fa_shared(qs + row * FA_LEN + col));
-    }
-    float o[FA_NT][4];
+    for (int w = 0; w < FA_WM; w++)
 #pragma unroll
-    for (int j = 0; j < FA_NT; j++)
+        for (int kk = 0; kk < FA_KT; kk++) {
+            int row = warp_row - m0 + w * 16 + lane % 16, col = kk * 16 + (lane / 16) * 8;
+            fa_ldmatrix(qf[w][kk], fa_shared(qs + row * FA_LEN + col));
+        }
+    float o[FA_WM][FA_NT][4];
 #pragma unroll
-        for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
-    float row_max[2] = {FA_NEG_INF, FA_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
-    const int row0 = m0 + warp * 16 + lane / 4;
+    for (int w = 0; w < FA_WM; w++)
+#pragma unroll
+        for (int j = 0; j < FA_NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[w][j][e] = 0.0f;
+    float row_max[FA_WM][2], row_sum[FA_WM][2];
+#pragma unroll
+    for (int w = 0; w < FA_WM; w++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            row_max[w][h] = FA_NEG_INF;
+            row_sum[w][h] = 0.0f;
+        }
 
     for (int t = 0; t < tiles; t++) {
         if (t + 1 < tiles) {
@@ -215,101 +256,275 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
         const fa_t* ks = kv + (t % 2) * 2 * FA_BN * FA_LEN;
         const fa_t* vs = ks + FA_BN * FA_LEN;
         const int n0 = t * FA_BN;
-
-        float sc[FA_SN][4];
+        // Causal: a warp whose rows all precede the tile's first key adds nothing (the
+        // branch is uniform across the warp, as ldmatrix and mma.sync need).
+        if (!FA_CAUSAL || n0 <= warp_row + FA_WM * 16 - 1) {
+            float sc[FA_WM][FA_SN][4];
 #pragma unroll
-        for (int j = 0; j < FA_SN; j++)
+            for (int w = 0; w < FA_WM; w++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) sc[j][e] = 0.0f;
+                for (int j = 0; j < FA_SN; j++)
 #pragma unroll
-        for (int kk = 0; kk < FA_KT; kk++) {
+                    for (int e = 0; e < 4; e++) sc[w][j][e] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < FA_SN; j += 2) {
-                fa_u32 r[4];
-                int row = j * 8 + (lane % 8) + (lane / 16) * 8;
-                int col = kk * 16 + ((lane / 8) % 2) * 8;
-                fa_ldmatrix(r, fa_shared(ks + row * FA_LEN + col));
-                fa_mma(sc[j], qf[kk], r[0], r[1]);
-                fa_mma(sc[j + 1], qf[kk], r[2], r[3]);
+            for (int kk = 0; kk < FA_KT; kk++) {
+#pragma unroll
+                for (int j = 0; j < FA_SN; j += 2) {
+                    fa_u32 r[4];
+                    int row = j * 8 + (lane % 8) + (lane / 16) * 8;
+                    int col = kk * 16 + ((lane / 8) % 2) * 8;
+                    fa_ldmatrix(r, fa_shared(ks + row * FA_LEN + col));
+#pragma unroll
+                    for (int w = 0; w < FA_WM; w++) {
+                        fa_mma(sc[w][j], qf[w][kk], r[0], r[1]);
+                        fa_mma(sc[w][j + 1], qf[w][kk], r[2], r[3]);
+                    }
+                }
             }
-        }
-        const bool edge = n0 + FA_BN > s || (FA_CAUSAL && n0 + FA_BN - 1 > m0);
+            // Keys past `s`, or (causal) past the warp's first row, need masking.
+            const bool edge = n0 + FA_BN > s || (FA_CAUSAL && n0 + FA_BN - 1 > warp_row);
 #pragma unroll
-        for (int j = 0; j < FA_SN; j++)
+            for (int w = 0; w < FA_WM; w++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = sc[j][e] * scale_log2;
-                int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
-                int row = row0 + (e / 2) * 8;
+                for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = sc[w][j][e] * scale_log2;
+                        int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
+                        int row = row0 + w * 16 + (e / 2) * 8;
 #if FA_MASK
-                if (col < s && row < l)
-                    x = fa_masked(x, fa_mask_at(mask, mask_pair + row * mi + col * mj));
+                        if (col < s && row < l)
+                            x = fa_masked(x, fa_mask_at(mask, mask_pair + row * mi + col * mj));
 #endif
-                if (edge && (col >= s || (FA_CAUSAL && col > row))) x = FA_NEG_INF;
-                sc[j][e] = x;
-            }
+                        if (edge && (col >= s || (FA_CAUSAL && col > row))) x = FA_NEG_INF;
+                        sc[w][j][e] = x;
+                    }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = FA_NEG_INF;
+            for (int w = 0; w < FA_WM; w++)
 #pragma unroll
-            for (int j = 0; j < FA_SN; j++) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            float grown = fmaxf(row_max[h], mx);
-            // A row that has seen only hidden keys keeps zeros (exp2(-inf) = 0).
-            float base = grown == FA_NEG_INF ? 0.0f : grown;
-            float alpha = exp2f(row_max[h] - base);
-            row_max[h] = grown;
-            float sum = 0.0f;
+                for (int h = 0; h < 2; h++) {
+                    float mx = FA_NEG_INF;
 #pragma unroll
-            for (int j = 0; j < FA_SN; j++) {
-                sc[j][2 * h] = exp2f(sc[j][2 * h] - base);
-                sc[j][2 * h + 1] = exp2f(sc[j][2 * h + 1] - base);
-                sum += sc[j][2 * h] + sc[j][2 * h + 1];
-            }
-            row_sum[h] = row_sum[h] * alpha + sum;
+                    for (int j = 0; j < FA_SN; j++)
+                        mx = fmaxf(mx, fmaxf(sc[w][j][2 * h], sc[w][j][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                    float grown = fmaxf(row_max[w][h], mx);
+                    // A row that has seen only hidden keys keeps zeros (exp2(-inf) = 0).
+                    float base = grown == FA_NEG_INF ? 0.0f : grown;
+                    float alpha = fa_exp2(row_max[w][h] - base);
+                    row_max[w][h] = grown;
+                    float sum = 0.0f;
 #pragma unroll
-            for (int j = 0; j < FA_NT; j++) {
-                o[j][2 * h] *= alpha;
-                o[j][2 * h + 1] *= alpha;
-            }
-        }
+                    for (int j = 0; j < FA_SN; j++) {
+                        sc[w][j][2 * h] = fa_exp2(sc[w][j][2 * h] - base);
+                        sc[w][j][2 * h + 1] = fa_exp2(sc[w][j][2 * h + 1] - base);
+                        sum += sc[w][j][2 * h] + sc[w][j][2 * h + 1];
+                    }
+                    row_sum[w][h] = row_sum[w][h] * alpha + sum;
 #pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++) {
-            fa_u32 a[4] = {
-                fa_pack(sc[2 * kk][0], sc[2 * kk][1]), fa_pack(sc[2 * kk][2], sc[2 * kk][3]),
-                fa_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                fa_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+                    for (int j = 0; j < FA_NT; j++) {
+                        o[w][j][2 * h] *= alpha;
+                        o[w][j][2 * h + 1] *= alpha;
+                    }
+                }
 #pragma unroll
-            for (int j = 0; j < FA_NT; j += 2) {
-                fa_u32 r[4];
-                int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                int col = j * 8 + (lane / 16) * 8;
-                fa_ldmatrix_t(r, fa_shared(vs + row * FA_LEN + col));
-                fa_mma(o[j], a, r[0], r[1]);
-                fa_mma(o[j + 1], a, r[2], r[3]);
+            for (int kk = 0; kk < FA_BN / 16; kk++) {
+                fa_u32 a[FA_WM][4];
+#pragma unroll
+                for (int w = 0; w < FA_WM; w++) {
+                    a[w][0] = fa_pack(sc[w][2 * kk][0], sc[w][2 * kk][1]);
+                    a[w][1] = fa_pack(sc[w][2 * kk][2], sc[w][2 * kk][3]);
+                    a[w][2] = fa_pack(sc[w][2 * kk + 1][0], sc[w][2 * kk + 1][1]);
+                    a[w][3] = fa_pack(sc[w][2 * kk + 1][2], sc[w][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int j = 0; j < FA_NT; j += 2) {
+                    fa_u32 r[4];
+                    int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                    int col = j * 8 + (lane / 16) * 8;
+                    fa_ldmatrix_t(r, fa_shared(vs + row * FA_LEN + col));
+#pragma unroll
+                    for (int w = 0; w < FA_WM; w++) {
+                        fa_mma(o[w][j], a[w], r[0], r[1]);
+                        fa_mma(o[w][j + 1], a[w], r[2], r[3]);
+                    }
+                }
             }
         }
         // Every warp is done with this stage before the next iteration refills it.
         __syncthreads();
     }
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float sum = row_sum[h];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        int row = row0 + h * 8;
-        if (row >= l) continue;
+    for (int w = 0; w < FA_WM; w++)
 #pragma unroll
-        for (int j = 0; j < FA_NT; j++) {
-            int col = j * 8 + (lane % 4) * 2;
-            *(fa_u32*)(out + (long long)row * o_row + col) =
-                fa_pack(o[j][2 * h] / sum, o[j][2 * h + 1] / sum);
+        for (int h = 0; h < 2; h++) {
+            float sum = row_sum[w][h];
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            sum += __shfl_xor_sync(0xffffffff, sum, 2);
+            int row = row0 + w * 16 + h * 8;
+            if (row >= l) continue;
+#pragma unroll
+            for (int j = 0; j < FA_NT; j++) {
+                int col = j * 8 + (lane % 4) * 2;
+                *(fa_u32*)(out + (long long)row * o_row + col) =
+                    fa_pack(o[w][j][2 * h] / sum, o[w][j][2 * h + 1] / sum);
+            }
         }
+}
+
+#elif FA_WM == 2  // f32 on the CUDA cores, two threads per two rows
+
+// Two threads share two neighbouring query rows, each holding both rows' q and output
+// accumulators for half of the head dim (the 16-byte chunks of its parity, so the pair's
+// shared-memory reads fall in different banks): every key and value chunk read feeds two
+// rows, half the shared-memory reads per multiply-add of one row per thread, and a
+// score's two halves meet through one shuffle.
+#define FA_DH (FA_D / 8)  // chunks of 4 per thread
+extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ out, int l, int s, float scale_log2,
+    long long q_outer, long long q_head, long long q_row,
+    long long k_outer, long long k_head, long long k_row,
+    long long v_outer, long long v_head, long long v_row,
+    long long o_outer, long long o_head, long long o_row, int heads, int group,
+    const void* __restrict__ mask, long long mo, long long mh, long long mi, long long mj,
+    int mask_heads) {
+    extern __shared__ __align__(16) float smem[];
+    const int tiles_q = (l + FA_BM - 1) / FA_BM;
+    const int pairs = gridDim.x / tiles_q;
+    const long long pair = blockIdx.x % pairs;
+    const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
+    FA_PAIR_ROWS(pair);
+    const long long mask_pair = (pair / mask_heads) * mo + (pair % mask_heads) * mh;
+    const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
+    const int tiles = (kv_end + FA_BN - 1) / FA_BN;
+    const int half = threadIdx.x & 1;
+    const int row = m0 + (threadIdx.x & ~1);  // and row + 1
+
+    if (tiles > 0) {
+        fa_load_rows(smem, k, FA_BN, 0, s, k_row);
+        fa_load_rows(smem + FA_BN * FA_LEN, v, FA_BN, 0, s, v_row);
+    }
+    FA_COMMIT();
+
+    float qr[2][4 * FA_DH], o[2][4 * FA_DH];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float4* q4 = (const float4*)(q + (long long)min(row + r, l - 1) * q_row);
+#pragma unroll
+        for (int d = 0; d < FA_DH; d++) {
+            float4 x = q4[2 * d + half];
+            qr[r][4 * d] = x.x * scale_log2;
+            qr[r][4 * d + 1] = x.y * scale_log2;
+            qr[r][4 * d + 2] = x.z * scale_log2;
+            qr[r][4 * d + 3] = x.w * scale_log2;
+        }
+#pragma unroll
+        for (int d = 0; d < 4 * FA_DH; d++) o[r][d] = 0.0f;
+    }
+    float row_max[2] = {FA_NEG_INF, FA_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
+
+    for (int t = 0; t < tiles; t++) {
+        if (t + 1 < tiles) {
+            float* next = smem + ((t + 1) % 2) * 2 * FA_BN * FA_LEN;
+            fa_load_rows(next, k, FA_BN, (t + 1) * FA_BN, s, k_row);
+            fa_load_rows(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s, v_row);
+            FA_COMMIT();
+            FA_WAIT(1);
+        } else {
+            FA_WAIT(0);
+        }
+        __syncthreads();
+        const float* ks = smem + (t % 2) * 2 * FA_BN * FA_LEN;
+        const float* vs = ks + FA_BN * FA_LEN;
+        const int n0 = t * FA_BN;
+        // Keys row `r` sees in this tile (causal: up to itself). The whole warp walks its
+        // last row's (the shuffles need every lane); keys past a row's weigh 0.
+        int keys[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            keys[r] = min(FA_BN, (FA_CAUSAL ? min(kv_end, row + r + 1) : s) - n0);
+        const int warp_keys =
+            min(FA_BN, (FA_CAUSAL ? min(kv_end, m0 + (int)(threadIdx.x | 31) + 1) : s) - n0);
+        for (int j = 0; j < warp_keys; j += 4) {
+            float dot[2][4];
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) dot[r][u] = 0.0f;
+#pragma unroll
+            for (int d = 0; d < FA_DH; d++) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float4 y = ((const float4*)(ks + (j + u) * FA_LEN))[2 * d + half];
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        dot[r][u] = fmaf(qr[r][4 * d], y.x, dot[r][u]);
+                        dot[r][u] = fmaf(qr[r][4 * d + 1], y.y, dot[r][u]);
+                        dot[r][u] = fmaf(qr[r][4 * d + 2], y.z, dot[r][u]);
+                        dot[r][u] = fmaf(qr[r][4 * d + 3], y.w, dot[r][u]);
+                    }
+                }
+            }
+            float p[2][4];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = FA_NEG_INF;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float x = dot[r][u] + __shfl_xor_sync(0xffffffff, dot[r][u], 1);
+#if FA_MASK
+                    if (row + r < l && j + u < keys[r])
+                        x = fa_masked(x, fa_mask_at(mask, mask_pair + (row + r) * mi + (n0 + j + u) * mj));
+#endif
+                    if (j + u >= keys[r]) x = FA_NEG_INF;
+                    dot[r][u] = x;
+                    mx = fmaxf(mx, x);
+                }
+                if (mx > row_max[r]) {
+                    float alpha = exp2f(row_max[r] - mx);
+                    row_max[r] = mx;
+                    row_sum[r] *= alpha;
+#pragma unroll
+                    for (int d = 0; d < 4 * FA_DH; d++) o[r][d] *= alpha;
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    p[r][u] = exp2f(dot[r][u] - row_max[r]);
+                    row_sum[r] += p[r][u];
+                }
+            }
+#pragma unroll
+            for (int d = 0; d < FA_DH; d++) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float4 y = ((const float4*)(vs + (j + u) * FA_LEN))[2 * d + half];
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        o[r][4 * d] = fmaf(p[r][u], y.x, o[r][4 * d]);
+                        o[r][4 * d + 1] = fmaf(p[r][u], y.y, o[r][4 * d + 1]);
+                        o[r][4 * d + 2] = fmaf(p[r][u], y.z, o[r][4 * d + 2]);
+                        o[r][4 * d + 3] = fmaf(p[r][u], y.w, o[r][4 * d + 3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (row + r >= l) continue;
+        float4* out4 = (float4*)(out + (long long)(row + r) * o_row);
+        const float sum = row_sum[r];
+#pragma unroll
+        for (int d = 0; d < FA_DH; d++)
+            out4[2 * d + half] = make_float4(o[r][4 * d] / sum, o[r][4 * d + 1] / sum,
+                                             o[r][4 * d + 2] / sum, o[r][4 * d + 3] / sum);
     }
 }
 
-#else  // f32 on the CUDA cores
+#else  // f32 on the CUDA cores, one thread per row
 
 // One thread per query row: its q and its output accumulators stay in registers, every
 // thread of the block reads the same key (and value) row at once (a shared-memory

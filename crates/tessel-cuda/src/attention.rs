@@ -2,8 +2,11 @@
 //! `attention.cu`, configured per program by the macros written here (head dim, dtype,
 //! causal). In `f16`/`bf16` the two products run on tensor cores (`mma.sync.m16n8k16`,
 //! `f32` sums, the probabilities rounded to the operand dtype as flash attention does); in
-//! `f32` on the CUDA cores, one query row per thread. The sequence lengths and strides are
-//! kernel arguments, so one compiled program serves every length of its configuration.
+//! `f32` on the CUDA cores, one query row per thread. Where registers allow, a second
+//! program is offered and measured against the first: half, two 16-row query tiles per
+//! warp; f32, two threads sharing two rows (each split along the head dim). The sequence
+//! lengths and strides are kernel arguments, so one compiled program serves every length of
+//! its configuration.
 //!
 //! It runs an attention whose `q`/`k` and `v` vectors have one length, a constant small
 //! enough for registers, with every row starting 16 bytes aligned; anything else is left
@@ -26,8 +29,20 @@ pub(crate) const TEMPLATE: &str = include_str!("attention.cu");
 /// The kernel's entry point.
 const ENTRY: &str = "tessel_attention";
 
-/// Query rows per block (both kernels).
+/// Query rows per block of the f32 kernels, and per warp tile of the half ones.
 const BLOCK_ROWS: usize = 64;
+
+/// The largest head dim whose half kernel keeps two 16-row query tiles per warp in
+/// registers (`FA_WM 2`): at 128 its accumulators alone would take 256 registers a thread.
+const WIDE_MAX_HEAD_DIM: i64 = 64;
+
+/// Query rows per block of the kernel with `wm` as `FA_WM` (see `attention.cu`).
+fn block_rows(dtype: DType, wm: usize) -> usize {
+    match dtype {
+        DType::F32 => BLOCK_ROWS,
+        _ => BLOCK_ROWS * wm,
+    }
+}
 
 /// A compiled attention kernel.
 pub(crate) struct AttentionProgram {
@@ -35,6 +50,8 @@ pub(crate) struct AttentionProgram {
     device: Arc<CudaDevice>,
     module: Arc<Module>,
     origin: ProgramOrigin,
+    /// `FA_WM`: 16-row query tiles per warp (half), query rows per thread (f32).
+    wm: usize,
     /// `op` as text: the program's name in errors.
     name: String,
 }
@@ -91,11 +108,11 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
     None
 }
 
-/// The CUDA C of `op`: `attention.cu` after its configuration.
-fn source(op: &Attention, head_dim: i64) -> String {
+/// The CUDA C of `op` with `wm` as `FA_WM`: `attention.cu` after its configuration.
+fn source(op: &Attention, head_dim: i64, wm: usize) -> String {
     let flag = |b: bool| u8::from(b);
     format!(
-        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n{TEMPLATE}",
+        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n#define FA_WM {wm}\n{TEMPLATE}",
         flag(op.dtype != DType::F32),
         flag(op.dtype == DType::F16),
         flag(op.causal),
@@ -110,11 +127,12 @@ fn source(op: &Attention, head_dim: i64) -> String {
 
 /// Threads per block and dynamic shared memory: the query tile (half only) and two
 /// stages of key and value tiles, rows padded as `attention.cu` lays them out.
-fn block(dtype: DType, head_dim: usize) -> (u32, u32) {
+fn block(dtype: DType, head_dim: usize, wm: usize) -> (u32, u32) {
     if dtype == DType::F32 {
         (64, (2 * 2 * 32 * head_dim * 4) as u32)
     } else {
-        (128, ((64 + 2 * 2 * 64) * (head_dim + 8) * 2) as u32)
+        let rows = block_rows(dtype, wm);
+        (128, ((rows + 2 * 2 * 64) * (head_dim + 8) * 2) as u32)
     }
 }
 
@@ -132,29 +150,53 @@ impl CudaBackend {
             return Ok(Vec::new());
         }
         let head_dim = op.e.as_const().unwrap_or(0);
-        let name = op.to_string();
-        let (module, origin) = self.module(dev, &name, ENTRY, &source(op, head_dim))?;
-        let (_, shared) = block(op.dtype, head_dim as usize);
-        module
-            .allow_shared(shared)
-            .map_err(|e| BackendError::Compile {
-                kernel: name.clone(),
-                code: String::new(),
-                log: format!(
-                    "{shared} bytes of shared memory are more than the device allows: {e}"
-                ),
-            })?;
-        let program = AttentionProgram {
-            op: op.clone(),
-            device: Arc::clone(dev),
-            module,
-            origin,
-            name,
+        // Besides the plain kernel, where the registers allow: half, two query tiles per
+        // warp; f32, two threads sharing two rows (each k and v element read from shared
+        // memory feeding two rows in both). Every program is measured.
+        let paired = match op.dtype {
+            DType::F32 => head_dim % 8 == 0,
+            _ => head_dim <= WIDE_MAX_HEAD_DIM,
         };
-        Ok(vec![VendorProgram {
-            program: self.programs.insert(Program::Attention(program)),
-            variant: "flash".into(),
-        }])
+        let widths: &[usize] = if paired { &[1, 2] } else { &[1] };
+        let mut programs = Vec::with_capacity(widths.len());
+        for &wm in widths {
+            let (variant, name) = match (wm, op.dtype) {
+                (1, _) => ("flash".to_string(), op.to_string()),
+                (_, DType::F32) => {
+                    let variant = "flash 2 rows/thread".to_string();
+                    (variant.clone(), format!("{op} [{variant}]"))
+                }
+                _ => {
+                    let variant = format!("flash {} rows", block_rows(op.dtype, wm));
+                    (variant.clone(), format!("{op} [{variant}]"))
+                }
+            };
+            let source = source(op, head_dim, wm);
+            let (module, origin) = self.module(dev, &name, ENTRY, &source)?;
+            let (_, shared) = block(op.dtype, head_dim as usize, wm);
+            module
+                .allow_shared(shared)
+                .map_err(|e| BackendError::Compile {
+                    kernel: name.clone(),
+                    code: String::new(),
+                    log: format!(
+                        "{shared} bytes of shared memory are more than the device allows: {e}"
+                    ),
+                })?;
+            let program = AttentionProgram {
+                op: op.clone(),
+                device: Arc::clone(dev),
+                module,
+                origin,
+                wm,
+                name,
+            };
+            programs.push(VendorProgram {
+                program: self.programs.insert(Program::Attention(program)),
+                variant,
+            });
+        }
+        Ok(programs)
     }
 
     /// The buffers bound to a fused attention launch of `name` (`names` says what each is,
@@ -234,7 +276,7 @@ impl CudaBackend {
             .map(|m| sizes.mask_elements().saturating_mul(m.dtype.size_bytes()));
         let needs: Vec<usize> = [q, k, v].into_iter().chain(mask_bytes).chain([o]).collect();
         let bound = self.attention_buffers(dev, name, buffers, names, &needs, &sizes)?;
-        let Some(launch) = launch(&program.op, &sizes, name)? else {
+        let Some(launch) = launch(&program.op, &sizes, name, program.wm)? else {
             return Ok(None);
         };
         // Each operand's pointer at its first element (the layout's offset).
@@ -329,10 +371,15 @@ struct Launch {
     group: i32,
 }
 
-/// The launch of `op` at sizes `s` (checked against the buffers), or `None` when the
-/// output is empty. Sizes past the kernel's 32-bit lengths and strides the 16-byte copies
-/// cannot read are [`BackendError::Unsupported`].
-fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launch>, BackendError> {
+/// The launch of `op` at sizes `s` (checked against the buffers) by the kernel with `wm`
+/// as `FA_WM`, or `None` when the output is empty. Sizes past the kernel's 32-bit lengths
+/// and strides the 16-byte copies cannot read are [`BackendError::Unsupported`].
+fn launch(
+    op: &Attention,
+    s: &AttentionSizes,
+    name: &str,
+    wm: usize,
+) -> Result<Option<Launch>, BackendError> {
     if s.batch == 0 || s.l == 0 || s.ev == 0 {
         return Ok(None);
     }
@@ -355,7 +402,7 @@ fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launc
     let int = |v: usize| i32::try_from(v).ok();
     let blocks = s
         .batch
-        .checked_mul(s.l.div_ceil(BLOCK_ROWS))
+        .checked_mul(s.l.div_ceil(block_rows(op.dtype, wm)))
         .filter(|&b| i32::try_from(b).is_ok());
     let (Some(l), Some(keys), Some(heads), Some(group), Some(blocks)) = (
         int(s.l),
@@ -368,7 +415,7 @@ fn launch(op: &Attention, s: &AttentionSizes, name: &str) -> Result<Option<Launc
             "sizes {s:?} are past the fused kernel's 32-bit lengths"
         )));
     };
-    let (threads, shared) = block(op.dtype, s.e);
+    let (threads, shared) = block(op.dtype, s.e, wm);
     let offsets = s.rows.strides.map(|[offset, ..]| offset);
     let strides = s
         .rows
@@ -433,9 +480,10 @@ mod tests {
 
     #[test]
     fn the_source_is_configured_by_macros() {
-        let text = source(&op(DType::F16, 64, 64), 64);
+        let text = source(&op(DType::F16, 64, 64), 64, 2);
         for line in [
             "#define FA_D 64",
+            "#define FA_WM 2",
             "#define FA_HALF 1",
             "#define FA_F16 1",
             "#define FA_CAUSAL 1",
@@ -460,20 +508,30 @@ mod tests {
             },
             mask: None,
         };
-        let l = launch(&op(DType::BF16, 64, 64), &sizes, "t")
+        let l = launch(&op(DType::BF16, 64, 64), &sizes, "t", 1)
             .unwrap()
             .unwrap();
         assert_eq!(l.grid, [96 * 3, 1, 1]);
-        assert_eq!((l.block[0], l.lengths), (128, [129, 129]));
-        assert!((l.scale_log2 - 0.125 * std::f32::consts::LOG2_E).abs() < 1e-7);
-        let f32_launch = launch(&op(DType::F32, 64, 64), &sizes, "t")
+        let wide = launch(&op(DType::BF16, 64, 64), &sizes, "t", 2)
             .unwrap()
             .unwrap();
-        assert_eq!(f32_launch.block[0], 64);
+        assert_eq!(wide.grid, [96 * 2, 1, 1]);
+        assert_eq!(wide.shared, ((128 + 4 * 64) * 72 * 2) as u32);
+        assert_eq!((l.block[0], l.lengths), (128, [129, 129]));
+        assert!((l.scale_log2 - 0.125 * std::f32::consts::LOG2_E).abs() < 1e-7);
+        for wm in [1, 2] {
+            let f32_launch = launch(&op(DType::F32, 64, 64), &sizes, "t", wm)
+                .unwrap()
+                .unwrap();
+            assert_eq!((f32_launch.grid, f32_launch.block[0]), ([96 * 3, 1, 1], 64));
+        }
         let empty = AttentionSizes { l: 0, ..sizes };
-        assert_eq!(launch(&op(DType::BF16, 64, 64), &empty, "t").unwrap(), None);
+        assert_eq!(
+            launch(&op(DType::BF16, 64, 64), &empty, "t", 1).unwrap(),
+            None
+        );
         let mut odd = sizes;
         odd.rows.strides[1][3] = 64 + 4;
-        assert!(launch(&op(DType::BF16, 64, 64), &odd, "t").is_err());
+        assert!(launch(&op(DType::BF16, 64, 64), &odd, "t", 1).is_err());
     }
 }
