@@ -9,6 +9,9 @@
 //   FA_MASK     an additive mask read with strides: 0 none, 1 f32, 2 bf16, 3 f16
 //   FA_WM       half: 16-row query tiles per warp (1 or 2; blocks of 64 FA_WM rows);
 //               f32: query rows per thread (1, or 2: two threads split two rows' head dim)
+//   FA_FAST_EXP 1: 2^x by `ex2.approx.ftz` (half, as flash attention)
+//   FA_FOLD     1: raw scores, the scale applied inside the exponent's fma (half, no mask,
+//               a positive scale)
 //
 // A block owns FA_BM queries of one pair and walks the keys in tiles of FA_BN, two tiles in
 // flight through `cp.async` (16-byte copies, zero-filled past `s`: rows of FA_D elements
@@ -69,11 +72,16 @@ __device__ __forceinline__ float fa_masked(float x, float m) {
 #ifndef FA_WM
 #define FA_WM 1
 #endif
-#ifndef FA_MINB
-#define FA_MINB 1
-#endif
 #ifndef FA_FAST_EXP
 #define FA_FAST_EXP 0
+#endif
+// 1: the half kernel keeps raw scores and scales them inside the exponent (a positive
+// scale and no mask, which `attention.rs` checks).
+#ifndef FA_FOLD
+#define FA_FOLD 0
+#endif
+#if FA_FOLD && FA_MASK
+#error "FA_FOLD needs FA_MASK 0"
 #endif
 // 2^x: the hardware's approximation (2 ulp), subnormal results flushed to 0 with
 // FA_FAST_EXP (a weight below 2^-126 of the row's largest adds nothing a half output
@@ -90,9 +98,7 @@ __device__ __forceinline__ float fa_exp2(float x) {
 #if FA_HALF
 typedef fa_u16 fa_t;
 #define FA_BM (64 * FA_WM)
-#ifndef FA_BN
 #define FA_BN 64
-#endif
 #define FA_THREADS 128
 #define FA_PAD 8
 #else
@@ -184,7 +190,7 @@ __device__ __forceinline__ fa_u32 fa_pack(float lo, float hi) {
 // accumulator layout straight into the A fragments of the product with v (the layouts
 // agree), rounded to the operand dtype. A thread holds two rows of each of its tiles
 // (lane / 4 and + 8).
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MINB) tessel_attention(
+extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v,
     fa_t* __restrict__ out, int l, int s, float scale_log2,
     long long q_outer, long long q_head, long long q_row,
@@ -289,7 +295,11 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MINB) tessel_attenti
                 for (int j = 0; j < FA_SN; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
+#if FA_FOLD
+                        float x = sc[w][j][e];
+#else
                         float x = sc[w][j][e] * scale_log2;
+#endif
                         int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
                         int row = row0 + w * 16 + (e / 2) * 8;
 #if FA_MASK
@@ -311,16 +321,25 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MINB) tessel_attenti
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
                     float grown = fmaxf(row_max[w][h], mx);
                     // A row that has seen only hidden keys keeps zeros (exp2(-inf) = 0).
+#if FA_FOLD
+                    // Raw scores: the scale joins the subtraction of the max, one fma.
+                    float base = grown == FA_NEG_INF ? 0.0f : grown * scale_log2;
+                    float alpha = fa_exp2(fmaf(row_max[w][h], scale_log2, -base));
+#define FA_SHIFTED(x) fmaf(x, scale_log2, -base)
+#else
                     float base = grown == FA_NEG_INF ? 0.0f : grown;
                     float alpha = fa_exp2(row_max[w][h] - base);
+#define FA_SHIFTED(x) ((x) - base)
+#endif
                     row_max[w][h] = grown;
                     float sum = 0.0f;
 #pragma unroll
                     for (int j = 0; j < FA_SN; j++) {
-                        sc[w][j][2 * h] = fa_exp2(sc[w][j][2 * h] - base);
-                        sc[w][j][2 * h + 1] = fa_exp2(sc[w][j][2 * h + 1] - base);
+                        sc[w][j][2 * h] = fa_exp2(FA_SHIFTED(sc[w][j][2 * h]));
+                        sc[w][j][2 * h + 1] = fa_exp2(FA_SHIFTED(sc[w][j][2 * h + 1]));
                         sum += sc[w][j][2 * h] + sc[w][j][2 * h + 1];
                     }
+#undef FA_SHIFTED
                     row_sum[w][h] = row_sum[w][h] * alpha + sum;
 #pragma unroll
                     for (int j = 0; j < FA_NT; j++) {

@@ -111,9 +111,13 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
 /// The CUDA C of `op` with `wm` as `FA_WM`: `attention.cu` after its configuration.
 fn source(op: &Attention, head_dim: i64, wm: usize) -> String {
     let flag = |b: bool| u8::from(b);
+    let half = op.dtype != DType::F32;
+    // Half: the hardware's 2^x, and (no mask, a positive scale) the scale folded into the
+    // exponent's fma, as flash attention computes it.
+    let fold = half && op.mask.is_none() && op.scale.to_f64() > 0.0;
     format!(
-        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n#define FA_WM {wm}\n{TEMPLATE}",
-        flag(op.dtype != DType::F32),
+        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n#define FA_WM {wm}\n#define FA_FAST_EXP {}\n#define FA_FOLD {}\n{TEMPLATE}",
+        flag(half),
         flag(op.dtype == DType::F16),
         flag(op.causal),
         match op.mask.as_ref().map(|m| m.dtype) {
@@ -122,6 +126,8 @@ fn source(op: &Attention, head_dim: i64, wm: usize) -> String {
             Some(DType::F16) => 3,
             Some(_) => 1,
         },
+        flag(half),
+        flag(fold),
     )
 }
 
@@ -487,9 +493,19 @@ mod tests {
             "#define FA_HALF 1",
             "#define FA_F16 1",
             "#define FA_CAUSAL 1",
+            "#define FA_FAST_EXP 1",
+            "#define FA_FOLD 1",
         ] {
             assert!(text.contains(line), "{line}");
         }
+        // f32 keeps exp2f; a negative scale cannot be folded past the row maximum.
+        let f32_text = source(&op(DType::F32, 64, 64), 64, 1);
+        assert!(
+            f32_text.contains("#define FA_FAST_EXP 0") && f32_text.contains("#define FA_FOLD 0")
+        );
+        let mut negative = op(DType::BF16, 64, 64);
+        negative.scale = Scalar::F32(-0.125);
+        assert!(source(&negative, 64, 1).contains("#define FA_FOLD 0"));
     }
 
     #[test]
