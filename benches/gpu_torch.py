@@ -185,6 +185,9 @@ with torch.no_grad():
     for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
         q, k, v = (t.to(dtype) for t in sq)
         rows.append((f"sdpa causal fwd {tag} [8,12,512,64]", time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), sdpa_flops, "GFLOP/s"))
+        # Timed as gpu.rs times Tessel (host clock around the call and a synchronize):
+        # the events above leave out the synchronize's latency.
+        rows.append((f"sdpa causal fwd {tag} (call + synchronize, host clock)", host_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), sdpa_flops, "GFLOP/s"))
 # Forward and backward (the gradients of q, k, v for a given output gradient): the work
 # counts the forward's two products and the backward's four, in full.
 for dtype, tag in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:

@@ -14,7 +14,8 @@
 //! ```
 //!
 //! The second form logs each realize's host time (plan lookup, inputs bound, launched,
-//! outputs kept) on stderr. `TOKENS`, `RUNS` and `STEPS` set the loop lengths; `ONLY=mlp`
+//! outputs kept) on stderr. `TOKENS`, `RUNS` and `STEPS` set the loop lengths, `ROWS` and
+//! `LEN` the forward's batch (4 × 32 unless given); `ONLY=mlp`
 //! runs the MLP's steps alone, `ONLY=forward` GPT-2's decoding and forwards (for a
 //! profiler).
 
@@ -69,10 +70,13 @@ fn gpt2(device: Device) -> Result<()> {
         eprintln!("tiny GPT-2 decode, run {run}: {per_token:.1} µs per token");
     }
 
-    let ids: Vec<i64> = (0..4 * 33).map(|i| (i * 37 + 11) % 100).collect();
-    let ids = Tensor::from_vec(ids, [4, 33])?.to(&device)?;
-    let inputs = ids.narrow(1, 0, 32)?;
-    let targets = ids.narrow(1, 1, 32)?.reshape(&[-1])?;
+    let (rows, len) = (env("ROWS", 4), env("LEN", 32));
+    let ids: Vec<i64> = (0..rows * (len + 1))
+        .map(|i| (i as i64 * 37 + 11) % 100)
+        .collect();
+    let ids = Tensor::from_vec(ids, [rows, len + 1])?.to(&device)?;
+    let inputs = ids.narrow(1, 0, len as i64)?;
+    let targets = ids.narrow(1, 1, len as i64)?.reshape(&[-1])?;
     Tensor::realize_all(&[&inputs, &targets])?;
     forward(&model, device, &inputs, env("STEPS", 300))?;
     if std::env::var("ONLY").as_deref() == Ok("forward") {
