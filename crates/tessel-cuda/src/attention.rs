@@ -177,18 +177,28 @@ impl CudaBackend {
                     (variant.clone(), format!("{op} [{variant}]"))
                 }
             };
-            let source = source(op, head_dim, wm);
-            let (module, origin) = self.module(dev, &name, ENTRY, &source)?;
-            let (_, shared) = block(op.dtype, head_dim as usize, wm);
-            module
-                .allow_shared(shared)
-                .map_err(|e| BackendError::Compile {
-                    kernel: name.clone(),
-                    code: String::new(),
-                    log: format!(
-                        "{shared} bytes of shared memory are more than the device allows: {e}"
-                    ),
-                })?;
+            let compiled = self
+                .module(dev, &name, ENTRY, &source(op, head_dim, wm))
+                .and_then(|(module, origin)| {
+                    let (_, shared) = block(op.dtype, head_dim as usize, wm);
+                    module.allow_shared(shared).map_err(|e| BackendError::Compile {
+                        kernel: name.clone(),
+                        code: String::new(),
+                        log: format!(
+                            "{shared} bytes of shared memory are more than the device allows: {e}"
+                        ),
+                    })?;
+                    Ok((module, origin))
+                });
+            // The plain kernel's failure is the op's; a variant's only drops the variant.
+            let (module, origin) = match compiled {
+                Ok(built) => built,
+                Err(e) if !programs.is_empty() => {
+                    tracing::warn!("tessel-cuda: dropping the {variant} program of {op}: {e}");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let program = AttentionProgram {
                 op: op.clone(),
                 device: Arc::clone(dev),
