@@ -145,6 +145,54 @@ __device__ __forceinline__ void fa_load(
         out += outer * o_outer + head * o_head;                                \
     }
 
+// Queues key and value tile `t` (rows t·FA_BN on) into stage t % 2 of `kv` (each stage a
+// tile of keys, then one of values).
+__device__ __forceinline__ void fa_load_stage(
+    fa_t* kv, const fa_t* k, const fa_t* v, int t, int s, long long k_row, long long v_row) {
+    fa_t* stage = kv + (t % 2) * 2 * FA_BN * FA_LEN;
+    fa_load_rows(stage, k, FA_BN, t * FA_BN, s, k_row);
+    fa_load_rows(stage + FA_BN * FA_LEN, v, FA_BN, t * FA_BN, s, v_row);
+}
+
+// Waits for tile `t`'s stage (queuing tile t + 1's first, while there is one), then for the
+// whole block; returns the stage (its keys; the values follow).
+__device__ __forceinline__ const fa_t* fa_next_stage(
+    fa_t* kv, const fa_t* k, const fa_t* v, int t, int tiles, int s, long long k_row,
+    long long v_row) {
+    if (t + 1 < tiles) {
+        fa_load_stage(kv, k, v, t + 1, s, k_row, v_row);
+        FA_COMMIT();
+        FA_WAIT(1);
+    } else {
+        FA_WAIT(0);
+    }
+    __syncthreads();
+    return kv + (t % 2) * 2 * FA_BN * FA_LEN;
+}
+
+// Every forward kernel's signature: operands, lengths, strides, heads, the mask.
+#define FA_FORWARD_KERNEL                                                                   \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(              \
+        const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v, \
+        fa_t* __restrict__ out, int l, int s, float scale_log2, long long q_outer,          \
+        long long q_head, long long q_row, long long k_outer, long long k_head,             \
+        long long k_row, long long v_outer, long long v_head, long long v_row,              \
+        long long o_outer, long long o_head, long long o_row, int heads, int group,         \
+        const void* __restrict__ mask, long long mo, long long mh, long long mi,            \
+        long long mj, int mask_heads)
+
+// The block's query tile (those with the most keys first) and its pair, the operands moved
+// to the pair's rows, and the key tiles the tile sees.
+#define FA_BLOCK_TILE                                                                \
+    const int tiles_q = (l + FA_BM - 1) / FA_BM;                                     \
+    const int pairs = gridDim.x / tiles_q;                                           \
+    const long long pair = blockIdx.x % pairs;                                       \
+    const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;                \
+    FA_PAIR_ROWS(pair);                                                              \
+    const long long mask_pair = (pair / mask_heads) * mo + (pair % mask_heads) * mh; \
+    const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;                           \
+    const int tiles = (kv_end + FA_BN - 1) / FA_BN
+
 #if FA_HALF
 
 __device__ __forceinline__ void fa_ldmatrix(fa_u32* r, fa_u32 addr) {
@@ -190,33 +238,15 @@ __device__ __forceinline__ fa_u32 fa_pack(float lo, float hi) {
 // accumulator layout straight into the A fragments of the product with v (the layouts
 // agree), rounded to the operand dtype. A thread holds two rows of each of its tiles
 // (lane / 4 and + 8).
-extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
-    const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v,
-    fa_t* __restrict__ out, int l, int s, float scale_log2,
-    long long q_outer, long long q_head, long long q_row,
-    long long k_outer, long long k_head, long long k_row,
-    long long v_outer, long long v_head, long long v_row,
-    long long o_outer, long long o_head, long long o_row, int heads, int group,
-    const void* __restrict__ mask, long long mo, long long mh, long long mi, long long mj,
-    int mask_heads) {
+FA_FORWARD_KERNEL {
     extern __shared__ __align__(16) fa_t smem[];
     fa_t* qs = smem;
     fa_t* kv = smem + FA_BM * FA_LEN;  // stage t: K at kv + t * 2 * FA_BN * FA_LEN, V after
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int tiles_q = (l + FA_BM - 1) / FA_BM;
-    const int pairs = gridDim.x / tiles_q;
-    const long long pair = blockIdx.x % pairs;
-    const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
-    FA_PAIR_ROWS(pair);
-    const long long mask_pair = (pair / mask_heads) * mo + (pair % mask_heads) * mh;
-    const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
-    const int tiles = (kv_end + FA_BN - 1) / FA_BN;
+    FA_BLOCK_TILE;
 
     fa_load_rows(qs, q, FA_BM, m0, l, q_row);
-    if (tiles > 0) {
-        fa_load_rows(kv, k, FA_BN, 0, s, k_row);
-        fa_load_rows(kv + FA_BN * FA_LEN, v, FA_BN, 0, s, v_row);
-    }
+    if (tiles > 0) fa_load_stage(kv, k, v, 0, s, k_row, v_row);
     FA_COMMIT();
     FA_WAIT(0);
     __syncthreads();
@@ -249,17 +279,7 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
         }
 
     for (int t = 0; t < tiles; t++) {
-        if (t + 1 < tiles) {
-            fa_t* next = kv + ((t + 1) % 2) * 2 * FA_BN * FA_LEN;
-            fa_load_rows(next, k, FA_BN, (t + 1) * FA_BN, s, k_row);
-            fa_load_rows(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s, v_row);
-            FA_COMMIT();
-            FA_WAIT(1);
-        } else {
-            FA_WAIT(0);
-        }
-        __syncthreads();
-        const fa_t* ks = kv + (t % 2) * 2 * FA_BN * FA_LEN;
+        const fa_t* ks = fa_next_stage(kv, k, v, t, tiles, s, k_row, v_row);
         const fa_t* vs = ks + FA_BN * FA_LEN;
         const int n0 = t * FA_BN;
         // Causal: a warp whose rows all precede the tile's first key adds nothing (the
@@ -400,31 +420,13 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
 // rows, half the shared-memory reads per multiply-add of one row per thread, and a
 // score's two halves meet through one shuffle.
 #define FA_DH (FA_D / 8)  // chunks of 4 per thread
-extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    float* __restrict__ out, int l, int s, float scale_log2,
-    long long q_outer, long long q_head, long long q_row,
-    long long k_outer, long long k_head, long long k_row,
-    long long v_outer, long long v_head, long long v_row,
-    long long o_outer, long long o_head, long long o_row, int heads, int group,
-    const void* __restrict__ mask, long long mo, long long mh, long long mi, long long mj,
-    int mask_heads) {
+FA_FORWARD_KERNEL {
     extern __shared__ __align__(16) float smem[];
-    const int tiles_q = (l + FA_BM - 1) / FA_BM;
-    const int pairs = gridDim.x / tiles_q;
-    const long long pair = blockIdx.x % pairs;
-    const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
-    FA_PAIR_ROWS(pair);
-    const long long mask_pair = (pair / mask_heads) * mo + (pair % mask_heads) * mh;
-    const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
-    const int tiles = (kv_end + FA_BN - 1) / FA_BN;
+    FA_BLOCK_TILE;
     const int half = threadIdx.x & 1;
     const int row = m0 + (threadIdx.x & ~1);  // and row + 1
 
-    if (tiles > 0) {
-        fa_load_rows(smem, k, FA_BN, 0, s, k_row);
-        fa_load_rows(smem + FA_BN * FA_LEN, v, FA_BN, 0, s, v_row);
-    }
+    if (tiles > 0) fa_load_stage(smem, k, v, 0, s, k_row, v_row);
     FA_COMMIT();
 
     float qr[2][4 * FA_DH], o[2][4 * FA_DH];
@@ -445,17 +447,7 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     float row_max[2] = {FA_NEG_INF, FA_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
 
     for (int t = 0; t < tiles; t++) {
-        if (t + 1 < tiles) {
-            float* next = smem + ((t + 1) % 2) * 2 * FA_BN * FA_LEN;
-            fa_load_rows(next, k, FA_BN, (t + 1) * FA_BN, s, k_row);
-            fa_load_rows(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s, v_row);
-            FA_COMMIT();
-            FA_WAIT(1);
-        } else {
-            FA_WAIT(0);
-        }
-        __syncthreads();
-        const float* ks = smem + (t % 2) * 2 * FA_BN * FA_LEN;
+        const float* ks = fa_next_stage(smem, k, v, t, tiles, s, k_row, v_row);
         const float* vs = ks + FA_BN * FA_LEN;
         const int n0 = t * FA_BN;
         // Keys row `r` sees in this tile (causal: up to itself). The whole warp walks its
@@ -548,30 +540,12 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
 // One thread per query row: its q and its output accumulators stay in registers, every
 // thread of the block reads the same key (and value) row at once (a shared-memory
 // broadcast).
-extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    float* __restrict__ out, int l, int s, float scale_log2,
-    long long q_outer, long long q_head, long long q_row,
-    long long k_outer, long long k_head, long long k_row,
-    long long v_outer, long long v_head, long long v_row,
-    long long o_outer, long long o_head, long long o_row, int heads, int group,
-    const void* __restrict__ mask, long long mo, long long mh, long long mi, long long mj,
-    int mask_heads) {
+FA_FORWARD_KERNEL {
     extern __shared__ __align__(16) float smem[];
-    const int tiles_q = (l + FA_BM - 1) / FA_BM;
-    const int pairs = gridDim.x / tiles_q;
-    const long long pair = blockIdx.x % pairs;
-    const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_BM;
-    FA_PAIR_ROWS(pair);
-    const long long mask_pair = (pair / mask_heads) * mo + (pair % mask_heads) * mh;
-    const int kv_end = FA_CAUSAL ? min(s, m0 + FA_BM) : s;
-    const int tiles = (kv_end + FA_BN - 1) / FA_BN;
+    FA_BLOCK_TILE;
     const int row = m0 + threadIdx.x;
 
-    if (tiles > 0) {
-        fa_load_rows(smem, k, FA_BN, 0, s, k_row);
-        fa_load_rows(smem + FA_BN * FA_LEN, v, FA_BN, 0, s, v_row);
-    }
+    if (tiles > 0) fa_load_stage(smem, k, v, 0, s, k_row, v_row);
     FA_COMMIT();
 
     float qr[FA_D], o[FA_D];
@@ -589,17 +563,7 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(
     float row_max = FA_NEG_INF, row_sum = 0.0f;
 
     for (int t = 0; t < tiles; t++) {
-        if (t + 1 < tiles) {
-            float* next = smem + ((t + 1) % 2) * 2 * FA_BN * FA_LEN;
-            fa_load_rows(next, k, FA_BN, (t + 1) * FA_BN, s, k_row);
-            fa_load_rows(next + FA_BN * FA_LEN, v, FA_BN, (t + 1) * FA_BN, s, v_row);
-            FA_COMMIT();
-            FA_WAIT(1);
-        } else {
-            FA_WAIT(0);
-        }
-        __syncthreads();
-        const float* ks = smem + (t % 2) * 2 * FA_BN * FA_LEN;
+        const float* ks = fa_next_stage(smem, k, v, t, tiles, s, k_row, v_row);
         const float* vs = ks + FA_BN * FA_LEN;
         const int n0 = t * FA_BN;
         // Keys four at a time (independent dot products for the pipelines, a rolled loop
