@@ -167,7 +167,7 @@ impl Runtime {
             PlanSlot::Input(i) if p.device == 0 => inputs[i],
             _ => temps[p].0,
         };
-        if let [(device, backend)] = &plan.devices[..] {
+        if let [(_, backend)] = &plan.devices[..] {
             // One device and launches only (no copy between devices): one sequence, which
             // a backend may replay in one submission.
             let mut args = Vec::new();
@@ -192,7 +192,10 @@ impl Runtime {
             backend.launch_sequence(plan.sequence, &launches, dims)?;
             self.launched
                 .fetch_add(launches.len() as u64, Ordering::Relaxed);
-            return backend.synchronize(device.ordinal).map_err(Error::from);
+            // Queued, not waited for (as a `Compiled` call): every backend runs a device's
+            // work in submission order, reads wait for it, and freed buffers are reused only
+            // by later submissions, so the temporaries can go back to the pools now.
+            return Ok(());
         }
         for step in &plan.steps {
             match step {
