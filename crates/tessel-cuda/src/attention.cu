@@ -12,6 +12,8 @@
 //   FA_FAST_EXP 1: 2^x by `ex2.approx.ftz` (half, as flash attention)
 //   FA_FOLD     1: raw scores, the scale applied inside the exponent's fma (half, no mask,
 //               a positive scale)
+//   FA_HELPERS_ONLY  defined: the helpers without the forward kernels (the backward and
+//               decode sources that follow this text use them)
 //
 // A block owns FA_BM queries of one pair and walks the keys in tiles of FA_BN, two tiles in
 // flight through `cp.async` (16-byte copies, zero-filled past `s`: rows of FA_D elements
@@ -238,6 +240,7 @@ __device__ __forceinline__ fa_u32 fa_pack(float lo, float hi) {
 // accumulator layout straight into the A fragments of the product with v (the layouts
 // agree), rounded to the operand dtype. A thread holds two rows of each of its tiles
 // (lane / 4 and + 8).
+#ifndef FA_HELPERS_ONLY
 FA_FORWARD_KERNEL {
     extern __shared__ __align__(16) fa_t smem[];
     fa_t* qs = smem;
@@ -411,6 +414,7 @@ FA_FORWARD_KERNEL {
             }
         }
 }
+#endif  // FA_HELPERS_ONLY
 
 #elif FA_WM == 2  // f32 on the CUDA cores, two threads per two rows
 
@@ -420,6 +424,7 @@ FA_FORWARD_KERNEL {
 // rows, half the shared-memory reads per multiply-add of one row per thread, and a
 // score's two halves meet through one shuffle.
 #define FA_DH (FA_D / 8)  // chunks of 4 per thread
+#ifndef FA_HELPERS_ONLY
 FA_FORWARD_KERNEL {
     extern __shared__ __align__(16) float smem[];
     FA_BLOCK_TILE;
@@ -534,12 +539,14 @@ FA_FORWARD_KERNEL {
                                              o[r][4 * d + 2] / sum, o[r][4 * d + 3] / sum);
     }
 }
+#endif  // FA_HELPERS_ONLY
 
 #else  // f32 on the CUDA cores, one thread per row
 
 // One thread per query row: its q and its output accumulators stay in registers, every
 // thread of the block reads the same key (and value) row at once (a shared-memory
 // broadcast).
+#ifndef FA_HELPERS_ONLY
 FA_FORWARD_KERNEL {
     extern __shared__ __align__(16) float smem[];
     FA_BLOCK_TILE;
@@ -628,5 +635,6 @@ FA_FORWARD_KERNEL {
                                   o[4 * d + 2] / row_sum, o[4 * d + 3] / row_sum);
     }
 }
+#endif  // FA_HELPERS_ONLY
 
 #endif

@@ -19,6 +19,7 @@ use tessel_ir::handles;
 use tessel_ir::{Attention, AttentionSizes, BackendError, BufferId, ProgramOrigin, VendorProgram};
 use tessel_shape::{Bindings, DType};
 
+use crate::attention_decode::{self, Decode};
 use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Module};
 use crate::{CudaBackend, DeviceBuffer, Program, Timing, queue_timed};
@@ -54,6 +55,8 @@ pub(crate) struct AttentionProgram {
     wm: usize,
     /// `op` as text: the program's name in errors.
     name: String,
+    /// The split-key kernels for launches with few query rows, where `op` may have them.
+    decode: Option<Arc<Decode>>,
 }
 
 impl AttentionProgram {
@@ -110,13 +113,19 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
 
 /// The CUDA C of `op` with `wm` as `FA_WM`: `attention.cu` after its configuration.
 fn source(op: &Attention, head_dim: i64, wm: usize) -> String {
+    format!("{}{TEMPLATE}", macros(op, head_dim, wm))
+}
+
+/// The configuration of `attention.cu` (and of the kernels built on its helpers) for `op`
+/// with `wm` as `FA_WM`: one `#define` a line, after a comment naming `op`.
+pub(crate) fn macros(op: &Attention, head_dim: i64, wm: usize) -> String {
     let flag = |b: bool| u8::from(b);
     let half = op.dtype != DType::F32;
     // Half: the hardware's 2^x, and (no mask, a positive scale) the scale folded into the
     // exponent's fma, as flash attention computes it.
     let fold = half && op.mask.is_none() && op.scale.to_f64() > 0.0;
     format!(
-        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n#define FA_WM {wm}\n#define FA_FAST_EXP {}\n#define FA_FOLD {}\n{TEMPLATE}",
+        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n#define FA_WM {wm}\n#define FA_FAST_EXP {}\n#define FA_FOLD {}\n",
         flag(half),
         flag(op.dtype == DType::F16),
         flag(op.causal),
@@ -164,6 +173,7 @@ impl CudaBackend {
             _ => head_dim <= WIDE_MAX_HEAD_DIM,
         };
         let widths: &[usize] = if paired { &[1, 2] } else { &[1] };
+        let decode = self.decode_kernels(dev, op, head_dim);
         let mut programs = Vec::with_capacity(widths.len());
         for &wm in widths {
             let (variant, name) = match (wm, op.dtype) {
@@ -206,6 +216,7 @@ impl CudaBackend {
                 origin,
                 wm,
                 name,
+                decode: decode.clone(),
             };
             programs.push(VendorProgram {
                 program: self.programs.insert(Program::Attention(program)),
@@ -295,6 +306,10 @@ impl CudaBackend {
         let Some(launch) = launch(&program.op, &sizes, name, program.wm)? else {
             return Ok(None);
         };
+        let ranges = program
+            .decode
+            .as_ref()
+            .and_then(|_| attention_decode::ranges(&sizes, dev.info.compute_units as usize));
         // Each operand's pointer at its first element (the layout's offset).
         let pointer = |(which, j): (usize, usize)| {
             let offset = (launch.offsets[which] * element) as u64;
@@ -327,6 +342,12 @@ impl CudaBackend {
             word(&(stride as i64).to_ne_bytes());
         }
         word(&i32::try_from(mask_heads).unwrap_or(i32::MAX).to_ne_bytes());
+        if let (Some(decode), Some(ranges)) = (&program.decode, ranges) {
+            let out = pointer((3, names.len() - 1));
+            return self.queue_decode(
+                dev, decode, name, &sizes, &launch, out, slots, ranges, timed,
+            );
+        }
         let shape = [launch.grid, launch.block];
         self.queue_fused(
             dev,
@@ -369,7 +390,7 @@ impl CudaBackend {
 
 /// One launch's grid, block, shared memory and arguments.
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct Launch {
+pub(crate) struct Launch {
     grid: [u32; 3],
     block: [u32; 3],
     shared: u32,
@@ -380,9 +401,9 @@ struct Launch {
     /// The element offsets of `q`, `k`, `v` and the output (added to their pointers).
     offsets: [usize; 4],
     /// The outer, head and row strides of `q`, `k`, `v` and the output, in elements.
-    strides: [[i64; 3]; 4],
+    pub(crate) strides: [[i64; 3]; 4],
     /// Pairs per outer index.
-    heads: i32,
+    pub(crate) heads: i32,
     /// Consecutive heads sharing one `k` and `v`.
     group: i32,
 }

@@ -126,6 +126,7 @@
 
 mod attention;
 mod attention_backward;
+mod attention_decode;
 mod device;
 mod ffi;
 mod graphs;

@@ -1,7 +1,7 @@
 //! The fused attention kernel ([`Backend::vendor`] on a [`VendorOp::Attention`]) against
 //! [`Attention::reference`] in `f64`: odd lengths (no multiple of a tile), causal or not,
 //! more queries than keys and the reverse, batch strides of 0 (one `k`/`v` for every
-//! pair), grouped-query heads, additive masks with broadcast strides, a dynamic length, every dtype it runs, and the head dims it has registers for;
+//! pair), grouped-query heads, one query against many keys (split into ranges), additive masks with broadcast strides, a dynamic length, every dtype it runs, and the head dims it has registers for;
 //! the fused backward pieces ([`VendorOp::AttentionBackward`]) against
 //! [`AttentionBackward::reference`](tessel_ir::AttentionBackward::reference) likewise.
 //! Without a GPU (or below compute capability 8.0) every test passes after a skip line.
@@ -158,6 +158,80 @@ fn one_fused_program_serves_every_length() {
             for len in [1, 63, 64, 200] {
                 let dims: Bindings = [(t, len)].into_iter().collect();
                 assert!(check(&cuda, device, &op, &dims), "{op} at t = {len}");
+            }
+        }
+    }
+}
+
+/// A few query rows against many keys (decoding with a KV cache): every program splits
+/// each row's keys into ranges and joins them (two launches a call), in every dtype, with
+/// head dims from one 16-byte chunk a row to 128, causal (the one query sees key 0 only),
+/// additive masks, grouped-query heads, rows in place and a dynamic cache length.
+#[test]
+fn few_queries_against_long_caches_split_their_keys() {
+    let cuda = CudaBackend::new();
+    let test = "few_queries_against_long_caches_split_their_keys";
+    let split = |device: usize, op: &Attention, dims: &Bindings| {
+        let programs = cuda
+            .vendor(device, &VendorOp::Attention(op.clone()))
+            .unwrap();
+        assert!(!programs.is_empty(), "{op}");
+        for program in &programs {
+            let before = cuda.stats().vendor_launches;
+            check_attention(&cuda, device, program.program, op, dims, 2e-5);
+            let launches = cuda.stats().vendor_launches - before;
+            assert_eq!(
+                launches, 2,
+                "{op}: {launches} launches, want a split and a join"
+            );
+            cuda.release(program.program).unwrap();
+        }
+    };
+    let none = Bindings::new();
+    for device in devices(&cuda, test) {
+        for (dtype, sizes) in [
+            (DType::BF16, [2, 1, 1000, 64]),
+            (DType::BF16, [12, 1, 4097, 64]),
+            (DType::F16, [3, 3, 777, 128]),
+            (DType::BF16, [2, 1, 333, 16]),
+            (DType::F32, [2, 1, 1000, 64]),
+            (DType::F32, [3, 2, 555, 32]),
+            (DType::F32, [2, 1, 300, 4]),
+        ] {
+            for causal in [false, true] {
+                split(
+                    device,
+                    &attention_op(dtype, sizes, causal, [false; 2]),
+                    &none,
+                );
+            }
+        }
+        for (dtype, group) in [(DType::BF16, 4), (DType::F32, 2)] {
+            let mut op = attention_op(dtype, [8, 1, 1500, 64], false, [false; 2]);
+            op.kv_group = group.into();
+            split(device, &with_heads_in_place(op, 8), &none);
+        }
+        // BERT's padding mask, one row of keys per outer index.
+        let (heads, s) = (3i64, 900i64);
+        for (dtype, mask_dtype) in [(DType::BF16, DType::BF16), (DType::F32, DType::F32)] {
+            let mut op = attention_op(dtype, [2 * heads, 1, s, 64], false, [false; 2]);
+            op.mask = Some(AttentionMask {
+                dtype: mask_dtype,
+                heads: heads.into(),
+                strides: [s, 0, 0, 1].map(Dim::from),
+            });
+            split(device, &op, &none);
+        }
+        // One program over a growing cache.
+        let t = Var::new("t", 1, 8192).unwrap();
+        for dtype in [DType::BF16, DType::F32] {
+            let mut op = attention_op(dtype, [12, 1, 1, 64], false, [false; 2]);
+            op.s = t.into();
+            op.k_batch_stride = Dim::from(t) * Dim::constant(64);
+            op.v_batch_stride = op.k_batch_stride;
+            for len in [129, 2000, 8192] {
+                let dims: Bindings = [(t, len)].into_iter().collect();
+                split(device, &op, &dims);
             }
         }
     }
