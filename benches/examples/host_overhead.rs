@@ -16,8 +16,8 @@
 //! The second form logs each realize's host time (plan lookup, inputs bound, launched,
 //! outputs kept) on stderr. `TOKENS`, `RUNS` and `STEPS` set the loop lengths, `ROWS` and
 //! `LEN` the forward's batch (4 × 32 unless given); `ONLY=mlp`
-//! runs the MLP's steps alone, `ONLY=forward` GPT-2's decoding and forwards (for a
-//! profiler).
+//! runs the MLP's steps alone, `ONLY=forward` GPT-2's decoding and forwards, `ONLY=sdpa` a
+//! small causal attention and a one-kernel op (for a profiler).
 
 use std::time::Instant;
 
@@ -43,6 +43,9 @@ fn main() -> Result<()> {
     }
     let device = Device::default();
     let only = std::env::var("ONLY").unwrap_or_default();
+    if only == "sdpa" {
+        return sdpa(device, env("STEPS", 2000));
+    }
     if only != "mlp" {
         gpt2(device)?;
     }
@@ -143,6 +146,48 @@ fn forward(model: &Gpt2, device: Device, inputs: &Tensor, runs: usize) -> Result
         us(call),
         if same { "equal" } else { "DIFFER from" }
     );
+    Ok(())
+}
+
+/// Causal `scaled_dot_product_attention` over [1, 2, 16, 16] tensors (the device's work is
+/// small) and a one-kernel op, `x * 2 + b` on 16 elements: the mean host time of recording
+/// each, and of realizing and synchronizing it.
+fn sdpa(device: Device, runs: usize) -> Result<()> {
+    Tensor::manual_seed(0);
+    let qkv: Vec<Tensor> = (0..3)
+        .map(|_| Tensor::randn([1, 2, 16, 16], DType::F32)?.to(&device))
+        .collect::<Result<_>>()?;
+    let x = Tensor::rand([16], DType::F32)?.to(&device)?;
+    let b = Tensor::rand([16], DType::F32)?.to(&device)?;
+    Tensor::realize_all(&[&qkv[0], &qkv[1], &qkv[2], &x, &b])?;
+    let ops: [(&str, &dyn Fn() -> Result<Tensor>); 2] = [
+        ("causal sdpa [1,2,16,16]", &|| {
+            tessel_nn::scaled_dot_product_attention(
+                &qkv[0], &qkv[1], &qkv[2], None, 0.0, true, None, false,
+            )
+        }),
+        ("small op x * 2 + b [16]", &|| &(&x * 2.0)? + &b),
+    ];
+    for (name, op) in ops {
+        let (mut record, mut realize) = (0.0, 0.0);
+        for run in 0..runs + 3 {
+            let t0 = Instant::now();
+            let y = op()?;
+            let t1 = Instant::now();
+            y.realize()?;
+            device.synchronize()?;
+            if run >= 3 {
+                record += (t1 - t0).as_secs_f64();
+                realize += t1.elapsed().as_secs_f64();
+            }
+        }
+        let us = |s: f64| s * 1e6 / runs as f64;
+        eprintln!(
+            "{name}: recording {:.2} µs, realize + synchronize {:.2} µs",
+            us(record),
+            us(realize)
+        );
+    }
     Ok(())
 }
 

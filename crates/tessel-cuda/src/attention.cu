@@ -74,6 +74,9 @@ __device__ __forceinline__ float fa_masked(float x, float m) {
 #ifndef FA_WM
 #define FA_WM 1
 #endif
+#ifndef FA_MIN_BLOCKS
+#define FA_MIN_BLOCKS 1
+#endif
 #ifndef FA_FAST_EXP
 #define FA_FAST_EXP 0
 #endif
@@ -100,7 +103,9 @@ __device__ __forceinline__ float fa_exp2(float x) {
 #if FA_HALF
 typedef fa_u16 fa_t;
 #define FA_BM (64 * FA_WM)
+#ifndef FA_BN
 #define FA_BN 64
+#endif
 #define FA_THREADS 128
 #define FA_PAD 8
 #else
@@ -174,7 +179,7 @@ __device__ __forceinline__ const fa_t* fa_next_stage(
 
 // Every forward kernel's signature: operands, lengths, strides, heads, the mask.
 #define FA_FORWARD_KERNEL                                                                   \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention(              \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) tessel_attention(\
         const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v, \
         fa_t* __restrict__ out, int l, int s, float scale_log2, long long q_outer,          \
         long long q_head, long long q_row, long long k_outer, long long k_head,             \

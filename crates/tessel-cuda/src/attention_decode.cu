@@ -19,7 +19,9 @@
 
 #define FD_THREADS 128
 #define FD_G (FA_D / FA_CHUNK)
+#ifndef FD_U
 #define FD_U 4
+#endif
 static_assert(32 % FD_G == 0, "a warp holds whole key rows");
 
 // 2^(m - top), 0 where `top` is -inf (nothing seen yet: every weight is 0).
