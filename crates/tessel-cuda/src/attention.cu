@@ -125,11 +125,12 @@ static_assert(FA_D % FA_CHUNK == 0, "rows are whole 16-byte chunks");
 __device__ __forceinline__ void fa_load_rows(
     fa_t* dst, const fa_t* src, int rows, int first, int limit, long long stride) {
     const int chunks = FA_D / FA_CHUNK;
+    const fa_u32 base = fa_shared(dst);
     for (int c = threadIdx.x; c < rows * chunks; c += FA_THREADS) {
         int row = c / chunks, col = (c % chunks) * FA_CHUNK;
         bool ok = first + row < limit;
         const fa_t* from = ok ? src + (long long)(first + row) * stride + col : src;
-        fa_copy16(fa_shared(dst + row * FA_LEN + col), from, ok);
+        fa_copy16(base + (row * FA_LEN + col) * (int)sizeof(fa_t), from, ok);
     }
 }
 
@@ -285,10 +286,16 @@ FA_FORWARD_KERNEL {
             row_max[w][h] = FA_NEG_INF;
             row_sum[w][h] = 0.0f;
         }
+    // Shared-memory byte addresses: the stages' base, and where this lane's ldmatrix rows
+    // start within a key and a value tile, so each fragment below is a constant offset.
+    const fa_u32 kv_addr = fa_shared(kv);
+    const fa_u32 k_lane = ((lane % 8 + (lane / 16) * 8) * FA_LEN + ((lane / 8) % 2) * 8) * 2;
+    const fa_u32 v_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * FA_LEN + (lane / 16) * 8) * 2;
 
     for (int t = 0; t < tiles; t++) {
-        const fa_t* ks = fa_next_stage(kv, k, v, t, tiles, s, k_row, v_row);
-        const fa_t* vs = ks + FA_BN * FA_LEN;
+        fa_next_stage(kv, k, v, t, tiles, s, k_row, v_row);
+        const fa_u32 stage = kv_addr + (t % 2) * (2 * FA_BN * FA_LEN * 2);
+        const fa_u32 ks = stage + k_lane, vs = stage + FA_BN * FA_LEN * 2 + v_lane;
         const int n0 = t * FA_BN;
         // Causal: a warp whose rows all precede the tile's first key adds nothing (the
         // branch is uniform across the warp, as ldmatrix and mma.sync need).
@@ -305,9 +312,7 @@ FA_FORWARD_KERNEL {
 #pragma unroll
                 for (int j = 0; j < FA_SN; j += 2) {
                     fa_u32 r[4];
-                    int row = j * 8 + (lane % 8) + (lane / 16) * 8;
-                    int col = kk * 16 + ((lane / 8) % 2) * 8;
-                    fa_ldmatrix(r, fa_shared(ks + row * FA_LEN + col));
+                    fa_ldmatrix(r, ks + (j * 8 * FA_LEN + kk * 16) * 2);
 #pragma unroll
                     for (int w = 0; w < FA_WM; w++) {
                         fa_mma(sc[w][j], qf[w][kk], r[0], r[1]);
@@ -388,9 +393,7 @@ FA_FORWARD_KERNEL {
 #pragma unroll
                 for (int j = 0; j < FA_NT; j += 2) {
                     fa_u32 r[4];
-                    int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                    int col = j * 8 + (lane / 16) * 8;
-                    fa_ldmatrix_t(r, fa_shared(vs + row * FA_LEN + col));
+                    fa_ldmatrix_t(r, vs + (kk * 16 * FA_LEN + j * 8) * 2);
 #pragma unroll
                     for (int w = 0; w < FA_WM; w++) {
                         fa_mma(o[w][j], a[w], r[0], r[1]);
