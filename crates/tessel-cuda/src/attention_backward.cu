@@ -23,14 +23,15 @@ __device__ __forceinline__ void fab_rows_times_rows(
     for (int j = 0; j < FA_SN; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    // This lane's first row in shared memory (bytes); each fragment is a constant offset.
+    const fa_u32 base =
+        fa_shared(tile) + ((lane % 8 + (lane / 16) * 8) * FA_LEN + ((lane / 8) % 2) * 8) * 2;
 #pragma unroll
     for (int kk = 0; kk < FA_KT; kk++) {
 #pragma unroll
         for (int j = 0; j < FA_SN; j += 2) {
             fa_u32 r[4];
-            int row = j * 8 + (lane % 8) + (lane / 16) * 8;
-            int col = kk * 16 + ((lane / 8) % 2) * 8;
-            fa_ldmatrix(r, fa_shared(tile + row * FA_LEN + col));
+            fa_ldmatrix(r, base + (j * 8 * FA_LEN + kk * 16) * 2);
             fa_mma(acc[j], a[kk], r[0], r[1]);
             fa_mma(acc[j + 1], a[kk], r[2], r[3]);
         }
@@ -41,6 +42,8 @@ __device__ __forceinline__ void fab_rows_times_rows(
 // `fab_rows_times_rows`, rounded here) times `tile` (FA_BN rows of FA_D, shared).
 __device__ __forceinline__ void fab_weights_times_tile(
     float (*acc)[4], float (*w)[4], const fa_t* tile, int lane) {
+    const fa_u32 base =
+        fa_shared(tile) + ((lane % 8 + ((lane / 8) % 2) * 8) * FA_LEN + (lane / 16) * 8) * 2;
 #pragma unroll
     for (int kk = 0; kk < FA_BN / 16; kk++) {
         fa_u32 a[4] = {
@@ -50,9 +53,7 @@ __device__ __forceinline__ void fab_weights_times_tile(
 #pragma unroll
         for (int j = 0; j < FA_NT; j += 2) {
             fa_u32 r[4];
-            int row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-            int col = j * 8 + (lane / 16) * 8;
-            fa_ldmatrix_t(r, fa_shared(tile + row * FA_LEN + col));
+            fa_ldmatrix_t(r, base + (kk * 16 * FA_LEN + j * 8) * 2);
             fa_mma(acc[j], a, r[0], r[1]);
             fa_mma(acc[j + 1], a, r[2], r[3]);
         }
