@@ -126,6 +126,23 @@ __device__ __forceinline__ void fa_load_rows(
     fa_t* dst, const fa_t* src, int rows, int first, int limit, long long stride) {
     const int chunks = FA_D / FA_CHUNK;
     const fa_u32 base = fa_shared(dst);
+    const int pass = FA_THREADS / chunks;  // rows one pass of the block copies
+    if (FA_THREADS % chunks == 0 && rows % pass == 0) {
+        // Each thread copies one chunk column of every pass-th row: with `rows` a constant
+        // at the call the loop unrolls, and the row pointer steps instead of multiplying.
+        const int r0 = threadIdx.x / chunks, col = (threadIdx.x % chunks) * FA_CHUNK;
+        const fa_t* from = src + (long long)(first + r0) * stride + col;
+        const long long step = (long long)pass * stride;
+        fa_u32 to = base + (r0 * FA_LEN + col) * (int)sizeof(fa_t);
+#pragma unroll
+        for (int i = 0; i < rows; i += pass) {
+            const bool ok = first + r0 + i < limit;
+            fa_copy16(to, ok ? from : src, ok);
+            from += step;
+            to += pass * FA_LEN * (int)sizeof(fa_t);
+        }
+        return;
+    }
     for (int c = threadIdx.x; c < rows * chunks; c += FA_THREADS) {
         int row = c / chunks, col = (c % chunks) * FA_CHUNK;
         bool ok = first + row < limit;
@@ -320,8 +337,7 @@ FA_FORWARD_KERNEL {
                     }
                 }
             }
-            // Keys past `s`, or (causal) past the warp's first row, need masking.
-            const bool edge = n0 + FA_BN > s || (FA_CAUSAL && n0 + FA_BN - 1 > warp_row);
+#if !FA_FOLD || FA_MASK
 #pragma unroll
             for (int w = 0; w < FA_WM; w++)
 #pragma unroll
@@ -333,15 +349,32 @@ FA_FORWARD_KERNEL {
 #else
                         float x = sc[w][j][e] * scale_log2;
 #endif
+#if FA_MASK
                         int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
                         int row = row0 + w * 16 + (e / 2) * 8;
-#if FA_MASK
                         if (col < s && row < l)
                             x = fa_masked(x, fa_mask_at(mask, mask_pair + row * mi + col * mj));
 #endif
-                        if (edge && (col >= s || (FA_CAUSAL && col > row))) x = FA_NEG_INF;
                         sc[w][j][e] = x;
                     }
+#endif
+            // Keys past `s`, or (causal) past a row, are hidden: only tiles holding such keys
+            // for a row of the warp mask (a branch the whole warp takes), each element by
+            // one comparison with the last key its row sees.
+            if (n0 + FA_BN > s || (FA_CAUSAL && n0 + FA_BN - 1 > warp_row)) {
+#pragma unroll
+                for (int w = 0; w < FA_WM; w++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int row = row0 + w * 16 + h * 8;
+                        const int last = (FA_CAUSAL ? min(s - 1, row) : s - 1) - n0 - (lane % 4) * 2;
+#pragma unroll
+                        for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+                            for (int c = 0; c < 2; c++)
+                                if (j * 8 + c > last) sc[w][j][2 * h + c] = FA_NEG_INF;
+                    }
+            }
 #pragma unroll
             for (int w = 0; w < FA_WM; w++)
 #pragma unroll
