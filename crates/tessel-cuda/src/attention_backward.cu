@@ -147,17 +147,28 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention_backwa
         for (int j = 0; j < FA_SN; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
-                int row = row0 + (e / 2) * 8;
-                bool hidden = col >= s || (FA_CAUSAL && col > row);
                 float x = sc[j][e] * scale_log2;
 #if FAB_PART == 1
-                float p = hidden ? 0.0f : exp2f(x - lse2[e / 2]);
-                sc[j][e] = p * (dp[j][e] - dl[e / 2]);
+                sc[j][e] = exp2f(x - lse2[e / 2]) * (dp[j][e] - dl[e / 2]);
 #else
-                sc[j][e] = hidden ? FA_NEG_INF : x;
+                sc[j][e] = x;
 #endif
             }
+        // Keys past `s`, or (causal) past a row, are hidden (weight 0): only tiles holding
+        // such keys for a row of the warp mask, by one comparison per element with the last
+        // key its row sees (the warp takes the branch together).
+        if (n0 + FA_BN > s || (FA_CAUSAL && n0 + FA_BN - 1 > m0 + warp * 16)) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = row0 + h * 8;
+                const int last = (FA_CAUSAL ? min(s - 1, row) : s - 1) - n0 - (lane % 4) * 2;
+#pragma unroll
+                for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        if (j * 8 + c > last) sc[j][2 * h + c] = FAB_PART == 1 ? 0.0f : FA_NEG_INF;
+            }
+        }
 #if FAB_PART == 1
         fab_weights_times_tile(acc, sc, ks, lane);
 #else
@@ -274,15 +285,28 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention_backwa
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int i = j * 8 + (lane % 4) * 2 + (e & 1);
-                int key = key0 + (e / 2) * 8;
-                bool hidden = m0 + i >= l || (FA_CAUSAL && key > m0 + i);
-                float p = hidden ? 0.0f : exp2f(sc[j][e] * scale_log2 - stats[i]);
+                float p = exp2f(sc[j][e] * scale_log2 - stats[i]);
 #if FAB_PART == 2
                 sc[j][e] = p * (dp[j][e] - stats[FA_BM + i]);
 #else
                 sc[j][e] = p;
 #endif
             }
+        // Queries past `l`, or (causal) before a key, are hidden (weight 0): only tiles
+        // holding such pairs for a key of the warp mask, each element by comparing its
+        // query with the first and last its key's row sees.
+        if (m0 + FA_BM > l || (FA_CAUSAL && n0 + warp * 16 + 15 > m0)) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int key = key0 + h * 8, skip = (lane % 4) * 2;
+                const int first = (FA_CAUSAL ? key - m0 : 0) - skip, last = l - 1 - m0 - skip;
+#pragma unroll
+                for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        if (j * 8 + c < first || j * 8 + c > last) sc[j][2 * h + c] = 0.0f;
+            }
+        }
 #if FAB_PART == 2
         fab_weights_times_tile(acc, sc, qs, lane);
 #else
