@@ -108,24 +108,10 @@ fn gpt2(device: Device) -> Result<()> {
 /// Forwards of GPT-2 on `inputs` (after 3 untimed ones): the mean host time of recording
 /// the forward, and of realizing and synchronizing it.
 fn forward(model: &Gpt2, device: Device, inputs: &Tensor, runs: usize) -> Result<()> {
-    let (mut record, mut realize) = (0.0, 0.0);
-    for run in 0..runs + 3 {
-        let t0 = Instant::now();
-        let logits = model.forward(inputs)?;
-        let t1 = Instant::now();
-        logits.realize()?;
-        device.synchronize()?;
-        if run >= 3 {
-            record += (t1 - t0).as_secs_f64();
-            realize += t1.elapsed().as_secs_f64();
-        }
-    }
-    let us = |s: f64| s * 1e6 / runs as f64;
+    let (record, realize) = record_and_realize(device, runs, || model.forward(inputs))?;
     eprintln!(
-        "GPT-2 forward {:?}: recording {:.1} µs, realize + synchronize {:.1} µs",
+        "GPT-2 forward {:?}: recording {record:.1} µs, realize + synchronize {realize:.1} µs",
         inputs.dims(),
-        us(record),
-        us(realize)
     );
     let recorded = model.forward(inputs)?.to_vec::<f32>()?;
     let f = Compiled::new(&[inputs], |a| Ok(vec![model.forward(&a[0])?]))?;
@@ -143,7 +129,7 @@ fn forward(model: &Gpt2, device: Device, inputs: &Tensor, runs: usize) -> Result
     eprintln!(
         "GPT-2 forward {:?} as a Compiled function: {:.1} µs per call + synchronize (logits {} the recorded forward's)",
         inputs.dims(),
-        us(call),
+        call * 1e6 / runs as f64,
         if same { "equal" } else { "DIFFER from" }
     );
     Ok(())
@@ -169,26 +155,33 @@ fn sdpa(device: Device, runs: usize) -> Result<()> {
         ("small op x * 2 + b [16]", &|| &(&x * 2.0)? + &b),
     ];
     for (name, op) in ops {
-        let (mut record, mut realize) = (0.0, 0.0);
-        for run in 0..runs + 3 {
-            let t0 = Instant::now();
-            let y = op()?;
-            let t1 = Instant::now();
-            y.realize()?;
-            device.synchronize()?;
-            if run >= 3 {
-                record += (t1 - t0).as_secs_f64();
-                realize += t1.elapsed().as_secs_f64();
-            }
-        }
-        let us = |s: f64| s * 1e6 / runs as f64;
-        eprintln!(
-            "{name}: recording {:.2} µs, realize + synchronize {:.2} µs",
-            us(record),
-            us(realize)
-        );
+        let (record, realize) = record_and_realize(device, runs, op)?;
+        eprintln!("{name}: recording {record:.2} µs, realize + synchronize {realize:.2} µs");
     }
     Ok(())
+}
+
+/// `runs` calls of `record` (after 3 untimed ones), each result realized and the device
+/// synchronized: the mean µs of recording, and of realizing plus synchronizing.
+fn record_and_realize(
+    device: Device,
+    runs: usize,
+    record: impl Fn() -> Result<Tensor>,
+) -> Result<(f64, f64)> {
+    let (mut recording, mut realizing) = (0.0, 0.0);
+    for run in 0..runs + 3 {
+        let t0 = Instant::now();
+        let y = record()?;
+        let t1 = Instant::now();
+        y.realize()?;
+        device.synchronize()?;
+        if run >= 3 {
+            recording += (t1 - t0).as_secs_f64();
+            realizing += t1.elapsed().as_secs_f64();
+        }
+    }
+    let us = |s: f64| s * 1e6 / runs as f64;
+    Ok((us(recording), us(realizing)))
 }
 
 fn gpt2_loss(model: &Gpt2, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
