@@ -584,6 +584,11 @@ fn arg_extremum(
             .full_like_scalar(Scalar::I64(0), DType::I64)
             .reshape_to(plan.out));
     };
+    let keyed = matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        && x.shape()[a].bounds().hi <= i64::from(u32::MAX);
+    if keyed {
+        return keyed_arg_extremum(x, op, name, a, &plan);
+    }
     let best = reduce_kept(x, op, &plan);
     let mut mask = ew(x, BinaryOp::Eq, &best, name)?;
     if x.dtype().is_float() {
@@ -596,6 +601,79 @@ fn arg_extremum(
     let filler = index.full_like_scalar(Scalar::I64(i64::MAX), DType::I64);
     let candidates = select(&mask, &index, &filler);
     Ok(reduce_kept(&candidates, ReduceOp::Min, &plan).reshape_to(plan.out))
+}
+
+/// [`arg_extremum`] of an `f32`, `f16` or `bf16` tensor along axis `a` as one reduction over
+/// keys: each element's bits made order-preserving as an `i32` (NaN above every value for the
+/// maximum, below for the minimum, as `torch.argmax`/`argmin`; -0.0 as +0.0) in the high half
+/// of an `i64`, its index in the low half (inverted for the maximum, so the first of equal
+/// values wins either way). Comparing `x` with its reduced maximum instead needs every kernel
+/// that computes `x` to produce the same bits, which a plan computing `x` in two kernels (a
+/// matrix product summed in two orders) does not.
+fn keyed_arg_extremum(
+    x: &Tensor,
+    op: ReduceOp,
+    name: &'static str,
+    a: usize,
+    plan: &Plan,
+) -> Result<Tensor> {
+    let int = |like: &Tensor, v: i64, dtype: DType| like.full_like_scalar(Scalar::I64(v), dtype);
+    let bits = x.cast_to(DType::F32).bitcast(DType::I32)?;
+    // -0.0 orders as +0.0; negative values' magnitude bits flip, so larger floats are larger
+    // integers.
+    let negative_zero = ew(
+        &bits,
+        BinaryOp::Eq,
+        &int(&bits, i64::from(i32::MIN), DType::I32),
+        name,
+    )?;
+    let bits = select(&negative_zero, &int(&bits, 0, DType::I32), &bits);
+    let negative = ew(&bits, BinaryOp::Lt, &int(&bits, 0, DType::I32), name)?;
+    let flipped = ew(
+        &bits,
+        BinaryOp::Xor,
+        &int(&bits, i64::from(i32::MAX), DType::I32),
+        name,
+    )?;
+    let key = select(&negative, &flipped, &bits);
+    let nan_key = if op == ReduceOp::Max {
+        i32::MAX
+    } else {
+        i32::MIN
+    };
+    let key = select(&x.isnan(), &int(&key, i64::from(nan_key), DType::I32), &key);
+    let high = ew(
+        &key.cast_to(DType::I64),
+        BinaryOp::Shl,
+        &int(&bits, 32, DType::I64),
+        name,
+    )?;
+    let low_bits = int(&high, i64::from(u32::MAX), DType::I64);
+    let index = x.record(Op::Index(a), DType::I64, x.shape().clone());
+    let low = if op == ReduceOp::Max {
+        ew(&low_bits, BinaryOp::Sub, &index, name)?
+    } else {
+        index
+    };
+    let packed = ew(&high, BinaryOp::Or, &low, name)?;
+    let best = reduce_kept(&packed, op, plan);
+    let low = ew(
+        &best,
+        BinaryOp::And,
+        &int(&best, i64::from(u32::MAX), DType::I64),
+        name,
+    )?;
+    let index = if op == ReduceOp::Max {
+        ew(
+            &int(&low, i64::from(u32::MAX), DType::I64),
+            BinaryOp::Sub,
+            &low,
+            name,
+        )?
+    } else {
+        low
+    };
+    Ok(index.reshape_to(plan.out.clone()))
 }
 
 fn var_impl(

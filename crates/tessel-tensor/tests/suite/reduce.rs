@@ -392,6 +392,17 @@ fn max_min_argmax_argmin_every_dtype() -> Result<()> {
     assert_eq!(t.argmax_all()?.item::<i64>()?, 1);
     let inf = Tensor::from_vec(vec![f32::NEG_INFINITY, f32::NEG_INFINITY], [2])?;
     assert_eq!(inf.argmax_all()?.item::<i64>()?, 0);
+    // -0.0 equals +0.0 (the first wins), negative values order by magnitude reversed.
+    let zeros = Tensor::from_vec(vec![-0.0f32, 0.0, -1.0, 0.0, -0.0, 1.0], [2, 3])?;
+    assert_eq!(zeros.argmax(1, false)?.to_vec::<i64>()?, vec![0, 2]);
+    assert_eq!(zeros.argmin(1, false)?.to_vec::<i64>()?, vec![2, 0]);
+    let negative = Tensor::from_vec(vec![-3.0f32, -0.5, -2.0, -0.25], [4])?;
+    assert_eq!(negative.argmax_all()?.item::<i64>()?, 3);
+    assert_eq!(negative.argmin_all()?.item::<i64>()?, 0);
+    // The argmax of a computed value (a product) is one of its maxima's indices.
+    let a = Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 0.25, 1.5, -0.75], [2, 3])?;
+    let b = Tensor::from_vec(vec![1.0f32, 0.5, -2.0, 0.25, 1.0, 3.0], [3, 2])?;
+    assert_eq!(a.matmul(&b)?.argmax(1, false)?.to_vec::<i64>()?, vec![1, 1]);
     Ok(())
 }
 
