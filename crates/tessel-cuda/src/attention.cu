@@ -230,6 +230,17 @@ __device__ __forceinline__ void fa_ldmatrix_t(fa_u32* r, fa_u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// Byte offsets, within a shared tile of rows of FA_LEN elements, of the row this lane
+// addresses for `fa_ldmatrix` of B fragments (rows are the product's n: keys of q·kᵀ) and
+// for `fa_ldmatrix_t` (rows are its k: values of p·v); a fragment at (row r, column c) of
+// the tile is then this plus the constant (r·FA_LEN + c)·2.
+__device__ __forceinline__ fa_u32 fa_b_lane(int lane) {
+    return ((lane % 8 + (lane / 16) * 8) * FA_LEN + ((lane / 8) % 2) * 8) * 2;
+}
+__device__ __forceinline__ fa_u32 fa_bt_lane(int lane) {
+    return ((lane % 8 + ((lane / 8) % 2) * 8) * FA_LEN + (lane / 16) * 8) * 2;
+}
+
 __device__ __forceinline__ void fa_mma(float* c, const fa_u32* a, fa_u32 b0, fa_u32 b1) {
 #if FA_F16
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -306,8 +317,7 @@ FA_FORWARD_KERNEL {
     // Shared-memory byte addresses: the stages' base, and where this lane's ldmatrix rows
     // start within a key and a value tile, so each fragment below is a constant offset.
     const fa_u32 kv_addr = fa_shared(kv);
-    const fa_u32 k_lane = ((lane % 8 + (lane / 16) * 8) * FA_LEN + ((lane / 8) % 2) * 8) * 2;
-    const fa_u32 v_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * FA_LEN + (lane / 16) * 8) * 2;
+    const fa_u32 k_lane = fa_b_lane(lane), v_lane = fa_bt_lane(lane);
 
     for (int t = 0; t < tiles; t++) {
         fa_next_stage(kv, k, v, t, tiles, s, k_row, v_row);

@@ -24,8 +24,7 @@ __device__ __forceinline__ void fab_rows_times_rows(
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
     // This lane's first row in shared memory (bytes); each fragment is a constant offset.
-    const fa_u32 base =
-        fa_shared(tile) + ((lane % 8 + (lane / 16) * 8) * FA_LEN + ((lane / 8) % 2) * 8) * 2;
+    const fa_u32 base = fa_shared(tile) + fa_b_lane(lane);
 #pragma unroll
     for (int kk = 0; kk < FA_KT; kk++) {
 #pragma unroll
@@ -42,8 +41,7 @@ __device__ __forceinline__ void fab_rows_times_rows(
 // `fab_rows_times_rows`, rounded here) times `tile` (FA_BN rows of FA_D, shared).
 __device__ __forceinline__ void fab_weights_times_tile(
     float (*acc)[4], float (*w)[4], const fa_t* tile, int lane) {
-    const fa_u32 base =
-        fa_shared(tile) + ((lane % 8 + ((lane / 8) % 2) * 8) * FA_LEN + (lane / 16) * 8) * 2;
+    const fa_u32 base = fa_shared(tile) + fa_bt_lane(lane);
 #pragma unroll
     for (int kk = 0; kk < FA_BN / 16; kk++) {
         fa_u32 a[4] = {
