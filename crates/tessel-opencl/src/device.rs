@@ -14,6 +14,8 @@ use opencl3::platform::{Platform, get_platforms};
 use tessel_ir::codegen::{CStyle, OPENCL, OPENCL_NO_FP64};
 use tessel_ir::{DeviceInfo, DeviceKind, Features};
 
+use crate::ffi::Queue;
+
 /// The most workgroups per axis reported for every device. OpenCL has no query for it (the
 /// only hard limit is that `groups * local` fit a `size_t`), but GPU drivers reject larger
 /// grids at launch; these are CUDA's grid limits, the smallest among common hardware.
@@ -47,7 +49,7 @@ pub(crate) struct ClDevice {
     pub(crate) details: OpenClDeviceDetails,
     pub(crate) device: Device,
     pub(crate) context: Context,
-    pub(crate) queue: CommandQueue,
+    pub(crate) queue: Queue,
     /// [`OPENCL`] or, without doubles, [`OPENCL_NO_FP64`].
     pub(crate) dialect: &'static CStyle,
     pub(crate) build_options: String,
@@ -366,7 +368,7 @@ fn set_up(c: &Candidate, disable_f64: bool) -> Result<ClDevice, ClError> {
         device: Device::new(device.id()),
         max_alloc: device.max_mem_alloc_size()?,
         context,
-        queue,
+        queue: Queue::new(queue),
         dialect: if f64 { &OPENCL } else { &OPENCL_NO_FP64 },
         build_options,
     })

@@ -14,22 +14,28 @@
 //! Programs, contexts and queues keep `opencl3`'s `Drop`: they hold more than a handle (a
 //! `ManuallyDrop` would leak it), and are released only when a program leaves the cache or
 //! the backend is dropped.
+//!
+//! [`Queue`]s are finished when the process exits ([`finish_queues_at_exit`]): PoCL compiles
+//! a kernel's work-group function on its worker threads when a launch runs, and a process
+//! that exits with launches in flight tears LLVM down under those threads (a segfault after
+//! `main` returned).
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::ptr;
+use std::sync::{Mutex, PoisonError};
 
 use opencl3::command_queue::{
     CommandQueue, enqueue_copy_buffer, enqueue_fill_buffer, enqueue_nd_range_kernel,
-    enqueue_read_buffer, enqueue_write_buffer,
+    enqueue_read_buffer, enqueue_write_buffer, finish,
 };
 use opencl3::context::Context;
 use opencl3::error_codes::ClError;
 use opencl3::event::{Event, release_event};
 use opencl3::kernel::{Kernel, release_kernel, set_kernel_arg};
 use opencl3::memory::{Buffer, CL_MEM_READ_WRITE, ClMem, release_mem_object};
-use opencl3::types::{CL_BLOCKING, cl_int, cl_mem, cl_uint};
+use opencl3::types::{CL_BLOCKING, cl_command_queue, cl_int, cl_mem, cl_uint};
 
 /// An `opencl3` object that only holds a driver handle, released without panicking.
 pub(crate) trait Release {
@@ -106,6 +112,69 @@ impl<T: Release> Drop for Handle<T> {
                 ClError(code)
             );
         }
+    }
+}
+
+/// The handles (as addresses) of the queues not yet released, finished at process exit.
+static LIVE_QUEUES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+unsafe extern "C" {
+    /// The C library's exit hook.
+    fn atexit(handler: extern "C" fn()) -> std::ffi::c_int;
+}
+
+extern "C" fn finish_live_queues() {
+    let queues = LIVE_QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+    for &queue in queues.iter() {
+        // Errors are moot while the process exits.
+        let _ = finish(queue as cl_command_queue);
+    }
+}
+
+/// Has every live queue finished when the process exits, before the destructors of the
+/// driver's statics built so far run: exit handlers run in reverse order of registration,
+/// and a driver registers the destructor of a static when it first uses it (LLVM does so
+/// inside its first compile), so this is called again after each program's first launch.
+pub(crate) fn finish_queues_at_exit() {
+    // SAFETY: `finish_live_queues` is a plain `extern "C"` function that never unwinds (it
+    // takes a poisoned lock as is, and ignores errors).
+    if unsafe { atexit(finish_live_queues) } != 0 {
+        tracing::warn!("tessel-opencl: cannot register the exit hook that finishes queues");
+    }
+}
+
+/// A device's command queue, finished when the process exits with commands in it.
+pub(crate) struct Queue(CommandQueue);
+
+impl Queue {
+    /// Takes `queue` into the set finished at exit, and registers the exit hook after the
+    /// driver that created `queue` was loaded.
+    pub(crate) fn new(queue: CommandQueue) -> Self {
+        finish_queues_at_exit();
+        LIVE_QUEUES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(queue.get() as usize);
+        Queue(queue)
+    }
+}
+
+impl Deref for Queue {
+    type Target = CommandQueue;
+
+    fn deref(&self) -> &CommandQueue {
+        &self.0
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // Out of the set before `CommandQueue`'s own drop releases the handle.
+        let handle = self.0.get() as usize;
+        LIVE_QUEUES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&q| q != handle);
     }
 }
 

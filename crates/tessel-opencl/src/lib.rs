@@ -94,7 +94,7 @@ mod device;
 mod ffi;
 mod programs;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -201,6 +201,8 @@ struct Program {
     /// The largest workgroup this kernel may run on its device.
     max_workgroup: u64,
     origin: ProgramOrigin,
+    /// Whether a launch was queued and waited for (see [`OpenClBackend::enqueue`]).
+    launched: AtomicBool,
 }
 
 /// The OpenCL backend. See the [crate docs](crate).
@@ -341,6 +343,7 @@ impl OpenClBackend {
             _built: built,
             max_workgroup,
             origin,
+            launched: AtomicBool::new(false),
         }))
     }
 
@@ -404,6 +407,14 @@ impl OpenClBackend {
             reason: format!("clEnqueueNDRangeKernel failed: {e}"),
         })?;
         self.counters.launches.fetch_add(1, Ordering::Relaxed);
+        if !program.launched.swap(true, Ordering::Relaxed) {
+            // A driver may compile at a kernel's first launch (PoCL builds its work-group
+            // function then), first using statics whose destructors run at exit: waiting
+            // for it, then registering the exit hook anew, has queues finish before those
+            // destructors run.
+            event.wait().map_err(|e| lost(dev, "clWaitForEvents", &e))?;
+            ffi::finish_queues_at_exit();
+        }
         Ok(Some((event, dev)))
     }
 }
