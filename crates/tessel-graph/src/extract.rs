@@ -14,6 +14,8 @@
 //!   is never chosen.
 //! - *Acyclic*: the chosen candidates run in an order where each runs after the producers of
 //!   what it reads. [`Extraction::chosen`] is such an order.
+//! - *Computed once*: a class a chosen candidate computes without writing it
+//!   ([`Candidate::computes`]) is written by no chosen candidate and computed by no other.
 //!
 //! The cost of a plan is the sum of its candidates' costs; a producer shared by several
 //! consumers is paid once, which is why the best plan is a set, not a tree per target.
@@ -81,6 +83,10 @@ pub struct Candidate {
     pub writes: Vec<ClassId>,
     /// The classes it needs.
     pub reads: Vec<ClassId>,
+    /// Classes it computes for itself, neither reading nor writing them, that a plan must
+    /// compute only once: a float sum computed twice, in two orders, differs in its last
+    /// bits, and a plan comparing the two copies (`x == max(x)`) then finds no maximum.
+    pub computes: Vec<ClassId>,
     /// Measured time in seconds; finite and non-negative.
     pub cost: f64,
 }
@@ -165,7 +171,7 @@ pub enum ExtractError {
         target: ClassId,
     },
     /// Each target is producible alone, but every plan found needs two candidates writing one
-    /// class (or a cycle between them).
+    /// class, or computing one they must compute once (or a cycle between them).
     NoValidPlan {
         /// The targets.
         targets: Vec<ClassId>,
@@ -201,7 +207,7 @@ impl fmt::Display for ExtractError {
                 };
                 write!(
                     f,
-                    "no plan producing {} without double writes {why}",
+                    "no plan producing {} without writing or computing a value twice {why}",
                     names.join(", ")
                 )
             }
@@ -346,6 +352,8 @@ struct Model {
     writes: Vec<Vec<usize>>,
     /// Per candidate, deduplicated, available classes dropped (they order nothing).
     reads: Vec<Vec<usize>>,
+    /// Per candidate, deduplicated, its own writes dropped.
+    computes: Vec<Vec<usize>>,
     cost: Vec<f64>,
     /// Per class: the candidates that may appear in some plan, cheapest tree cost first.
     producers: Vec<Vec<usize>>,
@@ -392,6 +400,10 @@ impl Model {
         let mut targets = dense(&problem.targets);
         let writes: Vec<Vec<usize>> = cands.iter().map(|c| dense(&c.writes)).collect();
         let mut reads: Vec<Vec<usize>> = cands.iter().map(|c| dense(&c.reads)).collect();
+        let mut computes: Vec<Vec<usize>> = cands.iter().map(|c| dense(&c.computes)).collect();
+        for (computed, written) in computes.iter_mut().zip(&writes) {
+            computed.retain(|c| written.binary_search(c).is_err());
+        }
         let cost: Vec<f64> = cands.iter().map(|c| c.cost).collect();
         let (n, np) = (classes.len(), cands.len());
         let mut available = vec![false; n];
@@ -402,13 +414,15 @@ impl Model {
         for r in &mut reads {
             r.retain(|&c| !available[c]);
         }
-        // Never overwrite a realized buffer, and a candidate reading its own output is a
-        // cycle of one: neither can be in a plan, and the cycle check assumes neither.
+        // Never overwrite (or compute again) a realized buffer, and a candidate reading its
+        // own output is a cycle of one: neither can be in a plan, and the cycle check
+        // assumes neither.
         let eligible: Vec<bool> = (0..np)
             .map(|p| {
                 writes[p]
                     .iter()
                     .all(|&w| !available[w] && reads[p].binary_search(&w).is_err())
+                    && computes[p].iter().all(|&c| !available[c])
             })
             .collect();
 
@@ -443,6 +457,7 @@ impl Model {
             targets,
             writes,
             reads,
+            computes,
             cost,
             producers,
             by_path,
@@ -489,17 +504,23 @@ impl Model {
     }
 
     /// Whether `plan` (sorted, deduplicated) is a plan: every candidate usable, no class
-    /// written twice, every read and target written, no cycle.
+    /// written twice, none computed twice or both computed and written, every read and
+    /// target written, no cycle.
     fn is_plan(&self, plan: &[usize]) -> bool {
         let mut written = vec![false; self.classes.len()];
         for &p in plan {
             if p >= self.cost.len() {
                 return false;
             }
-            for &w in &self.writes[p] {
+            for &w in self.writes[p].iter().chain(&self.computes[p]) {
                 if self.available[w] || std::mem::replace(&mut written[w], true) {
                     return false;
                 }
+            }
+        }
+        for &p in plan {
+            for &c in &self.computes[p] {
+                written[c] = false;
             }
         }
         let closed = plan
@@ -568,6 +589,8 @@ struct Search<'a> {
     deadline: Option<Instant>,
     /// Per class: the chosen candidate writing it, or `NONE`.
     writer: Vec<usize>,
+    /// Per class: whether a chosen candidate computes it ([`Candidate::computes`]).
+    computed: Vec<bool>,
     /// Per class: how many targets and chosen candidates need it.
     need: Vec<usize>,
     /// Needed, unwritten classes, and each one's position in it (`NONE` when absent).
@@ -592,6 +615,7 @@ impl<'a> Search<'a> {
             budget,
             deadline: start.checked_add(budget.max_time),
             writer: vec![NONE; n],
+            computed: vec![false; n],
             need: vec![0; n],
             unresolved: Vec::new(),
             pos: vec![NONE; n],
@@ -640,11 +664,17 @@ impl<'a> Search<'a> {
         for &r in &self.m.reads[p] {
             self.need_more(r);
         }
+        for &c in &self.m.computes[p] {
+            self.computed[c] = true;
+        }
         self.chosen.push(p);
     }
 
     fn unchoose(&mut self, p: usize) {
         self.chosen.pop();
+        for &c in &self.m.computes[p] {
+            self.computed[c] = false;
+        }
         for &r in &self.m.reads[p] {
             self.need[r] -= 1;
             if self.need[r] == 0 && self.pos[r] != NONE {
@@ -698,9 +728,15 @@ impl<'a> Search<'a> {
         plan
     }
 
-    /// No class `p` writes is written yet.
+    /// No class `p` writes is written or computed yet, and no class it computes is written,
+    /// computed or needed (a needed class must be written).
     fn fits(&self, p: usize) -> bool {
-        self.m.writes[p].iter().all(|&w| self.writer[w] == NONE)
+        self.m.writes[p]
+            .iter()
+            .all(|&w| self.writer[w] == NONE && !self.computed[w])
+            && self.m.computes[p]
+                .iter()
+                .all(|&c| self.writer[c] == NONE && !self.computed[c] && self.need[c] == 0)
     }
 
     /// Would choosing `p` close a cycle? Only if its reads reach its writes through the

@@ -5,6 +5,8 @@
 //!   data ([`Rewrite`], [`rules()`]), saturation within an [`egraph::Budget`], and
 //!   extraction of the cheapest form back into a graph ([`simplify()`]), and of several
 //!   forms whose nodes name their e-class, for the planner to measure ([`egraph::forms`]).
+//! - [`exact`]: the float sums whose two computations a comparison would tell apart
+//!   ([`exact::compared_sums`]), which a plan computes once.
 //! - [`extract`](mod@extract): the cheapest closed, acyclic set of measured candidates
 //!   that produces the wanted values ([`extract::extract`]).
 //! - [`placement`]: extraction over several devices, with measured transfers inserted
@@ -33,6 +35,7 @@ mod consumers;
 pub mod custom;
 pub mod egraph;
 mod epilogue;
+pub mod exact;
 pub mod extract;
 pub mod graph;
 pub mod kernelize;

@@ -24,6 +24,9 @@ pub struct PlacedCandidate {
     pub writes: Vec<ClassId>,
     /// The values it reads, on its device.
     pub reads: Vec<ClassId>,
+    /// The values it computes only for itself that a plan computes once
+    /// ([`extract::Candidate::computes`]), on any device.
+    pub computes: Vec<ClassId>,
     /// Measured seconds.
     pub cost: f64,
 }
@@ -108,6 +111,12 @@ pub fn place_from(
             id: 0,
             writes: c.writes.iter().map(|&w| at(w, c.device)).collect(),
             reads: c.reads.iter().map(|&r| at(r, c.device)).collect(),
+            // Once on any device: a copy carries one computation's bits.
+            computes: c
+                .computes
+                .iter()
+                .flat_map(|&v| (0..devices as usize).map(move |d| at(v, d)))
+                .collect(),
             cost: c.cost,
         })
         .collect();
@@ -115,6 +124,7 @@ pub fn place_from(
         id: 0,
         writes: vec![at(t.class, t.to)],
         reads: vec![at(t.class, t.from)],
+        computes: Vec::new(),
         cost: t.cost,
     }));
     // Extraction's ids are positions here: candidates first, then transfers.
@@ -188,6 +198,7 @@ mod tests {
             device,
             writes: writes.iter().map(|&c| ClassId(c)).collect(),
             reads: reads.iter().map(|&c| ClassId(c)).collect(),
+            computes: Vec::new(),
             cost,
         }
     }

@@ -19,6 +19,7 @@ fn problem(specs: &[Spec<'_>], available: &[u32], targets: &[u32]) -> Problem {
                 id: 10 + i,
                 writes: ids(w),
                 reads: ids(r),
+                computes: Vec::new(),
                 cost,
             })
             .collect(),
@@ -40,16 +41,23 @@ fn sorted(mut v: Vec<usize>) -> Vec<usize> {
 }
 
 /// Runs `order` in sequence: each candidate reads only classes available or already
-/// written, writes only fresh classes, and the targets end up produced.
+/// written, writes only fresh classes, and the targets end up produced; a class some
+/// candidate computes (other than one it writes) is neither written nor computed by another.
 fn valid_order(p: &Problem, order: &[usize]) -> bool {
     let mut have: FxHashSet<ClassId> = p.available.iter().copied().collect();
     let mut used = FxHashSet::default();
-    order.iter().all(|&i| {
+    let mut computed = FxHashSet::default();
+    let runs = order.iter().all(|&i| {
         let c = &p.candidates[i];
         used.insert(i)
             && c.reads.iter().all(|r| have.contains(r))
             && c.writes.iter().all(|&w| have.insert(w))
-    }) && p.targets.iter().all(|t| have.contains(t))
+            && c.computes
+                .iter()
+                .filter(|k| !c.writes.contains(k))
+                .all(|&k| computed.insert(k))
+    });
+    runs && computed.iter().all(|k| !have.contains(k)) && p.targets.iter().all(|t| have.contains(t))
 }
 
 /// Targets t1 = 1, t2 = 2 and a shared s = 3 over leaf 0 (the brief's example).
@@ -115,6 +123,46 @@ fn multi_output_candidate_against_single_ones() {
         assert_eq!(sorted(e.chosen.clone()), expect);
         assert!(valid_order(&p, &e.chosen), "never two writers of one class");
     }
+}
+
+/// `x == max(x)` over a product `x` (class 1, from leaf 0): a routine writes `x`; the
+/// cheapest kernel for the maximum (class 2) computes `x` again, in its own order of
+/// additions, and the comparison (class 3) reads both. A plan must not mix the two copies.
+#[test]
+fn a_value_computed_inline_is_neither_written_nor_computed_again() {
+    let mut p = problem(
+        &[
+            (&[1], &[0], 4.0),    // the routine writing x
+            (&[2], &[0], 1.0),    // the maximum, computing x inline
+            (&[2], &[1], 2.0),    // the maximum, reading x
+            (&[3], &[1, 2], 1.0), // the comparison
+        ],
+        &[0],
+        &[3],
+    );
+    let unconstrained = extract(&p, big()).unwrap();
+    assert_eq!(sorted(unconstrained.chosen), [0, 1, 3]);
+    p.candidates[1].computes = vec![ClassId(1)];
+    let e = extract(&p, big()).unwrap();
+    assert_eq!((sorted(e.chosen.clone()), e.cost), (vec![0, 2, 3], 7.0));
+    assert!(valid_order(&p, &e.chosen));
+    assert_eq!(e.runner_up, None);
+    // Two kernels computing the same sum each for itself are one too many.
+    let twice = problem(
+        &[(&[2], &[0], 1.0), (&[3], &[0], 1.0), (&[4], &[2, 3], 1.0)],
+        &[0],
+        &[4],
+    );
+    let mut twice = twice;
+    twice.candidates[0].computes = vec![ClassId(1)];
+    twice.candidates[1].computes = vec![ClassId(1)];
+    assert!(matches!(
+        extract(&twice, big()),
+        Err(ExtractError::NoValidPlan { .. })
+    ));
+    // A known plan breaking the rule is no floor.
+    let known = extract_from(&p, big(), &[0, 1, 3]).unwrap();
+    assert_eq!(sorted(known.chosen), [0, 2, 3]);
 }
 
 #[test]
@@ -279,10 +327,16 @@ fn random_problem(rng: &mut Lcg, classes: usize, leaves: usize) -> Problem {
             below.max(1)
         };
         let reads = (0..rng.below(3)).map(|_| rng.class(0, hi)).collect();
+        let computes = if rng.below(4) == 0 {
+            vec![rng.class(leaves, classes)]
+        } else {
+            Vec::new()
+        };
         candidates.push(Candidate {
             id,
             writes,
             reads,
+            computes,
             cost: rng.below(10) as f64 * 0.5,
         });
     }
@@ -384,6 +438,7 @@ fn large_problem_within_default_budget() {
                 id: candidates.len(),
                 writes,
                 reads,
+                computes: Vec::new(),
                 cost,
             });
         }

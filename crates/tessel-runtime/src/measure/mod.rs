@@ -149,6 +149,11 @@ fn placement_problem(
                         .map(|&w| compiled.class(PlanSlot::Node(w)))
                         .collect(),
                     reads: c.reads().map(|r| compiled.class(r)).collect(),
+                    computes: c
+                        .computes
+                        .iter()
+                        .map(|&v| compiled.class(PlanSlot::Node(v)))
+                        .collect(),
                     cost: times[k]?,
                 })
             })

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use tessel_graph::egraph::{self, Budget as RewriteBudget, Form, StopReason};
+use tessel_graph::exact::{compared_sums, sums_computed_by};
 use tessel_graph::{
     Graph, KernelizeError, LeafId, Lowerings, NodeId, Op, SHARED_MIN_OPS, Schedule, Slot,
     find_attention, find_matmuls, materialized_for, signature, views_to_split,
@@ -65,6 +66,9 @@ pub(crate) struct Candidate {
     /// A portable kernel standing in for the routine of candidate `k`: compiled for a
     /// device only where its backend offers no program for that routine.
     pub(super) stands_in_for: Option<usize>,
+    /// The float sums it computes for itself that a plan must compute only once (see
+    /// `tessel_graph::exact`), by value number.
+    pub(crate) computes: Vec<usize>,
 }
 
 impl Candidate {
@@ -141,8 +145,14 @@ impl Partitions {
             h.field(c.work.text().as_bytes());
             h.field(
                 format!(
-                    "{:?} {:?} {} {} {} {:?}",
-                    c.args, c.writes, c.default, c.for_routine, c.cooperative, c.stands_in_for
+                    "{:?} {:?} {} {} {} {:?} {:?}",
+                    c.args,
+                    c.writes,
+                    c.default,
+                    c.for_routine,
+                    c.cooperative,
+                    c.stands_in_for,
+                    c.computes
                 )
                 .as_bytes(),
             );
@@ -226,12 +236,15 @@ pub(crate) fn partition(
     let internal = |e: tessel_graph::KernelizeError| Error::Internal(e.to_string());
     let mut numbering = Numbering::default();
     let mut parts: Option<Partitions> = None;
+    // The float sums some form compares on both sides, by value number.
+    let mut compared: FxHashSet<usize> = FxHashSet::default();
     // The nodes the default partition materializes (form 0's graph).
     let mut default_materialized: Vec<NodeId> = Vec::new();
     for (f, form) in forms.iter().enumerate() {
         let (graph, targets) = (&form.graph, form.targets.as_slice());
         let order = graph.toposort(targets);
         let slots = numbering.number(form, &order, leaves)?;
+        compared.extend(compared_sums(graph, &order).iter().map(|n| slots.pos[n]));
         let parts = parts.get_or_insert_with(|| {
             let pos = |t: &NodeId| slots.pos[t];
             Partitions {
@@ -388,6 +401,10 @@ pub(crate) fn partition(
                     cooperative: false,
                     tuning: None,
                     stands_in_for: None,
+                    computes: sums_computed_by(graph, &[w], &m.operands)
+                        .iter()
+                        .map(|n| slots.pos[n])
+                        .collect(),
                 };
                 if parts.contains(&candidate) {
                     continue;
@@ -426,6 +443,7 @@ pub(crate) fn partition(
                 }
                 let routine = parts.candidates.len();
                 let (args, writes) = (candidate.args.clone(), candidate.writes.clone());
+                let computes = candidate.computes.clone();
                 parts.push(candidate);
                 for (kernel, stand_in) in portable {
                     parts.push(Candidate {
@@ -437,12 +455,16 @@ pub(crate) fn partition(
                         cooperative: !stand_in,
                         tuning: None,
                         stands_in_for: stand_in.then_some(routine),
+                        computes: computes.clone(),
                     });
                 }
             }
         }
     }
     let mut parts = parts.ok_or_else(|| Error::Internal("the e-graph gave no form".into()))?;
+    for c in &mut parts.candidates {
+        c.computes.retain(|p| compared.contains(p));
+    }
     parts.inputs = numbering.inputs;
     parts.input_sizes = numbering.input_sizes;
     Ok(parts)
@@ -592,6 +614,14 @@ fn add_schedule(
         parts.buffers.insert(slots.pos[n], (*dtype, *numel));
     }
     for k in &schedule.kernels {
+        let reads: Vec<NodeId> = k
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                Slot::Node(n) if !k.writes.contains(n) => Some(*n),
+                Slot::Node(_) | Slot::Input(_) => None,
+            })
+            .collect();
         let mut candidate = Candidate {
             args: k
                 .args
@@ -608,6 +638,10 @@ fn add_schedule(
             cooperative: origin == Origin::Cooperative,
             tuning: None,
             stands_in_for: None,
+            computes: sums_computed_by(graph, &k.writes, &reads)
+                .iter()
+                .map(|n| slots.pos[n])
+                .collect(),
         };
         if parts.contains(&candidate) {
             continue;
@@ -632,6 +666,7 @@ fn add_schedule(
                 for_routine: candidate.for_routine,
                 cooperative: candidate.cooperative,
                 stands_in_for: None,
+                computes: candidate.computes.clone(),
                 tuning: Some(TuneTag {
                     kernel,
                     group,
@@ -725,6 +760,48 @@ mod tests {
                 .iter()
                 .any(|c| c.default && c.writes.contains(&target))
         );
+        Ok(())
+    }
+
+    /// `x == max(x)` over a product `x`: the kernels computing the product for themselves
+    /// list it in `computes`, while a routine writes it, so extraction never chooses both
+    /// (two orders of addition would leave no element equal to the maximum). A row sum of
+    /// the product compares nothing and lists nothing.
+    #[test]
+    fn kernels_computing_a_compared_product_list_it() -> Result<()> {
+        let (m, k, n) = (8, 16, 12);
+        let x = matmul(
+            random_leaf(21, &[m, k]),
+            random_leaf(22, &[k, n]),
+            &[],
+            m,
+            k,
+            n,
+        );
+        let max = node(Op::Reduce(ReduceOp::Max, x, vec![1].into()), &[m, 1]);
+        let wide = node(Op::Expand(max), &[m, n]);
+        let eq = runtime().add(tessel_graph::Node {
+            op: Op::Binary(BinaryOp::Eq, x, wide),
+            dtype: tessel_shape::DType::Bool,
+            shape: tessel_shape::Shape::from(&[m, n][..]),
+        });
+        let parts = cpu_partitions(&[eq])?;
+        let computed: Vec<usize> = parts
+            .candidates
+            .iter()
+            .flat_map(|c| c.computes.iter().copied())
+            .collect();
+        assert!(!computed.is_empty(), "the product is computed inline");
+        assert!(
+            parts
+                .candidates
+                .iter()
+                .any(|c| c.for_routine && c.writes.iter().any(|w| computed.contains(w))),
+            "a routine writes what kernels compute"
+        );
+        let rows = node(Op::Reduce(ReduceOp::Sum, x, vec![1].into()), &[m, 1]);
+        let parts = cpu_partitions(&[rows])?;
+        assert!(parts.candidates.iter().all(|c| c.computes.is_empty()));
         Ok(())
     }
 
