@@ -179,6 +179,7 @@ fn extraction_problem(graph: &Graph, targets: &[NodeId]) -> Problem {
             id: candidates.len(),
             writes: writes.into_iter().map(ClassId).collect(),
             reads: reads.into_iter().map(ClassId).collect(),
+            computes: Vec::new(),
             cost: cost(factor),
         });
     };
