@@ -3,6 +3,7 @@
 use std::fmt;
 use std::ops::{Deref, Index};
 use std::slice::SliceIndex;
+use std::sync::Arc;
 
 use crate::Dim;
 
@@ -21,18 +22,21 @@ use crate::Dim;
 /// assert_eq!(s.to_string(), "[b, 3]");
 /// assert_eq!(Shape::from([2, 3]).numel(), Dim::from(6));
 /// ```
+///
+/// The dims are shared: a clone (an elementwise op's output, a node's shape) copies a
+/// pointer, and dropping a recorded graph frees each distinct shape once.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Shape(Vec<Dim>);
+pub struct Shape(Arc<[Dim]>);
 
 impl Shape {
     /// A shape with the given dims.
     pub fn new(dims: Vec<Dim>) -> Self {
-        Self(dims)
+        Self(dims.into())
     }
 
     /// The 0-d shape `[]` of a scalar.
     pub fn scalar() -> Self {
-        Self(Vec::new())
+        Self(Arc::from([]))
     }
 
     /// The number of dims (0 for a scalar).
@@ -47,7 +51,7 @@ impl Shape {
 
     /// The dims as an owned vector.
     pub fn into_dims(self) -> Vec<Dim> {
-        self.0
+        self.0.to_vec()
     }
 
     /// The number of elements: the product of the dims (1 for a scalar).
@@ -70,7 +74,7 @@ impl Shape {
     pub fn contiguous_strides(&self) -> Vec<Dim> {
         let mut strides = vec![Dim::constant(1); self.0.len()];
         let mut acc = Dim::constant(1);
-        for (stride, &d) in strides.iter_mut().zip(&self.0).rev() {
+        for (stride, &d) in strides.iter_mut().zip(self.0.iter()).rev() {
             *stride = acc;
             acc *= at_least_one(d);
         }
@@ -163,19 +167,19 @@ impl From<Vec<usize>> for Shape {
 
 impl From<Vec<Dim>> for Shape {
     fn from(dims: Vec<Dim>) -> Self {
-        Self(dims)
+        Self(dims.into())
     }
 }
 
 impl From<&[Dim]> for Shape {
     fn from(dims: &[Dim]) -> Self {
-        Self(dims.to_vec())
+        Self(dims.into())
     }
 }
 
 impl From<Shape> for Vec<Dim> {
     fn from(shape: Shape) -> Self {
-        shape.0
+        shape.0.to_vec()
     }
 }
 
