@@ -462,6 +462,9 @@ pub(crate) fn partition(
         }
     }
     let mut parts = parts.ok_or_else(|| Error::Internal("the e-graph gave no form".into()))?;
+    if !compared.is_empty() {
+        tracing::debug!(target: "tessel::plan", "{} float sums compared with themselves: each computed once", compared.len());
+    }
     for c in &mut parts.candidates {
         c.computes.retain(|p| compared.contains(p));
     }
