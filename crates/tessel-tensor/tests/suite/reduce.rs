@@ -893,3 +893,77 @@ fn long_leading_reductions_run_in_blocks() -> Result<()> {
     }
     Ok(())
 }
+
+/// A product compared with reductions of itself, on rows of 2048 sums of 64 products (sums
+/// whose bits depend on the order they add in): `x == max(x)` marks a maximum in every row,
+/// `topk` by radix selection returns each row's largest values with indices that hold them,
+/// and `max`'s gradient lands on the maximum's column. Each needs every kernel reading `x`
+/// to see the same bits, which the planner gives by computing such a sum once.
+#[test]
+fn a_product_compared_with_its_own_reductions() -> Result<()> {
+    if common::on_device([DType::F32]).is_empty() {
+        return Ok(());
+    }
+    let (m, k, n) = (4, 64, 2048);
+    let mut rng = Rng::new(91);
+    let mut values =
+        |len: usize| -> Vec<f32> { (0..len).map(|_| rng.uniform(-1.0, 1.0) as f32).collect() };
+    let (av, bv) = (values(m * k), values(k * n));
+    let a = Tensor::from_vec(av, [m, k])?;
+    let b = Tensor::from_vec(bv.clone(), [k, n])?;
+    Tensor::realize_all(&[&a, &b])?;
+    // The f64 product, row-major [m, n].
+    let reference: Vec<f64> = {
+        let (a, b) = (a.to_vec::<f32>()?, &bv);
+        (0..m * n)
+            .map(|i| {
+                let (r, c) = (i / n, i % n);
+                (0..k)
+                    .map(|j| f64::from(a[r * k + j]) * f64::from(b[j * n + c]))
+                    .sum()
+            })
+            .collect()
+    };
+    let x = a.matmul(&b)?;
+
+    let hits = x.eq(&x.max(&[-1], true)?)?.to_vec::<bool>()?;
+    for row in 0..m {
+        assert!(
+            hits[row * n..(row + 1) * n].iter().any(|&h| h),
+            "row {row}: no element equals the row's maximum"
+        );
+    }
+
+    let top = 5;
+    let (v, i) = x.topk(top, -1, true, true)?;
+    let (v, i) = (v.to_vec::<f32>()?, i.to_vec::<i64>()?);
+    for row in 0..m {
+        let mut want: Vec<f64> = reference[row * n..(row + 1) * n].to_vec();
+        want.sort_by(|p, q| q.total_cmp(p));
+        for t in 0..top {
+            let (got, at) = (f64::from(v[row * top + t]), i[row * top + t] as usize);
+            assert!(
+                (got - want[t]).abs() <= 1e-4 && (reference[row * n + at] - got).abs() <= 1e-4,
+                "topk row {row} place {t}: {got} at {at}, the f64 product's is {} (there {})",
+                want[t],
+                reference[row * n + at]
+            );
+        }
+    }
+
+    let g = tessel_tensor::grad(&x.max(&[-1], false)?.sum_all()?, &[&a])?;
+    let g = g[0].to_vec::<f32>()?;
+    for row in 0..m {
+        let at = (0..n)
+            .max_by(|&p, &q| reference[row * n + p].total_cmp(&reference[row * n + q]))
+            .expect("n > 0");
+        for j in 0..k {
+            let (got, want) = (g[row * k + j], bv[j * n + at]);
+            assert!(
+                (got - want).abs() <= 1e-6,
+                "max's gradient row {row}, column {j}: {got}, want b[{j}, {at}] = {want}"
+            );
+        }
+    }
+    Ok(())
+}
