@@ -112,7 +112,10 @@ typedef fa_u16 fa_t;
 typedef float fa_t;
 #define FA_BM 64
 #define FA_BN 32
+// The backward's f32 kernels (`attention_backward.cu`) copy with blocks of their own size.
+#ifndef FA_THREADS
 #define FA_THREADS 64
+#endif
 #define FA_PAD 0
 #endif
 // Elements per 16-byte chunk, and per stored (padded) shared row.

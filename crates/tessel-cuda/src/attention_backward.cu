@@ -3,9 +3,12 @@
 // no [l, s] matrix is stored. `attention_backward.rs` puts `attention.cu` (whose macros,
 // copies and mma helpers these use) and its configuration before this text, with
 //
-//   FAB_PART    0: the log-sum-exps; 1: dq; 2: dk (stored transposed); 3: dv
+//   FAB_PART    0: the log-sum-exps; 1: dq; 2: dk (stored transposed); 3: dv;
+//               4 (f32): dq, dk and dv at once
+//   FAB_SPLIT   f32 gradients: threads sharing a key (FA_THREADS / FAB_SPLIT keys a block)
 //
-// and FA_HALF 1, FA_MASK 0 (half operands on tensor cores, no mask, no dropout). In base 2:
+// and FA_MASK 0 (no mask, no dropout); FA_HALF 1 runs half operands on tensor cores,
+// FA_HALF 0 f32 on the CUDA cores. In base 2:
 // x_ij = scale·log2(e)·(q_i · k_j), p_ij = exp2(x_ij − lse_i·log2(e)) (0 where key j is
 // hidden), dp_ij = dO_i · v_j, ds_ij = p_ij (dp_ij − delta_i); then dq_i = scale Σ_j ds_ij k_j,
 // dk_j = scale Σ_i ds_ij q_i, dv_j = Σ_i p_ij dO_i. Sums are f32; the probabilities and
@@ -328,6 +331,310 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention_backwa
                 fa_pack(acc[j][2 * h], acc[j][2 * h + 1]);
 #endif
         }
+    }
+}
+
+#endif
+
+#else  // f32 on the CUDA cores
+
+// FAB_PART 0: the log-sum-exps, as the forward's one-row-per-thread kernel without the
+// values; FAB_PART 4: dq, dkᵀ and dv in one pass per key tile, dq summed atomically.
+#define FAB_LN2 0.6931471805599453f
+
+#if FAB_PART == 0
+
+// Key rows per tile, two tiles in flight.
+#define FAB_KEYS 32
+
+// A thread per query row (FA_THREADS rows per block), walking the key tiles its rows see
+// with the forward's online max and sum (base 2).
+extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention_backward(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ dout, const float* __restrict__ lse_in,
+    const float* __restrict__ delta, float* __restrict__ lse, int l, int s, float scale_log2,
+    float scale, long long q_stride, long long k_stride, long long v_stride, int group) {
+    extern __shared__ __align__(16) float smem[];
+    const int tiles_q = (l + FA_THREADS - 1) / FA_THREADS;
+    const int pairs = gridDim.x / tiles_q;
+    const long long pair = blockIdx.x % pairs;
+    const int m0 = (tiles_q - 1 - (int)(blockIdx.x / pairs)) * FA_THREADS;
+    const int row = m0 + threadIdx.x;
+    q += pair * q_stride;
+    k += pair / group * k_stride;
+    const int kv_end = FA_CAUSAL ? min(s, m0 + FA_THREADS) : s;
+    const int tiles = (kv_end + FAB_KEYS - 1) / FAB_KEYS;
+    if (tiles > 0) fa_load(smem, k, FAB_KEYS, 0, s);
+    FA_COMMIT();
+
+    float qr[FA_D];
+    const float4* q4 = (const float4*)(q + (long long)min(row, l - 1) * FA_D);
+#pragma unroll
+    for (int d = 0; d < FA_D / 4; d++) {
+        float4 x = q4[d];
+        qr[4 * d] = x.x * scale_log2;
+        qr[4 * d + 1] = x.y * scale_log2;
+        qr[4 * d + 2] = x.z * scale_log2;
+        qr[4 * d + 3] = x.w * scale_log2;
+    }
+    float row_max = FA_NEG_INF, row_sum = 0.0f;
+    for (int t = 0; t < tiles; t++) {
+        if (t + 1 < tiles) {
+            fa_load(smem + ((t + 1) % 2) * FAB_KEYS * FA_D, k, FAB_KEYS, (t + 1) * FAB_KEYS, s);
+            FA_COMMIT();
+            FA_WAIT(1);
+        } else {
+            FA_WAIT(0);
+        }
+        __syncthreads();
+        const float* ks = smem + (t % 2) * FAB_KEYS * FA_D;
+        const int n0 = t * FAB_KEYS;
+        // Keys past `keys` (past `s`, or causal: past the row) are hidden.
+        const int keys = min(FAB_KEYS, (FA_CAUSAL ? min(kv_end, row + 1) : s) - n0);
+        for (int j = 0; j < keys; j += 4) {
+            float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int d = 0; d < FA_D / 4; d++) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float4 y = ((const float4*)(ks + (j + u) * FA_D))[d];
+                    dot[u] = fmaf(qr[4 * d], y.x, dot[u]);
+                    dot[u] = fmaf(qr[4 * d + 1], y.y, dot[u]);
+                    dot[u] = fmaf(qr[4 * d + 2], y.z, dot[u]);
+                    dot[u] = fmaf(qr[4 * d + 3], y.w, dot[u]);
+                }
+            }
+            float mx = FA_NEG_INF;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (j + u >= keys) dot[u] = FA_NEG_INF;
+                mx = fmaxf(mx, dot[u]);
+            }
+            if (mx > row_max) {
+                row_sum *= exp2f(row_max - mx);
+                row_max = mx;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) row_sum += exp2f(dot[u] - row_max);
+        }
+        // Every thread is done with the tile before the next iteration refills it.
+        __syncthreads();
+    }
+    if (row < l)
+        lse[pair * l + row] =
+            row_max == FA_NEG_INF ? FA_NEG_INF : (row_max + log2f(row_sum)) * FAB_LN2;
+}
+
+#else  // FAB_PART 4
+
+// FAB_SPLIT threads share a key, each holding the 16-byte chunks c ≡ its part (mod
+// FAB_SPLIT) of the key's k, v and gradient rows; a step is FAB_BM queries.
+#define FAB_BN (FA_THREADS / FAB_SPLIT)
+#define FAB_BM 32
+#define FAB_DH (FA_D / FAB_SPLIT)  // head-dim elements per thread
+#define FAB_DS (FAB_BM + 1)        // floats per row of the dsᵀ tile (odd: no bank conflicts)
+#define FAB_STEP (2 * FAB_BM * FA_D + 2 * FAB_BM)  // a step's q, dO, lse·log2(e), delta
+static_assert(FA_D % (4 * FAB_SPLIT) == 0, "whole 16-byte chunks per thread");
+static_assert(FA_THREADS % FAB_BM == 0, "whole queries per thread group of dq");
+
+// Queues the copy of the step's q and dO rows from `m0` on (zeros past `l`) and writes its
+// statistics (0 past `l`).
+__device__ __forceinline__ void fab_load_step(
+    float* stage, const float* q, const float* dout, const float* lse, const float* delta,
+    int m0, int l) {
+    fa_load(stage, q, FAB_BM, m0, l);
+    fa_load(stage + FAB_BM * FA_D, dout, FAB_BM, m0, l);
+    float* stats = stage + 2 * FAB_BM * FA_D;
+    for (int i = threadIdx.x; i < FAB_BM; i += FA_THREADS) {
+        const bool in = m0 + i < l;
+        stats[i] = in ? lse[m0 + i] * FA_LOG2E : 0.0f;
+        stats[FAB_BM + i] = in ? delta[m0 + i] : 0.0f;
+    }
+}
+
+// A block per key tile of a pair (FAB_BN keys), walking the steps of queries that see it
+// (causal: from the tile's first key on), two in flight. For each query a thread pair
+// computes the score and dO·v of its key (halves met by shuffles), the probability from
+// the query's log-sum-exp and ds; dv and dk accumulate in registers, ds goes to shared
+// memory transposed, and after the step the block turns to dq: FA_THREADS / FAB_BM threads
+// per query sum ds times the key tile's rows and add them to dq atomically (other key
+// tiles add theirs). dq must hold zeros before the launch.
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 2) tessel_attention_backward(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ dout, const float* __restrict__ lse,
+    const float* __restrict__ delta, float* __restrict__ dq, float* __restrict__ dk,
+    float* __restrict__ dv, int l, int s, float scale_log2, float scale, long long q_stride,
+    long long k_stride, long long v_stride, int group) {
+    extern __shared__ __align__(16) float smem[];
+    float* ks = smem + 2 * FAB_STEP;  // the key tile, for dq
+    float* dst = ks + FAB_BN * FA_D;  // dsᵀ: FAB_BN rows of FAB_DS
+    const int part = threadIdx.x % FAB_SPLIT, key_local = threadIdx.x / FAB_SPLIT;
+    const int tiles_k = (s + FAB_BN - 1) / FAB_BN;
+    const int pairs = gridDim.x / tiles_k;
+    const long long pair = blockIdx.x % pairs;
+    const int n0 = (int)(blockIdx.x / pairs) * FAB_BN;
+    const int key = n0 + key_local;
+    q += pair * q_stride;
+    k += pair / group * k_stride;
+    v += pair / group * v_stride;
+    dout += pair * l * FA_D;
+    lse += pair * l;
+    delta += pair * l;
+    dq += pair * l * FA_D;
+
+    fa_load(ks, k, FAB_BN, n0, s);
+    const int first = FA_CAUSAL ? n0 / FAB_BM * FAB_BM : 0;
+    const int steps = (l - first + FAB_BM - 1) / FAB_BM;
+    if (steps > 0) fab_load_step(smem, q, dout, lse, delta, first, l);
+    FA_COMMIT();
+
+    float kr[FAB_DH], vr[FAB_DH], dkr[FAB_DH], dvr[FAB_DH];
+    {
+        const float4* k4 = (const float4*)(k + (long long)min(key, s - 1) * FA_D);
+        const float4* v4 = (const float4*)(v + (long long)min(key, s - 1) * FA_D);
+#pragma unroll
+        for (int c = 0; c < FAB_DH / 4; c++) {
+            const float4 a = k4[c * FAB_SPLIT + part], b = v4[c * FAB_SPLIT + part];
+            kr[4 * c] = a.x;
+            kr[4 * c + 1] = a.y;
+            kr[4 * c + 2] = a.z;
+            kr[4 * c + 3] = a.w;
+            vr[4 * c] = b.x;
+            vr[4 * c + 1] = b.y;
+            vr[4 * c + 2] = b.z;
+            vr[4 * c + 3] = b.w;
+        }
+#pragma unroll
+        for (int d = 0; d < FAB_DH; d++) dkr[d] = dvr[d] = 0.0f;
+    }
+    // The first query the warp's keys can see (causal), and the last key a warp's queries
+    // of the dq phase can see.
+    const int warp_key = n0 + (threadIdx.x / 32) * (32 / FAB_SPLIT);
+    const int per_query = FA_THREADS / FAB_BM, dq_query = threadIdx.x / per_query,
+              dq_part = threadIdx.x % per_query;
+
+    for (int t = 0; t < steps; t++) {
+        const int m0 = first + t * FAB_BM;
+        if (t + 1 < steps) {
+            fab_load_step(smem + ((t + 1) % 2) * FAB_STEP, q, dout, lse, delta, m0 + FAB_BM, l);
+            FA_COMMIT();
+            FA_WAIT(1);
+        } else {
+            FA_WAIT(0);
+        }
+        __syncthreads();
+        const float* qs = smem + (t % 2) * FAB_STEP;
+        const float* dos = qs + FAB_BM * FA_D;
+        const float* lse2 = dos + FAB_BM * FA_D;
+        const float* dl = lse2 + FAB_BM;
+        // Queries before `i0` see none of the warp's keys (a bound the warp shares).
+        const int i0 = FA_CAUSAL ? min(FAB_BM, max(0, warp_key - m0)) : 0;
+        const int i1 = min(FAB_BM, l - m0);
+        for (int i = 0; i < i0; i++)
+            if (part == 0) dst[key_local * FAB_DS + i] = 0.0f;
+#pragma unroll 1
+        for (int i = i0; i < i1; i++) {
+            const float4* q4 = (const float4*)(qs + i * FA_D);
+            const float4* d4 = (const float4*)(dos + i * FA_D);
+            float qi[FAB_DH], di[FAB_DH];
+            float sp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int c = 0; c < FAB_DH / 4; c++) {
+                const float4 a = q4[c * FAB_SPLIT + part], b = d4[c * FAB_SPLIT + part];
+                qi[4 * c] = a.x;
+                qi[4 * c + 1] = a.y;
+                qi[4 * c + 2] = a.z;
+                qi[4 * c + 3] = a.w;
+                di[4 * c] = b.x;
+                di[4 * c + 1] = b.y;
+                di[4 * c + 2] = b.z;
+                di[4 * c + 3] = b.w;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    sp[e] = fmaf(qi[4 * c + e], kr[4 * c + e], sp[e]);
+                    dp[e] = fmaf(di[4 * c + e], vr[4 * c + e], dp[e]);
+                }
+            }
+            float x = (sp[0] + sp[1]) + (sp[2] + sp[3]);
+            float y = (dp[0] + dp[1]) + (dp[2] + dp[3]);
+#pragma unroll
+            for (int o = 1; o < FAB_SPLIT; o *= 2) {
+                x += __shfl_xor_sync(0xffffffff, x, o);
+                y += __shfl_xor_sync(0xffffffff, y, o);
+            }
+            const bool seen = key < s && (!FA_CAUSAL || key <= m0 + i);
+            const float p = seen ? exp2f(x * scale_log2 - lse2[i]) : 0.0f;
+            const float ds = p * (y - dl[i]);
+#pragma unroll
+            for (int d = 0; d < FAB_DH; d++) {
+                dvr[d] = fmaf(p, di[d], dvr[d]);
+                dkr[d] = fmaf(ds, qi[d], dkr[d]);
+            }
+            if (part == 0) dst[key_local * FAB_DS + i] = ds;
+        }
+        __syncthreads();
+        // dq: `per_query` threads a query, each the chunks c ≡ dq_part (mod per_query).
+        {
+            const int row = m0 + dq_query;
+            // Keys past `jn` are hidden from every query of the warp.
+            const int warp_last = m0 + ((threadIdx.x / 32) * 32 + 31) / per_query;
+            const int jn = min(FAB_BN, (FA_CAUSAL ? min(s, warp_last + 1) : s) - n0);
+            constexpr int chunks = (FA_D / 4 + FA_THREADS / FAB_BM - 1) / (FA_THREADS / FAB_BM);
+            float acc[chunks][4];
+#pragma unroll
+            for (int c = 0; c < chunks; c++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[c][e] = 0.0f;
+            if (dq_query < i1) {
+                for (int j = 0; j < jn; j++) {
+                    const float w = dst[j * FAB_DS + dq_query];
+                    const float4* k4 = (const float4*)(ks + j * FA_D);
+#pragma unroll
+                    for (int c = 0; c < chunks; c++) {
+                        const int chunk = c * per_query + dq_part;
+                        if (chunk < FA_D / 4) {
+                            const float4 y = k4[chunk];
+                            acc[c][0] = fmaf(w, y.x, acc[c][0]);
+                            acc[c][1] = fmaf(w, y.y, acc[c][1]);
+                            acc[c][2] = fmaf(w, y.z, acc[c][2]);
+                            acc[c][3] = fmaf(w, y.w, acc[c][3]);
+                        }
+                    }
+                }
+                if (jn > 0) {
+#pragma unroll
+                    for (int c = 0; c < chunks; c++) {
+                        const int chunk = c * per_query + dq_part;
+                        if (chunk < FA_D / 4) {
+                            float* to = dq + (long long)row * FA_D + chunk * 4;
+#if __CUDA_ARCH__ >= 900
+                            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                                         :: "l"(to), "f"(acc[c][0] * scale),
+                                            "f"(acc[c][1] * scale), "f"(acc[c][2] * scale),
+                                            "f"(acc[c][3] * scale)
+                                         : "memory");
+#else
+#pragma unroll
+                            for (int e = 0; e < 4; e++) atomicAdd(to + e, acc[c][e] * scale);
+#endif
+                        }
+                    }
+                }
+            }
+        }
+        // Every thread is done with the step's tiles and dsᵀ before they are refilled.
+        __syncthreads();
+    }
+    if (key >= s) return;
+    // dkᵀ: element (pair, d, key) at (pair·FA_D + d)·s + key; dv row-major.
+    float* dkt = dk + pair * FA_D * s + key;
+    float4* dv4 = (float4*)(dv + (pair * s + key) * FA_D);
+#pragma unroll
+    for (int c = 0; c < FAB_DH / 4; c++) {
+        const int chunk = c * FAB_SPLIT + part;
+#pragma unroll
+        for (int e = 0; e < 4; e++) dkt[(long long)(chunk * 4 + e) * s] = dkr[4 * c + e] * scale;
+        dv4[chunk] = make_float4(dvr[4 * c], dvr[4 * c + 1], dvr[4 * c + 2], dvr[4 * c + 3]);
     }
 }
 

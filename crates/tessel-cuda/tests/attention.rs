@@ -237,9 +237,10 @@ fn few_queries_against_long_caches_split_their_keys() {
     }
 }
 
-/// The fused backward's four pieces (log-sum-exps, `dq`, `dk` transposed, `dv`) in `bf16`
-/// and `f16`: odd lengths, causal or not, more queries than keys and the reverse,
-/// grouped-query heads, a dynamic length; within `2⁻⁷` of each result's largest value.
+/// The fused backward's pieces: in `bf16` and `f16` four (log-sum-exps, `dq`, `dk`
+/// transposed, `dv`), in `f32` two (log-sum-exps; `dq`, `dk` and `dv` in one program):
+/// odd lengths, causal or not, more queries than keys and the reverse, grouped-query heads,
+/// a dynamic length; within `2⁻⁷` (half) or `1e-4` (f32) of each result's largest value.
 #[test]
 fn fused_attention_backward_matches_the_reference() {
     let cuda = CudaBackend::new();
@@ -265,23 +266,37 @@ fn fused_attention_backward_matches_the_reference() {
             let op = attention_op(dtype, sizes, causal, [false; 2]);
             assert_eq!(fused(device, &op, &none), 4, "{op}");
         }
+        for (sizes, causal) in [
+            ([3, 37, 53, 64], true),
+            ([2, 70, 45, 64], false),
+            ([2, 130, 130, 32], true),
+            ([2, 129, 200, 16], false),
+            ([4, 200, 70, 64], true),
+            ([2, 33, 33, 8], true),
+        ] {
+            let op = attention_op(DType::F32, sizes, causal, [false; 2]);
+            assert_eq!(fused(device, &op, &none), 2, "{op}");
+        }
+        let mut op = attention_op(DType::F32, [6, 40, 70, 32], true, [false; 2]);
+        op.kv_group = 3.into();
+        assert_eq!(fused(device, &op, &none), 2, "{op}");
         let mut op = attention_op(DType::BF16, [6, 40, 70, 32], true, [false; 2]);
         op.kv_group = 3.into();
         assert_eq!(fused(device, &op, &none), 4, "{op}");
         let t = Var::new("t", 1, 4096).unwrap();
-        let mut op = attention_op(DType::BF16, [3, 1, 1, 64], true, [false; 2]);
-        op.l = t.into();
-        op.s = t.into();
-        op.q_batch_stride = Dim::from(t) * Dim::constant(64);
-        op.k_batch_stride = op.q_batch_stride;
-        op.v_batch_stride = op.q_batch_stride;
-        for len in [1, 64, 97] {
-            let dims: Bindings = [(t, len)].into_iter().collect();
-            assert_eq!(fused(device, &op, &dims), 4, "{op} at t = {len}");
+        for (dtype, pieces) in [(DType::BF16, 4), (DType::F32, 2)] {
+            let mut op = attention_op(dtype, [3, 1, 1, 64], true, [false; 2]);
+            op.l = t.into();
+            op.s = t.into();
+            op.q_batch_stride = Dim::from(t) * Dim::constant(64);
+            op.k_batch_stride = op.q_batch_stride;
+            op.v_batch_stride = op.q_batch_stride;
+            for len in [1, 64, 97] {
+                let dims: Bindings = [(t, len)].into_iter().collect();
+                assert_eq!(fused(device, &op, &dims), pieces, "{op} at t = {len}");
+            }
         }
-        // f32, and heads past 64, are left to the portable kernels.
-        let op = attention_op(DType::F32, [2, 33, 33, 64], true, [false; 2]);
-        assert_eq!(fused(device, &op, &none), 0);
+        // Heads past 64 are left to the portable kernels.
         let op = attention_op(DType::BF16, [2, 33, 33, 128], true, [false; 2]);
         assert_eq!(fused(device, &op, &none), 0);
     }

@@ -85,6 +85,7 @@ pub fn find_attention(
                 op: VendorOp::Attention(a.op.clone()),
                 operands: a.operands.clone(),
                 writes: a.writes.clone(),
+                also_writes: Vec::new(),
                 materialize,
             }
         })
@@ -229,6 +230,7 @@ fn in_place(
             .chain(a.operands[3..].iter().copied())
             .collect(),
         writes,
+        also_writes: Vec::new(),
         materialize,
     })
 }

@@ -13,11 +13,12 @@
 //! dq    = ds @ k      dkᵀ = qᵀ @ ds      dv = pᵀ @ dO
 //! ```
 //!
-//! [`find_backward`] describes `lse`, `dq`, `dkᵀ` and `dv` as
-//! [`VendorOp::AttentionBackward`]s over the forward's buffers and `dO`, `lse`, `delta`:
-//! alternatives that recompute the probabilities tile by tile instead of reading the
-//! `[l, s]` matrices the composition stores, measured against it like any candidate. A
-//! value gradient is matched only where a query or key gradient shows `lse` and `delta`.
+//! [`find_backward`] describes `lse`, `dq`, `dkᵀ` and `dv`, and the three gradients
+//! together, as [`VendorOp::AttentionBackward`]s over the forward's buffers and `dO`,
+//! `lse`, `delta`: alternatives that recompute the probabilities tile by tile instead of
+//! reading the `[l, s]` matrices the composition stores, measured against it like any
+//! candidate. A value gradient is matched only where a query or key gradient shows `lse`
+//! and `delta`.
 
 use rustc_hash::FxHashMap;
 use tessel_ir::{AttentionBackward, AttentionPart, Matmul, VendorOp};
@@ -44,6 +45,8 @@ pub(crate) fn find_backward(
     let products = plain_products(matmuls);
     let mut out = Vec::new();
     let mut inputs: Vec<Option<Inputs>> = vec![None; found.len()];
+    // Per attention, the first match of `dq`, `dkᵀ` and `dv` in `out`.
+    let mut gradients: Vec<[Option<usize>; 3]> = vec![[None; 3]; found.len()];
     let mut values = Vec::new();
     for m in matmuls {
         let VendorOp::Matmul(op) = &m.op else {
@@ -73,6 +76,7 @@ pub(crate) fn find_backward(
                 continue;
             };
             inputs[n] = Some(found_inputs);
+            gradients[n][usize::from(part == AttentionPart::Key)].get_or_insert(out.len());
             out.push(gradient(graph, a, part, found_inputs, m));
         }
     }
@@ -87,7 +91,13 @@ pub(crate) fn find_backward(
                 d_out,
                 ..found_inputs
             };
+            gradients[n][2].get_or_insert(out.len());
             out.push(gradient(graph, a, AttentionPart::Value, with_own, m));
+        }
+    }
+    for (a, pieces) in found.iter().zip(&gradients) {
+        if let [Some(dq), Some(dk), Some(dv)] = *pieces {
+            out.push(all_gradients(graph, a, [&out[dq], &out[dk], &out[dv]]));
         }
     }
     for (a, found_inputs) in found.iter().zip(&inputs) {
@@ -103,6 +113,7 @@ pub(crate) fn find_backward(
             materialize: to_materialize(graph, &operands, lse),
             operands,
             writes: vec![lse],
+            also_writes: Vec::new(),
         });
     }
     out
@@ -131,6 +142,36 @@ fn gradient(
         materialize: to_materialize(graph, &operands, top),
         operands,
         writes: m.writes.clone(),
+        also_writes: Vec::new(),
+    }
+}
+
+/// The three gradients of `a` computed together, from the matches of each: the operands
+/// of `dq`'s, writing `dq`'s nodes, then the topmost of `dkᵀ`'s and of `dv`'s.
+fn all_gradients(
+    graph: &Graph,
+    a: &AttentionNodes,
+    [dq, dk, dv]: [&VendorMatch; 3],
+) -> VendorMatch {
+    let tops: Vec<NodeId> = [dk, dv]
+        .iter()
+        .map(|m| *m.writes.last().unwrap_or(&m.operands[0]))
+        .collect();
+    let mut materialize = to_materialize(
+        graph,
+        &dq.operands,
+        *dq.writes.last().unwrap_or(&dq.operands[0]),
+    );
+    materialize.extend(&tops);
+    VendorMatch {
+        op: VendorOp::AttentionBackward(AttentionBackward {
+            forward: a.op.clone(),
+            part: AttentionPart::Gradients,
+        }),
+        operands: dq.operands.clone(),
+        writes: dq.writes.clone(),
+        also_writes: tops,
+        materialize,
     }
 }
 

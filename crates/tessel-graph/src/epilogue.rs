@@ -89,6 +89,7 @@ pub(crate) fn epilogues(
             op: VendorOp::Matmul(with),
             operands,
             writes,
+            also_writes: Vec::new(),
             materialize,
         });
     }

@@ -18,7 +18,8 @@ use crate::consumers::Consumers;
 use crate::epilogue::epilogues;
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
 
-/// A matrix product found in the graph.
+/// A library routine found in the graph: a matrix product, an attention or a piece of an
+/// attention's backward pass.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VendorMatch {
     /// The routine.
@@ -29,8 +30,12 @@ pub struct VendorMatch {
     /// The nodes the routine can write, each holding the product's bytes in row-major
     /// order: the reduction itself and the reshapes stacked on it.
     pub writes: Vec<NodeId>,
+    /// The further results of a routine with several (bound after the first, in order),
+    /// one node each; empty for most.
+    pub also_writes: Vec<NodeId>,
     /// Nodes to materialize so the routine can run: the non-leaf operands, and the
-    /// topmost of `writes` (so a fused consumer reads the product instead of absorbing it).
+    /// topmost of `writes` (so a fused consumer reads the product instead of absorbing it)
+    /// and `also_writes`.
     pub materialize: Vec<NodeId>,
 }
 
@@ -212,6 +217,7 @@ fn routine(
         }),
         operands: vec![lhs.node, rhs.node],
         writes,
+        also_writes: Vec::new(),
         materialize,
     }
 }

@@ -42,6 +42,7 @@ impl VendorOp {
                     AttentionPart::Query => "dq",
                     AttentionPart::Key => "dk",
                     AttentionPart::Value => "dv",
+                    AttentionPart::Gradients => "dqkv",
                 });
                 w.attention(&b.forward);
             }
@@ -65,6 +66,7 @@ impl VendorOp {
                     "dq" => AttentionPart::Query,
                     "dk" => AttentionPart::Key,
                     "dv" => AttentionPart::Value,
+                    "dqkv" => AttentionPart::Gradients,
                     _ => return None,
                 };
                 VendorOp::AttentionBackward(AttentionBackward {

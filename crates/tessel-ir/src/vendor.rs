@@ -699,9 +699,13 @@ impl fmt::Display for Attention {
 /// - [`Value`](AttentionPart::Value): `dv_j = Σ_i p_ij f_ij dO_i` for each pair,
 ///   `batch·s·ev` elements.
 ///
-/// The gradients bind as `[q, k, v, mask?, key?, dO, lse, delta, out]`: `dO` contiguous
-/// `batch·l·ev` in `dtype`, `lse` and `delta` contiguous `batch·l` in `f32`, the result in
-/// `dtype`. Everything is computed in `f32`.
+/// - [`Gradients`](AttentionPart::Gradients): `dq`, `dkᵀ` and `dv` at once, as above (one
+///   pass over the `(query, key)` pairs instead of three).
+///
+/// The gradients bind as `[q, k, v, mask?, key?, dO, lse, delta, out]` (`out` being `dq`,
+/// `dkᵀ`, `dv` for [`Gradients`](AttentionPart::Gradients)): `dO` contiguous `batch·l·ev` in
+/// `dtype`, `lse` and `delta` contiguous `batch·l` in `f32`, the results in `dtype`.
+/// Everything is computed in `f32`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionBackward {
     /// The attention differentiated.
@@ -721,6 +725,8 @@ pub enum AttentionPart {
     Key,
     /// The gradient of `v`, per query pair.
     Value,
+    /// The gradients of `q`, `k` and `v` in one program.
+    Gradients,
 }
 
 /// [`AttentionBackward::reference`]'s results, every one in `f64`.
@@ -817,13 +823,19 @@ impl AttentionBackward {
         r
     }
 
-    /// Elements of the result for one launch's sizes.
-    pub fn out_elements(&self, s: &AttentionSizes) -> usize {
+    /// Elements of each result for one launch's sizes, in binding order.
+    pub fn out_elements(&self, s: &AttentionSizes) -> Vec<usize> {
+        let [dq, dk, dv] = [
+            s.batch * s.l * s.e,
+            s.batch * s.s * s.e,
+            s.batch * s.s * s.ev,
+        ];
         match self.part {
-            AttentionPart::LogSumExp => s.batch * s.l,
-            AttentionPart::Query => s.batch * s.l * s.e,
-            AttentionPart::Key => s.batch * s.s * s.e,
-            AttentionPart::Value => s.batch * s.s * s.ev,
+            AttentionPart::LogSumExp => vec![s.batch * s.l],
+            AttentionPart::Query => vec![dq],
+            AttentionPart::Key => vec![dk],
+            AttentionPart::Value => vec![dv],
+            AttentionPart::Gradients => vec![dq, dk, dv],
         }
     }
 }
@@ -835,6 +847,7 @@ impl fmt::Display for AttentionBackward {
             AttentionPart::Query => "dq",
             AttentionPart::Key => "dk",
             AttentionPart::Value => "dv",
+            AttentionPart::Gradients => "dq, dk and dv",
         };
         write!(f, "{part} of {}", self.forward)
     }

@@ -298,6 +298,7 @@ fn sdpa_gradients_are_the_fused_backward_pieces() -> Result<()> {
         AttentionPart::Query,
         AttentionPart::Key,
         AttentionPart::Value,
+        AttentionPart::Gradients,
     ];
     let keep = Tensor::randn([5, 7], DType::F32)?.gt(-0.5)?;
     let additive = Tensor::randn([2, 1, 1, 7], DType::F32)?;

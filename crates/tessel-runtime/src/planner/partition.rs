@@ -378,10 +378,16 @@ pub(crate) fn partition(
         }
         for m in &matches {
             for &w in &m.writes {
-                let node = graph.node(w);
-                parts
-                    .buffers
-                    .insert(slots.pos[&w], (node.dtype, node.shape.numel()));
+                // The values it writes: this alias of the first result, then the others.
+                let written: Vec<NodeId> = std::iter::once(w)
+                    .chain(m.also_writes.iter().copied())
+                    .collect();
+                for &n in &written {
+                    let node = graph.node(n);
+                    parts
+                        .buffers
+                        .insert(slots.pos[&n], (node.dtype, node.shape.numel()));
+                }
                 let candidate = Candidate {
                     work: Work::Vendor(match &m.op {
                         VendorOp::Matmul(op) => VendorOp::Matmul(precision.apply(op.clone())),
@@ -393,15 +399,15 @@ pub(crate) fn partition(
                         .operands
                         .iter()
                         .map(|o| slots.slot(*o))
-                        .chain([PlanSlot::Node(slots.pos[&w])])
+                        .chain(written.iter().map(|n| PlanSlot::Node(slots.pos[n])))
                         .collect(),
-                    writes: vec![slots.pos[&w]],
+                    writes: written.iter().map(|n| slots.pos[n]).collect(),
                     default: false,
                     for_routine: true,
                     cooperative: false,
                     tuning: None,
                     stands_in_for: None,
-                    computes: sums_computed_by(graph, &[w], &m.operands)
+                    computes: sums_computed_by(graph, &written, &m.operands)
                         .iter()
                         .map(|n| slots.pos[n])
                         .collect(),
@@ -420,7 +426,7 @@ pub(crate) fn partition(
                 let lens: Vec<Dim> = m
                     .operands
                     .iter()
-                    .chain([&w])
+                    .chain(&written)
                     .map(|&n| graph.node(n).shape.numel())
                     .collect();
                 let built = match &m.op {
