@@ -336,7 +336,7 @@ impl CudaBackend {
                 .module
                 .launch(&dev.ctx, &dev.stream, shape, shared, &mut slots)
                 .map_err(|e| BackendError::Launch {
-                    kernel: name.to_string(),
+                    kernel: name.clone(),
                     reason: format!("cuLaunchKernel failed: {e}"),
                 })?;
             self.counters
