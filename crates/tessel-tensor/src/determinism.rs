@@ -15,7 +15,10 @@ static DETERMINISTIC: AtomicBool = AtomicBool::new(false);
 /// destination (a stable sort of the indices), sums each destination's run in a fixed tree
 /// order (a segmented scan), and reads back each run's total: bit-identical results on
 /// every run, at the cost of the sort (see the guide's indexing section). Integer sums,
-/// `amax`/`amin`, `prod` and `scatter` are deterministic either way.
+/// `amax`/`amin`, `prod` and `scatter` are deterministic either way. It does not cover the
+/// fused `f32` attention backward on CUDA, which adds each key tile's share of `dq`
+/// atomically: a plan that chooses it gives attention gradients whose last bits may
+/// differ run to run.
 ///
 /// It is read when an op is recorded, not when a graph is realized: a tensor recorded
 /// before the switch keeps the form it was recorded with.
