@@ -356,12 +356,14 @@ impl CudaBackend {
             shape,
             launch.shared,
             slots,
+            None,
             timed,
         )
     }
 
     /// Queues one fused attention kernel (`module`'s entry) with its argument `slots`,
-    /// timed with events when `timed`, counting it as a vendor launch.
+    /// after zeroing `zeroed` (a device address and a byte count) where given, timed with
+    /// events when `timed`, counting it as a vendor launch.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn queue_fused(
         &self,
@@ -371,9 +373,14 @@ impl CudaBackend {
         [grid, block]: [[u32; 3]; 2],
         shared: u32,
         mut slots: Vec<ArgSlot>,
+        zeroed: Option<(u64, usize)>,
         timed: bool,
     ) -> Result<Option<Timing>, BackendError> {
         queue_timed(dev, name, timed, || {
+            if let Some((ptr, bytes)) = zeroed {
+                crate::ffi::fill(&dev.ctx, &dev.stream, ptr, 0, bytes)
+                    .map_err(|e| dev.lost("cuMemsetD8Async", e))?;
+            }
             module
                 .launch(&dev.ctx, &dev.stream, [grid, block], shared, &mut slots)
                 .map_err(|e| BackendError::Launch {

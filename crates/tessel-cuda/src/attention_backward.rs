@@ -18,14 +18,13 @@
 //! else is left to the portable kernels and the composition ([`supports`] says why not).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tessel_ir::{AttentionBackward, AttentionPart, BackendError, BufferId, VendorProgram};
 use tessel_shape::{Bindings, DType};
 
 use crate::device::CudaDevice;
 use crate::ffi::{ArgSlot, Module};
-use crate::{CudaBackend, Program, Timing, queue_timed};
+use crate::{CudaBackend, Program, Timing};
 
 /// The kernel text, after `attention.cu` and the macros [`source`] writes.
 const TEMPLATE: &str = include_str!("attention_backward.cu");
@@ -327,23 +326,16 @@ impl CudaBackend {
         let shape = [[blocks as u32, 1, 1], [threads(op) as u32, 1, 1]];
         // `dq` is summed atomically across key tiles: zero it first, in stream order.
         let zeroed = (op.part == AttentionPart::Gradients).then(|| (bound[6].ptr, needs[6]));
-        queue_timed(dev, name, timed, || {
-            if let Some((ptr, bytes)) = zeroed {
-                crate::ffi::fill(&dev.ctx, &dev.stream, ptr, 0, bytes)
-                    .map_err(|e| dev.lost("cuMemsetD8Async", e))?;
-            }
-            program
-                .module
-                .launch(&dev.ctx, &dev.stream, shape, shared, &mut slots)
-                .map_err(|e| BackendError::Launch {
-                    kernel: name.clone(),
-                    reason: format!("cuLaunchKernel failed: {e}"),
-                })?;
-            self.counters
-                .vendor_launches
-                .fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })
+        self.queue_fused(
+            dev,
+            &program.module,
+            name,
+            shape,
+            shared,
+            slots,
+            zeroed,
+            timed,
+        )
     }
 }
 
