@@ -847,6 +847,8 @@ impl Backend for CpuBackend {
             .map(|p| tessel_ir::VendorProgram {
                 program: self.programs.insert(Program::Vendor(p)),
                 variant: "gemm".into(),
+                // Each output element is summed by one thread in a fixed order.
+                deterministic: true,
             })
             .into_iter()
             .collect())

@@ -221,6 +221,7 @@ impl CudaBackend {
             programs.push(VendorProgram {
                 program: self.programs.insert(Program::Attention(program)),
                 variant,
+                deterministic: true,
             });
         }
         Ok(programs)

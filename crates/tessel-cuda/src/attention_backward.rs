@@ -201,6 +201,8 @@ impl CudaBackend {
         Ok(vec![VendorProgram {
             program: self.programs.insert(Program::AttentionBackward(program)),
             variant: "flash".into(),
+            // The three gradients add each key tile's share of dq atomically.
+            deterministic: op.part != AttentionPart::Gradients,
         }])
     }
 

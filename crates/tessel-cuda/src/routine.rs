@@ -66,6 +66,8 @@ impl CudaBackend {
                     .programs
                     .insert(Program::Matmul(program(MatmulBy::Library))),
                 variant: "cuBLAS".into(),
+                // One stream, one workspace: cuBLAS repeats its results bit for bit.
+                deterministic: true,
             });
         }
         let wanted = match self.config.generated_matmul {
@@ -101,6 +103,7 @@ impl CudaBackend {
                             origin,
                         }))),
                     variant: tile.label(),
+                    deterministic: true,
                 }),
                 // A tile this device cannot hold (too much shared memory) is left out.
                 Err(e) => tracing::warn!("tessel-cuda: {matmul}: no {}: {e}", tile.label()),

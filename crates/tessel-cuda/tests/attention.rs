@@ -7,7 +7,7 @@
 //! Without a GPU (or below compute capability 8.0) every test passes after a skip line.
 
 use tessel_cuda::CudaBackend;
-use tessel_ir::{Attention, AttentionMask, Backend, VendorOp};
+use tessel_ir::{Attention, AttentionMask, AttentionPart, Backend, VendorOp};
 use tessel_shape::{Bindings, DType, Dim, Var};
 use tessel_testkit::{
     attention_op, check_attention, check_attention_backward, with_heads_in_place,
@@ -251,6 +251,14 @@ fn fused_attention_backward_matches_the_reference() {
                 .vendor(device, &VendorOp::AttentionBackward(piece.clone()))
                 .unwrap();
             assert!(programs.len() <= 1);
+            // Only the three gradients in one pass sum atomically.
+            for p in &programs {
+                assert_eq!(
+                    p.deterministic,
+                    piece.part != AttentionPart::Gradients,
+                    "{piece}"
+                );
+            }
             programs.first().map(|p| p.program)
         })
     };

@@ -871,7 +871,10 @@ fn cublaslt_epilogues_match_the_reference() {
                     if programs.is_empty() {
                         return;
                     }
-                    for VendorProgram { program, variant } in programs {
+                    for VendorProgram {
+                        program, variant, ..
+                    } in programs
+                    {
                         let mut rng = Rng(0xe911 ^ (m * 31 + n) as u64);
                         let mut random = |len: usize| -> Vec<f64> {
                             (0..len).map(|_| rounded(dtype, 2.0 * rng.unit())).collect()

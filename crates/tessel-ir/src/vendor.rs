@@ -28,6 +28,10 @@ pub struct VendorProgram {
     /// `"mma 128×256×32/3"`): shown in plans, and part of the key its measured time is
     /// cached under.
     pub variant: String,
+    /// Whether two launches on the same inputs give bit-identical results: false where
+    /// the program sums floats atomically, in an order the device decides. Plans made
+    /// under deterministic algorithms leave out programs where this is false.
+    pub deterministic: bool,
 }
 
 /// A library operation.

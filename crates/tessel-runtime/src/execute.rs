@@ -334,7 +334,7 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Float32MatmulPrecision;
+    use crate::determinism::Numerics;
     use crate::program::Program;
     use crate::test_graph::{matmul, random_leaf, values};
 
@@ -357,7 +357,7 @@ mod tests {
             (
                 tessel_graph::signature(&st.graph, &[c]).0,
                 device,
-                Float32MatmulPrecision::Highest,
+                Numerics::default(),
                 tuning(),
             )
         };
@@ -457,9 +457,10 @@ pub(crate) fn free_temps(plan: &Plan, temps: impl Iterator<Item = (Place, (Buffe
 #[cfg(test)]
 mod placement_tests {
     use super::*;
+    use crate::Tuning;
+    use crate::determinism::Numerics;
     use crate::planner::{self, PlanDevice};
     use crate::test_graph::{constant, matmul, node, random_leaf, values};
-    use crate::{Float32MatmulPrecision, Tuning};
     use tessel_graph::placement::Step;
 
     /// A plan that runs every kernel on a second device (another backend when one is
@@ -498,7 +499,7 @@ mod placement_tests {
             &targets,
             &leaves,
             &[home, other],
-            Float32MatmulPrecision::Highest,
+            Numerics::default(),
             Tuning::Default,
         )
         .unwrap();
@@ -534,10 +535,9 @@ mod placement_tests {
                 .iter()
                 .any(|s| matches!(s, PlanStep::Launch { device: 1, .. }))
         );
-        rt.lock().plans.insert(
-            (sig, home, Float32MatmulPrecision::Highest, tuning()),
-            Arc::new(plan),
-        );
+        rt.lock()
+            .plans
+            .insert((sig, home, Numerics::default(), tuning()), Arc::new(plan));
 
         let report = rt.realize(&[c], home, &Bindings::default()).unwrap();
         assert_eq!(report.copies, leaves.len() + 1, "{report:?}");

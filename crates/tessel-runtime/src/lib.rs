@@ -12,6 +12,7 @@
 //! by a kernel or a library routine the planner chose by measuring it.
 
 mod captured;
+mod determinism;
 mod device;
 mod error;
 mod execute;
@@ -31,6 +32,7 @@ mod test_graph;
 mod tuning;
 
 pub use captured::Captured;
+pub use determinism::{are_deterministic_algorithms_enabled, use_deterministic_algorithms};
 pub use device::{Device, on_synchronize};
 pub use error::{Error, Result};
 pub use execute::{host_bytes, out_of_host_memory};

@@ -3,7 +3,7 @@
 //! A plan is stored under a hash of everything its choice depends on: the realize's
 //! candidates (each program's text, the values it reads and writes), the devices (backend,
 //! device name, driver, vendor library), the dynamic dims' values, the `f32` product
-//! precision and this crate's version. What is stored is the choice itself: for each step,
+//! precision and determinism, and this crate's version. What is stored is the choice itself: for each step,
 //! the candidate, the device and the routine's variant (or the value copied and between
 //! which devices), with the step's measured time for `tessel_tensor::inspect`, and the runner-up
 //! the same way. A process that finds its plan compiles only the programs the plan runs
@@ -22,9 +22,9 @@ use tessel_graph::placement::Step;
 use tessel_ir::cache::{Fnv128, read_keyed, write_keyed};
 use tessel_shape::Bindings;
 
+use crate::determinism::Numerics;
 use crate::measure::{device_identity, dims_identity};
 use crate::planner::{Compiled, Partitions, PlanDevice, PlanSlot};
-use crate::precision::Float32MatmulPrecision;
 
 /// One step of a stored plan, by what it runs rather than by program index.
 #[derive(Clone, Debug, PartialEq)]
@@ -235,12 +235,12 @@ pub(crate) fn key(
     parts: &Partitions,
     devices: &[PlanDevice],
     dims: &Bindings,
-    precision: Float32MatmulPrecision,
+    numerics: Numerics,
 ) -> u128 {
     let mut h = Fnv128::new();
     h.field(b"tessel-plan-v1");
     h.field(env!("CARGO_PKG_VERSION").as_bytes());
-    h.field(precision.name().as_bytes());
+    h.field(numerics.name().as_bytes());
     dims_identity(&mut h, dims);
     for (device, backend) in devices {
         device_identity(&mut h, &**backend, *device);

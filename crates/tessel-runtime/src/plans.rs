@@ -1,5 +1,5 @@
 //! The in-memory plan cache: plans by the structure of what they compute, the device, the
-//! `f32` matmul precision and the tuning mode, evicted first in, first out beyond
+//! `f32` matmul precision and determinism, the tuning mode, evicted first in, first out beyond
 //! [`PLAN_CACHE_LIMIT`].
 //!
 //! A realize that finds its plan here is the common case, so a lookup takes a [`Walk`] of
@@ -12,18 +12,19 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use tessel_graph::{Graph, Signature, Walk};
 
+use crate::determinism::Numerics;
 use crate::device::Device;
 use crate::planner::Plan;
-use crate::precision::Float32MatmulPrecision;
 use crate::runtime::PLAN_CACHE_LIMIT;
 use crate::tuning::Tuning;
 
 /// A plan's cache key: the graph's structure, the device it runs on, the `f32` matmul
-/// precision and the tuning mode (its routines and launch shapes differ with them).
-pub(crate) type PlanKey = (Signature, Device, Float32MatmulPrecision, Tuning);
+/// precision and determinism, and the tuning mode (its routines and launch shapes differ
+/// with them).
+pub(crate) type PlanKey = (Signature, Device, Numerics, Tuning);
 
 /// [`PlanKey`] with the signature reduced to its hash: a bucket.
-type Bucket = (u64, Device, Float32MatmulPrecision, Tuning);
+type Bucket = (u64, Device, Numerics, Tuning);
 
 fn bucket(key: &PlanKey) -> Bucket {
     (key.0.structure_hash(), key.1, key.2, key.3)
@@ -45,14 +46,12 @@ impl Plans {
         graph: &Graph,
         walk: &Walk,
         device: Device,
-        precision: Float32MatmulPrecision,
+        numerics: Numerics,
         tuning: Tuning,
     ) -> Option<(PlanKey, Arc<Plan>)> {
-        let entries = self
-            .buckets
-            .get(&(walk.hash(), device, precision, tuning))?;
+        let entries = self.buckets.get(&(walk.hash(), device, numerics, tuning))?;
         let (sig, plan) = entries.iter().find(|(sig, _)| walk.matches(graph, sig))?;
-        Some(((sig.clone(), device, precision, tuning), Arc::clone(plan)))
+        Some(((sig.clone(), device, numerics, tuning), Arc::clone(plan)))
     }
 
     /// The plan stored under `key`.

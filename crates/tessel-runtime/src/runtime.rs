@@ -20,6 +20,7 @@ use tessel_graph::{Graph, LeafId, Node, NodeId, Op, Walk};
 use tessel_ir::{Backend, BufferId};
 use tessel_shape::{Bindings, DType, Shape};
 
+use crate::determinism::Numerics;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::host::HostBytes;
@@ -27,7 +28,6 @@ use crate::measure;
 use crate::plan_cache::{self, StoredPlan};
 use crate::planner::{self, Plan};
 use crate::plans::{PlanKey, Plans};
-use crate::precision::float32_matmul_precision;
 use crate::stored_plans;
 use crate::tuning::tuning;
 
@@ -465,12 +465,12 @@ impl Runtime {
             if !dims.is_empty() {
                 Self::check_leaf_sizes(&st, &walk, dims)?;
             }
-            let precision = float32_matmul_precision();
+            let numerics = Numerics::current();
             let tuning = tuning();
-            if let Some((key, plan)) = st.plans.find(&st.graph, &walk, device, precision, tuning) {
+            if let Some((key, plan)) = st.plans.find(&st.graph, &walk, device, numerics, tuning) {
                 return Ok((st, plan, walk.into_leaves(), key));
             }
-            let key = (walk.signature(&st.graph), device, precision, tuning);
+            let key = (walk.signature(&st.graph), device, numerics, tuning);
             let leaves = walk.into_leaves();
             let devices = planner::placement_devices(device);
             let mut plan_devices = Vec::with_capacity(devices.len());
@@ -478,7 +478,7 @@ impl Runtime {
                 plan_devices.push((d, self.backend(d)?));
             }
             let whole_key = stored_plans::enabled()
-                .then(|| stored_plans::key(&key.0, &plan_devices, precision, tuning))
+                .then(|| stored_plans::key(&key.0, &plan_devices, numerics, tuning))
                 .flatten();
             if let Some(whole) = whole_key.filter(|_| !looked_whole) {
                 looked_whole = true;
@@ -508,11 +508,11 @@ impl Runtime {
             }
             let started = Instant::now();
             let parts =
-                planner::partition(&st.graph, targets, &leaves, &devices, precision, tuning)?;
+                planner::partition(&st.graph, targets, &leaves, &devices, numerics, tuning)?;
             drop(st);
             let partitioned = started.elapsed();
             tracing::debug!(target: "tessel::first_call", "{device}: partitioned in {:.2} s", partitioned.as_secs_f64());
-            let disk_key = plan_cache::key(&parts, &plan_devices, dims, precision);
+            let disk_key = plan_cache::key(&parts, &plan_devices, dims, numerics);
             let stored = from_disk.then(|| plan_cache::load(disk_key)).flatten();
             let only = stored.as_ref().map(StoredPlan::programs);
             // Compile without the lock: other threads keep recording.

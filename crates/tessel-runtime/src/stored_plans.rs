@@ -7,7 +7,7 @@
 //! This cache stores the chosen plan itself (every program's kernel text or routine
 //! record, the launches, copies and buffers) under a hash of the graph's structure
 //! ([`Signature::stable_hash`]), the devices (backend, name, driver, vendor library), the
-//! `f32` product precision, the tuning mode and the build of the program: a planner
+//! `f32` product precision and determinism, the tuning mode and the build of the program: a planner
 //! change needs a new build, and a new build plans anew. A process that finds its plan
 //! parses the kernels, compiles them (the backends' program caches make that a load) and
 //! runs, without touching the e-graph.
@@ -31,9 +31,9 @@ use tessel_ir::cache::{Fnv128, read_keyed, write_keyed};
 use tessel_ir::{Kernel, ProgramOrigin, VendorOp};
 use tessel_shape::{DType, Dim, Var};
 
+use crate::determinism::Numerics;
 use crate::measure::device_identity;
 use crate::planner::{self, Compiled, Origins, Place, Plan, PlanDevice, PlanSlot, PlanStep, Work};
-use crate::precision::Float32MatmulPrecision;
 use crate::program::{Program, program};
 use crate::tuning::Tuning;
 
@@ -51,7 +51,7 @@ pub(crate) fn enabled() -> bool {
 pub(crate) fn key(
     signature: &Signature,
     devices: &[PlanDevice],
-    precision: Float32MatmulPrecision,
+    numerics: Numerics,
     tuning: Tuning,
 ) -> Option<u128> {
     let structure = signature.stable_hash()?;
@@ -59,7 +59,7 @@ pub(crate) fn key(
     h.field(b"tessel-whole-plan-v1");
     h.field(env!("CARGO_PKG_VERSION").as_bytes());
     h.field(BUILD.as_bytes());
-    h.field(precision.name().as_bytes());
+    h.field(numerics.name().as_bytes());
     h.field(format!("{tuning:?}").as_bytes());
     for (device, backend) in devices {
         device_identity(&mut h, &**backend, *device);
@@ -474,13 +474,13 @@ mod tests {
             tessel_graph::Op::Unary(tessel_shape::UnaryOp::Exp2, matmul(a, b, &[], 24, 40, 32)),
             &[24, 32],
         );
-        let precision = crate::precision::float32_matmul_precision();
+        let numerics = Numerics::current();
         let (key, planned) = {
             let st = runtime().lock();
             let key = (
                 tessel_graph::signature(&st.graph, &[again]).0,
                 cpu,
-                precision,
+                numerics,
                 tuning(),
             );
             let plan = st.plans.get(&key).expect("the plan just realized").clone();
@@ -490,7 +490,7 @@ mod tests {
             .into_iter()
             .map(|d| (d, runtime().backend(d).expect("a backend")))
             .collect();
-        let whole = super::key(&key.0, &devices, precision, key.3).expect("a static graph");
+        let whole = super::key(&key.0, &devices, numerics, key.3).expect("a static graph");
         let mut origins = Origins::default();
         let loaded = load(whole, &devices, &mut origins).expect("the plan was stored whole");
         assert_eq!(launches(&loaded), launches(&planned));
@@ -547,13 +547,13 @@ mod dynamic_tests {
         let want = read(exp2_of(31, 7), 7);
 
         let again = exp2_of(31, 7);
-        let precision = crate::precision::float32_matmul_precision();
+        let numerics = Numerics::current();
         let key = {
             let st = runtime().lock();
             (
                 tessel_graph::signature(&st.graph, &[again]).0,
                 cpu,
-                precision,
+                numerics,
                 tuning(),
             )
         };
@@ -561,7 +561,7 @@ mod dynamic_tests {
             .into_iter()
             .map(|d| (d, runtime().backend(d).expect("a backend")))
             .collect();
-        let whole = super::key(&key.0, &devices, precision, key.3).expect("no custom kernel");
+        let whole = super::key(&key.0, &devices, numerics, key.3).expect("no custom kernel");
         let loaded = load(whole, &devices, &mut Origins::default()).expect("stored whole");
         assert!(
             loaded.buffers.iter().any(|(_, _, n)| n.vars() == [rows]) || loaded.buffers.is_empty()

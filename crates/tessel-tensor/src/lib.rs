@@ -11,7 +11,6 @@
 mod autocast;
 mod autograd;
 mod compiled;
-mod determinism;
 mod dynamic;
 mod element;
 mod host;
@@ -23,7 +22,6 @@ mod tensor;
 pub use autocast::{autocast, autocast_dtype, full_precision_operand};
 pub use autograd::grad;
 pub use compiled::Compiled;
-pub use determinism::{are_deterministic_algorithms_enabled, use_deterministic_algorithms};
 pub use element::Element;
 pub use ops::{
     Conv1dOptions, Conv2dOptions, Conv3dOptions, ConvOptions, CustomBackward, CustomOp, Operand,
@@ -34,7 +32,7 @@ pub use tensor::Tensor;
 pub use tessel_runtime::{
     BackendError, Device, DeviceInfo, DeviceKind, Error, Features, Float32MatmulPrecision,
     HostBytes, PLAN_CACHE_LIMIT, RealizeReport, Result, RuntimeStats, Tuning,
-    float32_matmul_precision, set_float32_matmul_precision, set_placement, set_tuning, stats,
-    tuning,
+    are_deterministic_algorithms_enabled, float32_matmul_precision, set_float32_matmul_precision,
+    set_placement, set_tuning, stats, tuning, use_deterministic_algorithms,
 };
 pub use tessel_shape::{DType, Dim, F8E4M3, F8E5M2, Shape, Var, bf16, f16};

@@ -88,6 +88,7 @@ pub(crate) fn compile(
     devices: Vec<PlanDevice>,
     only: Option<&[(usize, usize)]>,
 ) -> Result<Compiled> {
+    let deterministic = parts.deterministic;
     let mut out = Compiled {
         devices,
         candidates: parts.candidates,
@@ -121,7 +122,18 @@ pub(crate) fn compile(
                 continue;
             }
             match backend.vendor(device.ordinal, op) {
-                Ok(programs) => {
+                Ok(mut programs) => {
+                    if deterministic {
+                        programs.retain(|p| {
+                            p.deterministic || {
+                                tracing::debug!(target: "tessel::plan", "{device}: {op} by {} left out: its results vary run to run (deterministic algorithms are on)", p.variant);
+                                if let Err(e) = backend.release(p.program) {
+                                    tracing::warn!(target: "tessel::plan", "{device}: releasing {}: {e}", p.variant);
+                                }
+                                false
+                            }
+                        });
+                    }
                     if !programs.is_empty() {
                         any_vendor = true;
                         offered.insert(i);

@@ -17,9 +17,9 @@ use tessel_ir::cache::Fnv128;
 use tessel_ir::{Kernel, VendorOp};
 use tessel_shape::{DType, Dim};
 
+use crate::determinism::Numerics;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::precision::Float32MatmulPrecision;
 use crate::tuning::{self, TuneTag, Tuner, Tuning};
 
 use super::{PlanSlot, cooperative_workgroups};
@@ -117,6 +117,9 @@ pub(crate) struct Partitions {
     pub(super) outputs: Vec<(usize, usize)>,
     /// The level the variants were made for, which decides where they compile.
     pub(super) tuning: Tuning,
+    /// Whether only routines that repeat their results bit for bit may be built
+    /// ([`crate::use_deterministic_algorithms`]).
+    pub(super) deterministic: bool,
     /// The candidates by the values they write: a new candidate is compared only with
     /// those writing the same ones (a scan of them all made adding quadratic).
     by_writes: FxHashMap<Vec<usize>, Vec<usize>>,
@@ -190,7 +193,7 @@ pub(crate) fn partition(
     targets: &[NodeId],
     leaves: &[LeafId],
     devices: &[Device],
-    precision: Float32MatmulPrecision,
+    numerics: Numerics,
     tuning: Tuning,
 ) -> Result<Partitions> {
     let tuner = Tuner::new(tuning, devices);
@@ -260,6 +263,7 @@ pub(crate) fn partition(
                     .map(|(k, t)| (pos(t), k))
                     .collect(),
                 tuning,
+                deterministic: numerics.deterministic,
                 by_writes: FxHashMap::default(),
             }
         });
@@ -390,7 +394,9 @@ pub(crate) fn partition(
                 }
                 let candidate = Candidate {
                     work: Work::Vendor(match &m.op {
-                        VendorOp::Matmul(op) => VendorOp::Matmul(precision.apply(op.clone())),
+                        VendorOp::Matmul(op) => {
+                            VendorOp::Matmul(numerics.precision.apply(op.clone()))
+                        }
                         op @ (VendorOp::Attention(_) | VendorOp::AttentionBackward(_)) => {
                             op.clone()
                         }
@@ -700,7 +706,7 @@ mod tests {
     use crate::test_graph::{matmul, node, random_leaf};
     use crate::{Device, Result, runtime};
 
-    /// The partitions of `targets`' subgraph for the CPU (default precision and tuning).
+    /// The partitions of `targets`' subgraph for the CPU (default numerics and tuning).
     fn cpu_partitions(targets: &[tessel_graph::NodeId]) -> Result<Partitions> {
         let st = runtime().lock();
         let (_, leaves) = signature(&st.graph, targets);
@@ -709,7 +715,7 @@ mod tests {
             targets,
             &leaves,
             &[Device::cpu()],
-            crate::Float32MatmulPrecision::Highest,
+            crate::determinism::Numerics::default(),
             crate::Tuning::Default,
         )
     }
