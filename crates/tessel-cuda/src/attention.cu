@@ -198,7 +198,8 @@ __device__ __forceinline__ const fa_t* fa_next_stage(
     return kv + (t % 2) * 2 * FA_BN * FA_LEN;
 }
 
-// Every forward kernel's signature: operands, lengths, strides, heads, the mask.
+// Every forward kernel's signature: operands, lengths, strides, heads, the mask, and where
+// each query's log-sum-exp goes (`lse[pair·l + row]`, natural log; null: nowhere).
 #define FA_FORWARD_KERNEL                                                                   \
     extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) tessel_attention(\
         const fa_t* __restrict__ q, const fa_t* __restrict__ k, const fa_t* __restrict__ v, \
@@ -207,7 +208,14 @@ __device__ __forceinline__ const fa_t* fa_next_stage(
         long long k_row, long long v_outer, long long v_head, long long v_row,              \
         long long o_outer, long long o_head, long long o_row, int heads, int group,         \
         const void* __restrict__ mask, long long mo, long long mh, long long mi,            \
-        long long mj, int mask_heads)
+        long long mj, int mask_heads, float* __restrict__ lse)
+
+#define FA_LN2 0.6931471805599453f
+
+// The log-sum-exp of a row from its running max (of base-2 scaled scores) and sum.
+__device__ __forceinline__ float fa_lse(float row_max, float row_sum) {
+    return row_max == FA_NEG_INF ? FA_NEG_INF : (row_max + log2f(row_sum)) * FA_LN2;
+}
 
 // The block's query tile (those with the most keys first) and its pair, the operands moved
 // to the pair's rows, and the key tiles the tile sees.
@@ -466,6 +474,15 @@ FA_FORWARD_KERNEL {
                 *(fa_u32*)(out + (long long)row * o_row + col) =
                     fa_pack(o[w][j][2 * h] / sum, o[w][j][2 * h + 1] / sum);
             }
+            if (lse && lane % 4 == 0) {
+#if FA_FOLD
+                // Raw scores: the max in the exponent's units.
+                const float top = row_max[w][h] * scale_log2;
+#else
+                const float top = row_max[w][h];
+#endif
+                lse[pair * l + row] = fa_lse(top, sum);
+            }
         }
 }
 #endif  // FA_HELPERS_ONLY
@@ -591,6 +608,7 @@ FA_FORWARD_KERNEL {
         for (int d = 0; d < FA_DH; d++)
             out4[2 * d + half] = make_float4(o[r][4 * d] / sum, o[r][4 * d + 1] / sum,
                                              o[r][4 * d + 2] / sum, o[r][4 * d + 3] / sum);
+        if (lse && half == 0) lse[pair * l + row + r] = fa_lse(row_max[r], sum);
     }
 }
 #endif  // FA_HELPERS_ONLY
@@ -687,6 +705,7 @@ FA_FORWARD_KERNEL {
         for (int d = 0; d < FA_D / 4; d++)
             out4[d] = make_float4(o[4 * d] / row_sum, o[4 * d + 1] / row_sum,
                                   o[4 * d + 2] / row_sum, o[4 * d + 3] / row_sum);
+        if (lse) lse[pair * l + row] = fa_lse(row_max, row_sum);
     }
 }
 #endif  // FA_HELPERS_ONLY

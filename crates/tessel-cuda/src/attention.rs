@@ -16,7 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tessel_ir::handles;
-use tessel_ir::{Attention, AttentionSizes, BackendError, BufferId, ProgramOrigin, VendorProgram};
+use tessel_ir::{
+    Attention, AttentionBackward, AttentionPart, AttentionSizes, BackendError, BufferId,
+    ProgramOrigin, VendorProgram,
+};
 use tessel_shape::{Bindings, DType};
 
 use crate::attention_decode::{self, Decode};
@@ -57,6 +60,9 @@ pub(crate) struct AttentionProgram {
     name: String,
     /// The split-key kernels for launches with few query rows, where `op` may have them.
     decode: Option<Arc<Decode>>,
+    /// Whether it writes each query's log-sum-exp after the output
+    /// ([`AttentionPart::OutputAndLogSumExp`]).
+    saves_lse: bool,
 }
 
 impl AttentionProgram {
@@ -159,11 +165,40 @@ impl CudaBackend {
         device: usize,
         op: &Attention,
     ) -> Result<Vec<VendorProgram>, BackendError> {
+        self.forward_programs(device, op, None)
+    }
+
+    /// The programs for `piece`, an [`AttentionPart::OutputAndLogSumExp`]: the forward's
+    /// programs writing the log-sum-exps too, for attentions the backward's kernels take
+    /// (no mask or dropout).
+    pub(crate) fn output_and_lse_programs(
+        &self,
+        device: usize,
+        piece: &AttentionBackward,
+    ) -> Result<Vec<VendorProgram>, BackendError> {
+        debug_assert_eq!(piece.part, AttentionPart::OutputAndLogSumExp);
+        if piece.forward.mask.is_some() || piece.forward.dropout.is_some() {
+            tracing::trace!(
+                "tessel-cuda: no fused kernel for {piece}: the backward's kernels take no mask or dropout"
+            );
+            return Ok(Vec::new());
+        }
+        self.forward_programs(device, &piece.forward, Some(piece))
+    }
+
+    /// The forward programs of `op`, writing the log-sum-exps too for `piece`.
+    fn forward_programs(
+        &self,
+        device: usize,
+        op: &Attention,
+        piece: Option<&AttentionBackward>,
+    ) -> Result<Vec<VendorProgram>, BackendError> {
         let dev = self.device(device)?;
         if let Some(why) = supports(op, dev.capability) {
             tracing::trace!("tessel-cuda: no fused kernel for {op}: {why}");
             return Ok(Vec::new());
         }
+        let what = piece.map_or_else(|| op.to_string(), ToString::to_string);
         let head_dim = op.e.as_const().unwrap_or(0);
         // Besides the plain kernel, where the registers allow: half, two query tiles per
         // warp; f32, two threads sharing two rows (each k and v element read from shared
@@ -173,18 +208,22 @@ impl CudaBackend {
             _ => head_dim <= WIDE_MAX_HEAD_DIM,
         };
         let widths: &[usize] = if paired { &[1, 2] } else { &[1] };
-        let decode = self.decode_kernels(dev, op, head_dim);
+        // The split-key kernels write no log-sum-exps.
+        let decode = match piece {
+            None => self.decode_kernels(dev, op, head_dim),
+            Some(_) => None,
+        };
         let mut programs = Vec::with_capacity(widths.len());
         for &wm in widths {
             let (variant, name) = match (wm, op.dtype) {
-                (1, _) => ("flash".to_string(), op.to_string()),
+                (1, _) => ("flash".to_string(), what.clone()),
                 (_, DType::F32) => {
                     let variant = "flash 2 rows/thread".to_string();
-                    (variant.clone(), format!("{op} [{variant}]"))
+                    (variant.clone(), format!("{what} [{variant}]"))
                 }
                 _ => {
                     let variant = format!("flash {} rows", block_rows(op.dtype, wm));
-                    (variant.clone(), format!("{op} [{variant}]"))
+                    (variant.clone(), format!("{what} [{variant}]"))
                 }
             };
             let compiled = self
@@ -204,7 +243,7 @@ impl CudaBackend {
             let (module, origin) = match compiled {
                 Ok(built) => built,
                 Err(e) if !programs.is_empty() => {
-                    tracing::warn!("tessel-cuda: dropping the {variant} program of {op}: {e}");
+                    tracing::warn!("tessel-cuda: dropping the {variant} program of {what}: {e}");
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -217,6 +256,7 @@ impl CudaBackend {
                 wm,
                 name,
                 decode: decode.clone(),
+                saves_lse: piece.is_some(),
             };
             programs.push(VendorProgram {
                 program: self.programs.insert(Program::Attention(program)),
@@ -228,8 +268,9 @@ impl CudaBackend {
     }
 
     /// The buffers bound to a fused attention launch of `name` (`names` says what each is,
-    /// the output last), checked: as many as `names`, all on `dev`, the output not also an
-    /// operand, each holding at least its `needs` bytes (what `sizes` ask).
+    /// the last `results` being what it writes), checked: as many as `names`, all on `dev`,
+    /// no result bound twice, each holding at least its `needs` bytes (what `sizes` ask).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_buffers(
         &self,
         dev: &CudaDevice,
@@ -237,6 +278,7 @@ impl CudaBackend {
         buffers: &[BufferId],
         names: &[&str],
         needs: &[usize],
+        results: usize,
         sizes: &dyn std::fmt::Debug,
     ) -> Result<Vec<Arc<DeviceBuffer>>, BackendError> {
         let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
@@ -249,7 +291,6 @@ impl CudaBackend {
                 buffers.len()
             )));
         }
-        let out = buffers[names.len() - 1];
         let bound = self.buffers.get_all(buffers)?;
         handles::check_launch_devices(
             "cuda",
@@ -258,11 +299,14 @@ impl CudaBackend {
             buffers,
             bound.iter().map(|b| b.device.index),
         )?;
-        if buffers[..names.len() - 1].contains(&out) {
-            return Err(invalid(format!(
-                "buffer {} is bound both as the output and as an operand",
-                out.0
-            )));
+        let first = names.len() - results;
+        for (n, out) in buffers[first..].iter().enumerate() {
+            if buffers[..first + n].contains(out) {
+                return Err(invalid(format!(
+                    "buffer {} is bound both as a result and as another buffer",
+                    out.0
+                )));
+            }
         }
         for ((need, b), what) in needs.iter().zip(&bound).zip(names) {
             if *need > b.bytes {
@@ -286,10 +330,10 @@ impl CudaBackend {
         let dev = &program.device;
         let name = &program.name;
         let invalid = |why: String| BackendError::InvalidArgument(format!("cuda {name}: {why}"));
-        let names = if program.op.mask.is_some() {
-            ["q", "k", "v", "mask", "out"].as_slice()
-        } else {
-            ["q", "k", "v", "out"].as_slice()
+        let names = match (program.op.mask.is_some(), program.saves_lse) {
+            (true, _) => ["q", "k", "v", "mask", "out"].as_slice(),
+            (false, false) => ["q", "k", "v", "out"].as_slice(),
+            (false, true) => ["q", "k", "v", "out", "lse"].as_slice(),
         };
         let sizes = program
             .op
@@ -302,8 +346,18 @@ impl CudaBackend {
             .mask
             .as_ref()
             .map(|m| sizes.mask_elements().saturating_mul(m.dtype.size_bytes()));
-        let needs: Vec<usize> = [q, k, v].into_iter().chain(mask_bytes).chain([o]).collect();
-        let bound = self.attention_buffers(dev, name, buffers, names, &needs, &sizes)?;
+        let lse_bytes = program
+            .saves_lse
+            .then(|| sizes.batch.saturating_mul(sizes.l).saturating_mul(4));
+        let needs: Vec<usize> = [q, k, v]
+            .into_iter()
+            .chain(mask_bytes)
+            .chain([o])
+            .chain(lse_bytes)
+            .collect();
+        let results = 1 + usize::from(program.saves_lse);
+        let bound = self.attention_buffers(dev, name, buffers, names, &needs, results, &sizes)?;
+        let out_at = names.len() - results;
         let Some(launch) = launch(&program.op, &sizes, name, program.wm)? else {
             return Ok(None);
         };
@@ -316,9 +370,7 @@ impl CudaBackend {
             let offset = (launch.offsets[which] * element) as u64;
             ArgSlot(bound[j].ptr.wrapping_add(offset).to_ne_bytes())
         };
-        let mut slots: Vec<ArgSlot> = [(0, 0), (1, 1), (2, 2), (3, names.len() - 1)]
-            .map(pointer)
-            .to_vec();
+        let mut slots: Vec<ArgSlot> = [(0, 0), (1, 1), (2, 2), (3, out_at)].map(pointer).to_vec();
         let mut word = |bytes: &[u8]| {
             let mut slot = ArgSlot::default();
             slot.0[..bytes.len()].copy_from_slice(bytes);
@@ -344,11 +396,18 @@ impl CudaBackend {
         }
         word(&i32::try_from(mask_heads).unwrap_or(i32::MAX).to_ne_bytes());
         if let (Some(decode), Some(ranges)) = (&program.decode, ranges) {
-            let out = pointer((3, names.len() - 1));
+            let out = pointer((3, out_at));
             return self.queue_decode(
                 dev, decode, name, &sizes, &launch, out, slots, ranges, timed,
             );
         }
+        // The log-sum-exps' pointer (0: none).
+        let lse_pointer = if program.saves_lse {
+            bound[out_at + 1].ptr
+        } else {
+            0
+        };
+        word(&lse_pointer.to_ne_bytes());
         let shape = [launch.grid, launch.block];
         self.queue_fused(
             dev,

@@ -16,8 +16,6 @@
 
 #if FA_HALF
 
-#define FAB_LN2 0.6931471805599453f
-
 // `acc` (FA_SN tiles of 16 x 8) += the rows `a` (A fragments, FA_KT of them) times the
 // rows of `tile` (FA_BN rows of FA_D, shared): the scores layout of `attention.cu`.
 __device__ __forceinline__ void fab_rows_times_rows(
@@ -209,8 +207,7 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention_backwa
         sum += __shfl_xor_sync(0xffffffff, sum, 1);
         sum += __shfl_xor_sync(0xffffffff, sum, 2);
         if (row < l && lane % 4 == 0)
-            ((float*)out)[pair * l + row] =
-                row_max[h] == FA_NEG_INF ? FA_NEG_INF : (row_max[h] + log2f(sum)) * FAB_LN2;
+            ((float*)out)[pair * l + row] = fa_lse(row_max[h], sum);
 #endif
     }
 }
@@ -340,7 +337,6 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention_backwa
 
 // FAB_PART 0: the log-sum-exps, as the forward's one-row-per-thread kernel without the
 // values; FAB_PART 4: dq, dkᵀ and dv in one pass per key tile, dq summed atomically.
-#define FAB_LN2 0.6931471805599453f
 
 #if FAB_PART == 0
 
@@ -421,8 +417,7 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention_backwa
         __syncthreads();
     }
     if (row < l)
-        lse[pair * l + row] =
-            row_max == FA_NEG_INF ? FA_NEG_INF : (row_max + log2f(row_sum)) * FAB_LN2;
+        lse[pair * l + row] = fa_lse(row_max, row_sum);
 }
 
 #else  // FAB_PART 4

@@ -75,6 +75,9 @@ pub(crate) fn supports(op: &AttentionBackward, capability: (i32, i32)) -> Option
     }
     let half = matches!(fwd.dtype, DType::F16 | DType::BF16);
     match op.part {
+        AttentionPart::OutputAndLogSumExp => {
+            return Some("the forward's kernels write the output and the log-sum-exps".into());
+        }
         AttentionPart::Gradients if half => {
             return Some(format!(
                 "in {} the gradients are separate pieces (dq, dk, dv)",
@@ -110,7 +113,8 @@ pub(crate) fn supports(op: &AttentionBackward, capability: (i32, i32)) -> Option
 fn source(op: &AttentionBackward, head_dim: i64) -> String {
     let fwd = &op.forward;
     let part = match op.part {
-        AttentionPart::LogSumExp => 0,
+        // `supports` leaves the output to the forward's kernels.
+        AttentionPart::LogSumExp | AttentionPart::OutputAndLogSumExp => 0,
         AttentionPart::Query => 1,
         AttentionPart::Key => 2,
         AttentionPart::Value => 3,
@@ -253,16 +257,8 @@ impl CudaBackend {
         .into_iter()
         .chain(results)
         .collect();
-        let bound = self.attention_buffers(dev, name, buffers, names, &needs, &sizes)?;
-        let outputs = &buffers[needs.len() - op.out_elements(&sizes).len()..];
-        for (n, out) in outputs.iter().enumerate() {
-            if buffers[..buffers.len() - outputs.len() + n].contains(out) {
-                return Err(invalid(format!(
-                    "buffer {} is bound both as a result and as another buffer",
-                    out.0
-                )));
-            }
-        }
+        let results = op.out_elements(&sizes).len();
+        let bound = self.attention_buffers(dev, name, buffers, names, &needs, results, &sizes)?;
         if sizes.batch == 0 || sizes.l == 0 || sizes.s == 0 {
             // Nothing to compute, or (no keys) gradients of zero the composition gives.
             return if sizes.s == 0 && op.part != AttentionPart::LogSumExp {
@@ -286,7 +282,9 @@ impl CudaBackend {
             )));
         }
         let rows = match op.part {
-            AttentionPart::LogSumExp | AttentionPart::Query => sizes.l,
+            AttentionPart::LogSumExp | AttentionPart::Query | AttentionPart::OutputAndLogSumExp => {
+                sizes.l
+            }
             AttentionPart::Key | AttentionPart::Value | AttentionPart::Gradients => sizes.s,
         };
         let int = |v: usize| i32::try_from(v).ok();

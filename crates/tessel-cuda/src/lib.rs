@@ -146,8 +146,8 @@ use rustc_hash::FxHashMap;
 use tessel_ir::codegen::{self, CUDA, CodegenError};
 use tessel_ir::handles::{self, check_range, lock};
 use tessel_ir::{
-    Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param, ProgramId,
-    ProgramOrigin, VendorOp, VendorProgram,
+    AttentionPart, Backend, BackendError, BufferId, DeviceInfo, Handles, Kernel, LaunchArgs, Param,
+    ProgramId, ProgramOrigin, VendorOp, VendorProgram,
 };
 use tessel_shape::Bindings;
 
@@ -960,9 +960,12 @@ impl Backend for CudaBackend {
         match op {
             VendorOp::Matmul(matmul) => self.matmul_programs(device, matmul),
             VendorOp::Attention(attention) => self.attention_programs(device, attention),
-            VendorOp::AttentionBackward(backward) => {
-                self.attention_backward_programs(device, backward)
+            VendorOp::AttentionBackward(piece)
+                if piece.part == AttentionPart::OutputAndLogSumExp =>
+            {
+                self.output_and_lse_programs(device, piece)
             }
+            VendorOp::AttentionBackward(piece) => self.attention_backward_programs(device, piece),
         }
     }
 

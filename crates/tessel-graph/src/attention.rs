@@ -71,25 +71,7 @@ pub fn find_attention(
     matmuls: &[VendorMatch],
 ) -> Vec<VendorMatch> {
     let found = attention_nodes(graph, matmuls);
-    let mut matches: Vec<VendorMatch> = found
-        .iter()
-        .map(|a| {
-            let mut materialize: Vec<NodeId> = a
-                .operands
-                .iter()
-                .copied()
-                .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
-                .collect();
-            materialize.push(*a.writes.last().unwrap_or(&a.products[1]));
-            VendorMatch {
-                op: VendorOp::Attention(a.op.clone()),
-                operands: a.operands.clone(),
-                writes: a.writes.clone(),
-                also_writes: Vec::new(),
-                materialize,
-            }
-        })
-        .collect();
+    let mut matches: Vec<VendorMatch> = found.iter().map(|a| forward(graph, a)).collect();
     let backward = crate::attention_backward::find_backward(graph, matmuls, &found);
     // An attention being differentiated keeps its contiguous operands: the backward pieces
     // read `q`, `k` and `v` contiguous, so their copies are made anyway, and reading them
@@ -111,6 +93,24 @@ pub fn find_attention(
     }
     matches.extend(backward);
     matches
+}
+
+/// The match of `a`'s forward: its operands as they are, writing its output's nodes.
+pub(crate) fn forward(graph: &Graph, a: &AttentionNodes) -> VendorMatch {
+    let mut materialize: Vec<NodeId> = a
+        .operands
+        .iter()
+        .copied()
+        .filter(|&o| !matches!(graph.node(o).op, Op::Leaf(_)))
+        .collect();
+    materialize.push(*a.writes.last().unwrap_or(&a.products[1]));
+    VendorMatch {
+        op: VendorOp::Attention(a.op.clone()),
+        operands: a.operands.clone(),
+        writes: a.writes.clone(),
+        also_writes: Vec::new(),
+        materialize,
+    }
 }
 
 /// The permutes and reshapes among `order` reading each node.

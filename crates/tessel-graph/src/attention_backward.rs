@@ -13,11 +13,11 @@
 //! dq    = ds @ k      dkᵀ = qᵀ @ ds      dv = pᵀ @ dO
 //! ```
 //!
-//! [`find_backward`] describes `lse`, `dq`, `dkᵀ` and `dv`, and the three gradients
-//! together, as [`VendorOp::AttentionBackward`]s over the forward's buffers and `dO`,
-//! `lse`, `delta`: alternatives that recompute the probabilities tile by tile instead of
-//! reading the `[l, s]` matrices the composition stores, measured against it like any
-//! candidate. A value gradient is matched only where a query or key gradient shows `lse`
+//! [`find_backward`] describes `lse`, `dq`, `dkᵀ` and `dv`, the three gradients together,
+//! and the forward's output together with `lse`, as [`VendorOp::AttentionBackward`]s over
+//! the forward's buffers and `dO`, `lse`, `delta`: alternatives that recompute the
+//! probabilities tile by tile instead of reading the `[l, s]` matrices the composition
+//! stores, measured against it like any candidate. A value gradient is matched only where a query or key gradient shows `lse`
 //! and `delta`.
 
 use rustc_hash::FxHashMap;
@@ -115,8 +115,21 @@ pub(crate) fn find_backward(
             writes: vec![lse],
             also_writes: Vec::new(),
         });
+        out.push(output_and_lse(graph, a, lse));
     }
     out
+}
+
+/// The forward of `a` writing its log-sum-exps `lse` as well.
+fn output_and_lse(graph: &Graph, a: &AttentionNodes, lse: NodeId) -> VendorMatch {
+    let mut m = crate::attention::forward(graph, a);
+    m.op = VendorOp::AttentionBackward(AttentionBackward {
+        forward: a.op.clone(),
+        part: AttentionPart::OutputAndLogSumExp,
+    });
+    m.also_writes.push(lse);
+    m.materialize.push(lse);
+    m
 }
 
 /// The match of gradient `part` written by the product `m`.

@@ -34,10 +34,18 @@ use crate::vendor::{AttentionBackward, AttentionPart};
 /// is none (as for [`attention_kernel`](crate::attention::attention_kernel)).
 pub fn attention_backward_kernel(op: &AttentionBackward, lens: &[Dim]) -> Result<Kernel, String> {
     let fwd = &op.forward;
-    if op.part == AttentionPart::Gradients {
-        return Err(format!(
-            "{op}: the portable kernels compute the gradients one at a time (dq, dk and dv)"
-        ));
+    match op.part {
+        AttentionPart::Gradients => {
+            return Err(format!(
+                "{op}: the portable kernels compute the gradients one at a time (dq, dk and dv)"
+            ));
+        }
+        AttentionPart::OutputAndLogSumExp => {
+            return Err(format!(
+                "{op}: the portable kernels compute the output and the log-sum-exps apart"
+            ));
+        }
+        _ => {}
     }
     let (e, ev) = checked_heads(fwd)?;
     if fwd.layout.is_some() {
@@ -61,7 +69,9 @@ pub fn attention_backward_kernel(op: &AttentionBackward, lens: &[Dim]) -> Result
         AttentionPart::LogSumExp => "attention_lse",
         AttentionPart::Query => "attention_dq",
         AttentionPart::Key => "attention_dk",
-        AttentionPart::Value | AttentionPart::Gradients => "attention_dv",
+        AttentionPart::Value | AttentionPart::Gradients | AttentionPart::OutputAndLogSumExp => {
+            "attention_dv"
+        }
     };
     let mut kb = KernelBuilder::new(name);
     let mut next = lens.iter().copied();

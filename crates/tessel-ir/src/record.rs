@@ -43,6 +43,7 @@ impl VendorOp {
                     AttentionPart::Key => "dk",
                     AttentionPart::Value => "dv",
                     AttentionPart::Gradients => "dqkv",
+                    AttentionPart::OutputAndLogSumExp => "out_lse",
                 });
                 w.attention(&b.forward);
             }
@@ -67,6 +68,7 @@ impl VendorOp {
                     "dk" => AttentionPart::Key,
                     "dv" => AttentionPart::Value,
                     "dqkv" => AttentionPart::Gradients,
+                    "out_lse" => AttentionPart::OutputAndLogSumExp,
                     _ => return None,
                 };
                 VendorOp::AttentionBackward(AttentionBackward {
@@ -382,15 +384,24 @@ mod tests {
             v: [c(1536), c(64), c(2304), c(1)],
             out: [c(0), c(64), c(768), c(1)],
         }));
-        let ops = [
+        let mut ops = vec![
             VendorOp::Matmul(matmul),
             VendorOp::Attention(attention()),
             VendorOp::Attention(masked.clone()),
-            VendorOp::AttentionBackward(AttentionBackward {
-                forward: masked,
-                part: AttentionPart::Key,
-            }),
         ];
+        for part in [
+            AttentionPart::LogSumExp,
+            AttentionPart::Query,
+            AttentionPart::Key,
+            AttentionPart::Value,
+            AttentionPart::Gradients,
+            AttentionPart::OutputAndLogSumExp,
+        ] {
+            ops.push(VendorOp::AttentionBackward(AttentionBackward {
+                forward: masked.clone(),
+                part,
+            }));
+        }
         for op in ops {
             let line = op.record();
             assert!(op.vars().is_empty());

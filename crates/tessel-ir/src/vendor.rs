@@ -705,6 +705,10 @@ impl fmt::Display for Attention {
 ///
 /// - [`Gradients`](AttentionPart::Gradients): `dq`, `dkᵀ` and `dv` at once, as above (one
 ///   pass over the `(query, key)` pairs instead of three).
+/// - [`OutputAndLogSumExp`](AttentionPart::OutputAndLogSumExp): the forward's output and
+///   `lse` at once (the forward saving what the backward reads, as flash attention's
+///   forward does); buffers `[q, k, v, mask?, key?, out, lse]`, as the forward binds them
+///   with `lse` after.
 ///
 /// The gradients bind as `[q, k, v, mask?, key?, dO, lse, delta, out]` (`out` being `dq`,
 /// `dkᵀ`, `dv` for [`Gradients`](AttentionPart::Gradients)): `dO` contiguous `batch·l·ev` in
@@ -731,11 +735,15 @@ pub enum AttentionPart {
     Value,
     /// The gradients of `q`, `k` and `v` in one program.
     Gradients,
+    /// The forward's output and each query's log-sum-exp in one program.
+    OutputAndLogSumExp,
 }
 
 /// [`AttentionBackward::reference`]'s results, every one in `f64`.
 #[derive(Clone, Debug, Default)]
 pub struct AttentionGrads {
+    /// The forward's output, `batch·l·ev`.
+    pub out: Vec<f64>,
     /// `batch·l`.
     pub lse: Vec<f64>,
     /// `dO_i · out_i`, `batch·l`.
@@ -824,6 +832,7 @@ impl AttentionBackward {
                 r.dq.extend(dq);
             }
         }
+        r.out = out;
         r
     }
 
@@ -840,6 +849,7 @@ impl AttentionBackward {
             AttentionPart::Key => vec![dk],
             AttentionPart::Value => vec![dv],
             AttentionPart::Gradients => vec![dq, dk, dv],
+            AttentionPart::OutputAndLogSumExp => vec![s.batch * s.l * s.ev, s.batch * s.l],
         }
     }
 }
@@ -852,6 +862,7 @@ impl fmt::Display for AttentionBackward {
             AttentionPart::Key => "dk",
             AttentionPart::Value => "dv",
             AttentionPart::Gradients => "dq, dk and dv",
+            AttentionPart::OutputAndLogSumExp => "output and log-sum-exp",
         };
         write!(f, "{part} of {}", self.forward)
     }

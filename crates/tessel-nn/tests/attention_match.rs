@@ -299,6 +299,7 @@ fn sdpa_gradients_are_the_fused_backward_pieces() -> Result<()> {
         AttentionPart::Key,
         AttentionPart::Value,
         AttentionPart::Gradients,
+        AttentionPart::OutputAndLogSumExp,
     ];
     let keep = Tensor::randn([5, 7], DType::F32)?.gt(-0.5)?;
     let additive = Tensor::randn([2, 1, 1, 7], DType::F32)?;

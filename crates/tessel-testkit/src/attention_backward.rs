@@ -11,12 +11,13 @@ use tessel_shape::{Bindings, DType, Dim, Scalar};
 use crate::attention::{Operands, attention_op, operands, portable_lens};
 use crate::{Conformance, Rng, decode, encode};
 
-const PARTS: [AttentionPart; 5] = [
+const PARTS: [AttentionPart; 6] = [
     AttentionPart::LogSumExp,
     AttentionPart::Query,
     AttentionPart::Key,
     AttentionPart::Value,
     AttentionPart::Gradients,
+    AttentionPart::OutputAndLogSumExp,
 ];
 
 impl Conformance<'_> {
@@ -60,15 +61,23 @@ impl Conformance<'_> {
         check_attention_backward(backend, device, fwd, dims, |op, lens| {
             let kernel = match attention_backward_kernel(op, lens) {
                 Ok(kernel) => kernel,
-                // The portable kernels compute the gradients one at a time.
-                Err(_) if op.part == AttentionPart::Gradients => return None,
+                // The portable kernels compute the gradients one at a time, and the
+                // output apart from the log-sum-exps.
+                Err(_)
+                    if matches!(
+                        op.part,
+                        AttentionPart::Gradients | AttentionPart::OutputAndLogSumExp
+                    ) =>
+                {
+                    return Vec::new();
+                }
                 Err(e) => panic!("{op}: {e}"),
             };
             match backend.compile(device, &kernel) {
-                Ok(p) => Some(p),
+                Ok(p) => vec![p],
                 Err(e) => {
                     self.refused(&op.to_string(), None, &[fwd.dtype], &e);
-                    None
+                    Vec::new()
                 }
             }
         });
@@ -76,19 +85,19 @@ impl Conformance<'_> {
 }
 
 /// Runs each piece of `fwd`'s backward pass ([`AttentionBackward`]: the log-sum-exps, the
-/// gradients of `q`, `k` and `v`, and the three at once) with the program `program` gives for it (given the
-/// element counts of the buffers the piece binds; `None` skips the piece) against the `f64`
-/// reference, fed the reference's log-sum-exps and `delta`s rounded to `f32`: `f32` within
-/// `1e-4` of the largest value of each result, half dtypes within `2⁻⁷`. Each program is
-/// released after its check. Returns how many pieces ran.
+/// gradients of `q`, `k` and `v`, the three at once, and the output with the log-sum-exps)
+/// with each program `program` gives for it (given the element counts of the buffers the
+/// piece binds; none skips the piece) against the `f64` reference, fed the reference's
+/// log-sum-exps and `delta`s rounded to `f32`: `f32` within `1e-4` of the largest value of
+/// each result, half dtypes within `2⁻⁷`. Each program is released after its check.
+/// Returns how many pieces ran.
 pub fn check_attention_backward(
     backend: &dyn Backend,
     device: usize,
     fwd: &Attention,
     dims: &Bindings,
-    mut program: impl FnMut(&AttentionBackward, &[Dim]) -> Option<ProgramId>,
+    mut program: impl FnMut(&AttentionBackward, &[Dim]) -> Vec<ProgramId>,
 ) -> usize {
-    let name = backend.name();
     let sizes = fwd.sizes(dims).unwrap();
     let Operands {
         q,
@@ -121,6 +130,16 @@ pub fn check_attention_backward(
         let outputs: Vec<(DType, &[f64], Dim)> = if part == AttentionPart::LogSumExp {
             data.extend(masked);
             vec![(DType::F32, &want.lse, stats)]
+        } else if part == AttentionPart::OutputAndLogSumExp {
+            data.push((fwd.dtype, &v, fwd_lens[2]));
+            data.extend(masked);
+            if fwd.dropout.is_some() {
+                data.push((DType::U32, &key_values, 4.into()));
+            }
+            vec![
+                (fwd.dtype, &want.out, stats * fwd.ev),
+                (DType::F32, &want.lse, stats),
+            ]
         } else {
             data.push((fwd.dtype, &v, fwd_lens[2]));
             data.extend(masked);
@@ -141,54 +160,73 @@ pub fn check_attention_backward(
             }
         };
         let lens: Vec<Dim> = data.iter().chain(&outputs).map(|d| d.2).collect();
-        let Some(program) = program(&op, &lens) else {
+        let programs = program(&op, &lens);
+        if programs.is_empty() {
             continue;
-        };
-        let mut ids: Vec<BufferId> = data
-            .iter()
-            .map(|(dtype, values, _)| {
-                let id = backend
-                    .alloc(device, values.len().max(1) * dtype.size_bytes())
-                    .unwrap();
-                backend.write(id, 0, &encode(*dtype, values)).unwrap();
-                id
-            })
-            .collect();
-        let counts = op.out_elements(&sizes);
-        let first_out = ids.len();
-        for (&(out_dtype, _, _), &count) in outputs.iter().zip(&counts) {
-            let out = backend
-                .alloc(device, count.max(1) * out_dtype.size_bytes())
-                .unwrap();
-            backend
-                .write(out, 0, &encode(out_dtype, &vec![f64::NAN; count]))
-                .unwrap();
-            ids.push(out);
         }
-        backend
-            .launch(program, &ids, dims)
-            .unwrap_or_else(|e| panic!("{name}: {op}: {e}"));
-        for (n, (&(out_dtype, expected, _), &count)) in outputs.iter().zip(&counts).enumerate() {
-            let mut bytes = vec![0u8; count * out_dtype.size_bytes()];
-            backend.read(ids[first_out + n], 0, &mut bytes).unwrap();
-            let got = decode(out_dtype, &bytes);
-            let largest = expected.iter().fold(0.0f64, |m, w| m.max(w.abs()));
-            let allowed = match out_dtype {
-                DType::BF16 | DType::F16 => 2f64.powi(-7) * largest,
-                _ => 1e-4 * largest,
-            };
-            for (i, (g, w)) in got.iter().zip(expected.iter()).enumerate() {
-                assert!(
-                    (g - w).abs() <= allowed,
-                    "{name}: {op} with {sizes:?}: result {n}, element {i} is {g}, want {w} (tolerance {allowed})"
-                );
-            }
+        for program in programs {
+            run_piece(backend, device, program, &op, dims, &data, &outputs);
         }
-        for id in ids {
-            backend.free(id).unwrap();
-        }
-        backend.release(program).unwrap();
         ran += 1;
     }
     ran
+}
+
+/// Launches `program` for `op` on `data` (the operands) and checks each result against
+/// `outputs`' expected values, then frees the buffers and releases `program`.
+fn run_piece(
+    backend: &dyn Backend,
+    device: usize,
+    program: ProgramId,
+    op: &AttentionBackward,
+    dims: &Bindings,
+    data: &[(DType, &[f64], Dim)],
+    outputs: &[(DType, &[f64], Dim)],
+) {
+    let name = backend.name();
+    let sizes = op.forward.sizes(dims).unwrap();
+    let mut ids: Vec<BufferId> = data
+        .iter()
+        .map(|(dtype, values, _)| {
+            let id = backend
+                .alloc(device, values.len().max(1) * dtype.size_bytes())
+                .unwrap();
+            backend.write(id, 0, &encode(*dtype, values)).unwrap();
+            id
+        })
+        .collect();
+    let counts = op.out_elements(&sizes);
+    let first_out = ids.len();
+    for (&(out_dtype, _, _), &count) in outputs.iter().zip(&counts) {
+        let out = backend
+            .alloc(device, count.max(1) * out_dtype.size_bytes())
+            .unwrap();
+        backend
+            .write(out, 0, &encode(out_dtype, &vec![f64::NAN; count]))
+            .unwrap();
+        ids.push(out);
+    }
+    backend
+        .launch(program, &ids, dims)
+        .unwrap_or_else(|e| panic!("{name}: {op}: {e}"));
+    for (n, (&(out_dtype, expected, _), &count)) in outputs.iter().zip(&counts).enumerate() {
+        let mut bytes = vec![0u8; count * out_dtype.size_bytes()];
+        backend.read(ids[first_out + n], 0, &mut bytes).unwrap();
+        let got = decode(out_dtype, &bytes);
+        let largest = expected.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+        let allowed = match out_dtype {
+            DType::BF16 | DType::F16 => 2f64.powi(-7) * largest,
+            _ => 1e-4 * largest,
+        };
+        for (i, (g, w)) in got.iter().zip(expected.iter()).enumerate() {
+            assert!(
+                (g - w).abs() <= allowed,
+                "{name}: {op} with {sizes:?}: result {n}, element {i} is {g}, want {w} (tolerance {allowed})"
+            );
+        }
+    }
+    for id in ids {
+        backend.free(id).unwrap();
+    }
+    backend.release(program).unwrap();
 }
