@@ -953,9 +953,11 @@ impl Backend for CudaBackend {
     ///
     /// An [`Attention`](tessel_ir::Attention) gets the fused kernel (`attention.rs`) where
     /// its head dim and dtype allow, else nothing; each piece of its backward
-    /// ([`AttentionBackward`](tessel_ir::AttentionBackward)) gets the fused kernel of
-    /// `attention_backward.rs` in f16/bf16 without a mask or dropout, head dims up to 64,
-    /// else nothing (the portable kernels run it).
+    /// ([`AttentionBackward`](tessel_ir::AttentionBackward)) without a mask or dropout,
+    /// head dims up to 64, gets the fused kernel of `attention_backward.rs` (f16/bf16: the
+    /// log-sum-exps, `dq`, `dkᵀ`, `dv`; f32: the log-sum-exps, the three gradients
+    /// together), else nothing (the portable kernels run it); the output with the
+    /// log-sum-exps gets the forward's programs writing both.
     fn vendor(&self, device: usize, op: &VendorOp) -> Result<Vec<VendorProgram>, BackendError> {
         match op {
             VendorOp::Matmul(matmul) => self.matmul_programs(device, matmul),

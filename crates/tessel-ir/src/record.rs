@@ -389,14 +389,7 @@ mod tests {
             VendorOp::Attention(attention()),
             VendorOp::Attention(masked.clone()),
         ];
-        for part in [
-            AttentionPart::LogSumExp,
-            AttentionPart::Query,
-            AttentionPart::Key,
-            AttentionPart::Value,
-            AttentionPart::Gradients,
-            AttentionPart::OutputAndLogSumExp,
-        ] {
+        for part in AttentionPart::ALL {
             ops.push(VendorOp::AttentionBackward(AttentionBackward {
                 forward: masked.clone(),
                 part,

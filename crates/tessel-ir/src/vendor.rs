@@ -739,6 +739,18 @@ pub enum AttentionPart {
     OutputAndLogSumExp,
 }
 
+impl AttentionPart {
+    /// Every part, in declaration order.
+    pub const ALL: [AttentionPart; 6] = [
+        AttentionPart::LogSumExp,
+        AttentionPart::Query,
+        AttentionPart::Key,
+        AttentionPart::Value,
+        AttentionPart::Gradients,
+        AttentionPart::OutputAndLogSumExp,
+    ];
+}
+
 /// [`AttentionBackward::reference`]'s results, every one in `f64`.
 #[derive(Clone, Debug, Default)]
 pub struct AttentionGrads {

@@ -11,15 +11,6 @@ use tessel_shape::{Bindings, DType, Dim, Scalar};
 use crate::attention::{Operands, attention_op, operands, portable_lens};
 use crate::{Conformance, Rng, decode, encode};
 
-const PARTS: [AttentionPart; 6] = [
-    AttentionPart::LogSumExp,
-    AttentionPart::Query,
-    AttentionPart::Key,
-    AttentionPart::Value,
-    AttentionPart::Gradients,
-    AttentionPart::OutputAndLogSumExp,
-];
-
 impl Conformance<'_> {
     /// The log-sum-exp and the gradients of `q`, `k` and `v`
     /// ([`attention_backward_kernel`]) against the `f64` reference, fed the reference's
@@ -118,7 +109,7 @@ pub fn check_attention_backward(
     let fwd_lens = portable_lens(fwd, dims);
     let stats = fwd.batch * fwd.l;
     let mut ran = 0;
-    for part in PARTS {
+    for part in AttentionPart::ALL {
         let op = AttentionBackward {
             forward: fwd.clone(),
             part,
