@@ -1,8 +1,8 @@
 //! The models bench: GPT-2 small, BERT-base and ResNet-50 at full size, from the files
 //! `benches/models_torch.py DIR` writes (random weights, inputs and PyTorch's outputs), and
 //! a small MLP's training step (`mlp-train`, built here: it needs no files; with
-//! `-compiled`, `mlp-train-compiled` and `gpt2-train-bf16-compiled` run the step through a
-//! `CompiledStep`; `gpt2-bf16-compiled` and `bert-bf16-compiled` run the forward as a
+//! `-compiled`, `mlp-train-compiled`, `gpt2-train-f32-compiled` and
+//! `gpt2-train-bf16-compiled` run the step through a `CompiledStep`; `gpt2-bf16-compiled` and `bert-bf16-compiled` run the forward as a
 //! `tessel::Compiled` function),
 //! timed as a user sees them (record + realize + `Device::synchronize`): the first call
 //! (plan, compile, measure) and the median of later calls. Each output is checked against
@@ -465,6 +465,10 @@ fn main() -> std::process::ExitCode {
         (
             "gpt2-train-f32",
             Box::new(|| gpt2_train(&gpt2, device, runs, tokens, None, false)),
+        ),
+        (
+            "gpt2-train-f32-compiled",
+            Box::new(|| gpt2_train(&gpt2, device, runs, tokens, None, true)),
         ),
         (
             "mlp-train",
