@@ -17,8 +17,8 @@
 //! and the forward's output together with `lse`, as [`VendorOp::AttentionBackward`]s over
 //! the forward's buffers and `dO`, `lse`, `delta`: alternatives that recompute the
 //! probabilities tile by tile instead of reading the `[l, s]` matrices the composition
-//! stores, measured against it like any candidate. A value gradient is matched only where a query or key gradient shows `lse`
-//! and `delta`.
+//! stores, measured against it like any candidate. A value gradient is matched only where
+//! a query or key gradient shows `lse` and `delta`.
 
 use rustc_hash::FxHashMap;
 use tessel_ir::{AttentionBackward, AttentionPart, Matmul, VendorOp};

@@ -124,15 +124,14 @@ pub(crate) fn compile(
             match backend.vendor(device.ordinal, op) {
                 Ok(mut programs) => {
                     if deterministic {
-                        programs.retain(|p| {
-                            p.deterministic || {
-                                tracing::debug!(target: "tessel::plan", "{device}: {op} by {} left out: its results vary run to run (deterministic algorithms are on)", p.variant);
-                                if let Err(e) = backend.release(p.program) {
-                                    tracing::warn!(target: "tessel::plan", "{device}: releasing {}: {e}", p.variant);
-                                }
-                                false
+                        let varying;
+                        (programs, varying) = programs.into_iter().partition(|p| p.deterministic);
+                        for p in varying {
+                            tracing::debug!(target: "tessel::plan", "{device}: {op} by {} left out: its results vary run to run (deterministic algorithms are on)", p.variant);
+                            if let Err(e) = backend.release(p.program) {
+                                tracing::warn!(target: "tessel::plan", "{device}: releasing {}: {e}", p.variant);
                             }
-                        });
+                        }
                     }
                     if !programs.is_empty() {
                         any_vendor = true;
