@@ -3,7 +3,9 @@
 //
 //   FA_D        the head dim of q, k and v (a multiple of 16 for half, of 4 for f32)
 //   FA_HALF     1: f16/bf16 operands on tensor cores (`mma.sync.m16n8k16`, f32 sums);
-//               0: f32 operands on the CUDA cores
+//               0: f32 operands (on the CUDA cores unless FA_TF32)
+//   FA_TF32     with FA_HALF 0: 1 runs both f32 products on tensor cores, each as three
+//               TF32 products (`mma.sync.m16n8k8`, the 3xTF32 of PyTorch's f32 attention)
 //   FA_F16      with FA_HALF: 1 f16, 0 bf16
 //   FA_CAUSAL   1: key j > query i is hidden
 //   FA_MASK     an additive mask read with strides: 0 none, 1 f32, 2 bf16, 3 f16
@@ -108,6 +110,13 @@ typedef fa_u16 fa_t;
 #endif
 #define FA_THREADS 128
 #define FA_PAD 8
+#elif FA_TF32
+typedef float fa_t;
+#define FA_BM 64
+#define FA_BN 64
+#define FA_THREADS 128
+// Rows 4 elements apart in banks: each fragment's 32 reads hit 32 banks.
+#define FA_PAD 4
 #else
 typedef float fa_t;
 #define FA_BM 64
@@ -484,6 +493,187 @@ FA_FORWARD_KERNEL {
                 lse[pair * l + row] = fa_lse(top, sum);
             }
         }
+}
+#endif  // FA_HELPERS_ONLY
+
+#elif FA_TF32  // f32 on tensor cores, three TF32 products per product
+
+// `x` rounded to TF32 (10 mantissa bits), as the bits `mma.sync` reads.
+__device__ __forceinline__ fa_u32 fa_tf32(float x) {
+    fa_u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// `x` as big + small, both TF32: together they hold 21 of its 24 significant bits.
+__device__ __forceinline__ void fa_split(float x, fa_u32& big, fa_u32& small) {
+    big = fa_tf32(x);
+    small = fa_tf32(x - __uint_as_float(big));
+}
+
+__device__ __forceinline__ void fa_mma8(float* c, const fa_u32* a, fa_u32 b0, fa_u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a·b in near-f32 precision (3xTF32): `a` given split (`big`, `small`), the B
+// fragment as its two f32 values. The small products go first, so the big one adds to
+// sums that already hold them; small·small (below 2^-21 of the product) is left out.
+__device__ __forceinline__ void fa_mma3(
+    float* c, const fa_u32* big, const fa_u32* small, float b0, float b1) {
+    fa_u32 b0_big, b0_small, b1_big, b1_small;
+    fa_split(b0, b0_big, b0_small);
+    fa_split(b1, b1_big, b1_small);
+    fa_mma8(c, small, b0_big, b1_big);
+    fa_mma8(c, big, b0_small, b1_small);
+    fa_mma8(c, big, b0_big, b1_big);
+}
+
+#define FA_KT (FA_D / 8)  // 8-wide slices of the head dim
+#define FA_SN (FA_BN / 8)  // 8-key slices of a tile
+
+// Each of the 4 warps owns 16 query rows; a thread holds rows lane / 4 and + 8 of each
+// 16 x 8 accumulator tile, columns 2·(lane % 4) and + 1. q's A fragments (scaled to base
+// 2, split) stay in registers; k and v fragments are read from shared memory and split as
+// they are used. The product with v takes the probabilities straight from the scores'
+// accumulators: an A fragment's column c and c + 4 hold keys 2c and 2c + 1 of its slice,
+// and the v rows are read in that order, so the sum over keys is unchanged.
+#ifndef FA_HELPERS_ONLY
+FA_FORWARD_KERNEL {
+    extern __shared__ __align__(16) float smem[];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int g = lane / 4, c = lane % 4;
+    FA_BLOCK_TILE;
+
+    if (tiles > 0) fa_load_stage(smem, k, v, 0, s, k_row, v_row);
+    FA_COMMIT();
+
+    const int warp_row = m0 + warp * 16;
+    const int row0 = warp_row + g;
+    fa_u32 q_big[FA_KT][4], q_small[FA_KT][4];
+    {
+        const float* r0 = q + (long long)min(row0, l - 1) * q_row;
+        const float* r1 = q + (long long)min(row0 + 8, l - 1) * q_row;
+#pragma unroll
+        for (int kk = 0; kk < FA_KT; kk++) {
+            fa_split(r0[kk * 8 + c] * scale_log2, q_big[kk][0], q_small[kk][0]);
+            fa_split(r1[kk * 8 + c] * scale_log2, q_big[kk][1], q_small[kk][1]);
+            fa_split(r0[kk * 8 + c + 4] * scale_log2, q_big[kk][2], q_small[kk][2]);
+            fa_split(r1[kk * 8 + c + 4] * scale_log2, q_big[kk][3], q_small[kk][3]);
+        }
+    }
+    float o[FA_KT][4];
+#pragma unroll
+    for (int j = 0; j < FA_KT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+    float row_max[2] = {FA_NEG_INF, FA_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
+
+    for (int t = 0; t < tiles; t++) {
+        const float* ks = fa_next_stage(smem, k, v, t, tiles, s, k_row, v_row);
+        const float* vs = ks + FA_BN * FA_LEN;
+        const int n0 = t * FA_BN;
+        // Causal: a warp whose rows all precede the tile's first key adds nothing (uniform
+        // across the warp, as mma.sync needs).
+        if (!FA_CAUSAL || n0 <= warp_row + 15) {
+            float sc[FA_SN][4];
+#pragma unroll
+            for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[j][e] = 0.0f;
+            // B fragment of keys j·8 + g, dims kk·8 + c and + 4.
+            const float* kb = ks + g * FA_LEN + c;
+#pragma unroll
+            for (int kk = 0; kk < FA_KT; kk++)
+#pragma unroll
+                for (int j = 0; j < FA_SN; j++) {
+                    const float* kr = kb + j * 8 * FA_LEN + kk * 8;
+                    fa_mma3(sc[j], q_big[kk], q_small[kk], kr[0], kr[4]);
+                }
+#if FA_MASK
+#pragma unroll
+            for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int col = n0 + j * 8 + c * 2 + (e & 1);
+                    int row = row0 + (e / 2) * 8;
+                    if (col < s && row < l)
+                        sc[j][e] = fa_masked(sc[j][e], fa_mask_at(mask, mask_pair + row * mi + col * mj));
+                }
+#endif
+            // Keys past `s`, or (causal) past a row, are hidden (see the half kernel).
+            if (n0 + FA_BN > s || (FA_CAUSAL && n0 + FA_BN - 1 > warp_row)) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = row0 + h * 8;
+                    const int last = (FA_CAUSAL ? min(s - 1, row) : s - 1) - n0 - c * 2;
+#pragma unroll
+                    for (int j = 0; j < FA_SN; j++)
+#pragma unroll
+                        for (int cc = 0; cc < 2; cc++)
+                            if (j * 8 + cc > last) sc[j][2 * h + cc] = FA_NEG_INF;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float mx = FA_NEG_INF;
+#pragma unroll
+                for (int j = 0; j < FA_SN; j++)
+                    mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                const float grown = fmaxf(row_max[h], mx);
+                // A row that has seen only hidden keys keeps zeros (exp2(-inf) = 0).
+                const float base = grown == FA_NEG_INF ? 0.0f : grown;
+                const float alpha = fa_exp2(row_max[h] - base);
+                row_max[h] = grown;
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < FA_SN; j++) {
+                    sc[j][2 * h] = fa_exp2(sc[j][2 * h] - base);
+                    sc[j][2 * h + 1] = fa_exp2(sc[j][2 * h + 1] - base);
+                    sum += sc[j][2 * h] + sc[j][2 * h + 1];
+                }
+                row_sum[h] = row_sum[h] * alpha + sum;
+#pragma unroll
+                for (int j = 0; j < FA_KT; j++) {
+                    o[j][2 * h] *= alpha;
+                    o[j][2 * h + 1] *= alpha;
+                }
+            }
+            // B fragment of value rows kk·8 + 2c and + 1, dims j·8 + g.
+            const float* vb = vs + 2 * c * FA_LEN + g;
+#pragma unroll
+            for (int kk = 0; kk < FA_SN; kk++) {
+                fa_u32 p_big[4], p_small[4];
+                fa_split(sc[kk][0], p_big[0], p_small[0]);
+                fa_split(sc[kk][2], p_big[1], p_small[1]);
+                fa_split(sc[kk][1], p_big[2], p_small[2]);
+                fa_split(sc[kk][3], p_big[3], p_small[3]);
+                const float* vr = vb + kk * 8 * FA_LEN;
+#pragma unroll
+                for (int j = 0; j < FA_KT; j++)
+                    fa_mma3(o[j], p_big, p_small, vr[j * 8], vr[FA_LEN + j * 8]);
+            }
+        }
+        // Every warp is done with this stage before the next iteration refills it.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float sum = row_sum[h];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        const int row = row0 + h * 8;
+        if (row >= l) continue;
+#pragma unroll
+        for (int j = 0; j < FA_KT; j++)
+            *(float2*)(out + (long long)row * o_row + j * 8 + 2 * c) =
+                make_float2(o[j][2 * h] / sum, o[j][2 * h + 1] / sum);
+        if (lse && c == 0) lse[pair * l + row] = fa_lse(row_max[h], sum);
+    }
 }
 #endif  // FA_HELPERS_ONLY
 

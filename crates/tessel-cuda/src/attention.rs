@@ -2,11 +2,13 @@
 //! `attention.cu`, configured per program by the macros written here (head dim, dtype,
 //! causal). In `f16`/`bf16` the two products run on tensor cores (`mma.sync.m16n8k16`,
 //! `f32` sums, the probabilities rounded to the operand dtype as flash attention does); in
-//! `f32` on the CUDA cores, one query row per thread. Where registers allow, a second
-//! program is offered and measured against the first: half, two 16-row query tiles per
-//! warp; f32, two threads sharing two rows (each split along the head dim). The sequence
-//! lengths and strides are kernel arguments, so one compiled program serves every length of
-//! its configuration.
+//! `f32` on the CUDA cores, one query row per thread. Where registers allow, more programs
+//! are offered and measured against the first: half, two 16-row query tiles per warp; f32,
+//! two threads sharing two rows (each split along the head dim), and both products on
+//! tensor cores as three TF32 products each (3xTF32: every f32 operand split into two TF32
+//! parts, near-f32 sums; PyTorch's f32 attention kernels compute the same way). The
+//! sequence lengths and strides are kernel arguments, so one compiled program serves every
+//! length of its configuration.
 //!
 //! It runs an attention whose `q`/`k` and `v` vectors have one length, a constant small
 //! enough for registers, with every row starting 16 bytes aligned; anything else is left
@@ -40,11 +42,63 @@ const BLOCK_ROWS: usize = 64;
 /// registers (`FA_WM 2`): at 128 its accumulators alone would take 256 registers a thread.
 const WIDE_MAX_HEAD_DIM: i64 = 64;
 
-/// Query rows per block of the kernel with `wm` as `FA_WM` (see `attention.cu`).
-fn block_rows(dtype: DType, wm: usize) -> usize {
-    match dtype {
-        DType::F32 => BLOCK_ROWS,
-        _ => BLOCK_ROWS * wm,
+/// Which of `attention.cu`'s forward kernels a program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// f16/bf16 on tensor cores, this many 16-row query tiles per warp (`FA_WM`).
+    Half(usize),
+    /// f32 on the CUDA cores, this many query rows per thread (`FA_WM`).
+    Cores(usize),
+    /// f32 on tensor cores, each product as three TF32 products (`FA_TF32`).
+    Tf32,
+}
+
+impl Kernel {
+    /// The plain kernel of `dtype`: one query tile per warp, or one row per thread.
+    pub(crate) fn plain(dtype: DType) -> Kernel {
+        match dtype {
+            DType::F32 => Kernel::Cores(1),
+            _ => Kernel::Half(1),
+        }
+    }
+
+    /// `FA_WM`.
+    fn wm(self) -> usize {
+        match self {
+            Kernel::Half(wm) | Kernel::Cores(wm) => wm,
+            Kernel::Tf32 => 1,
+        }
+    }
+
+    /// Query rows per block.
+    fn block_rows(self) -> usize {
+        match self {
+            Kernel::Half(wm) => BLOCK_ROWS * wm,
+            Kernel::Cores(_) | Kernel::Tf32 => BLOCK_ROWS,
+        }
+    }
+
+    /// Threads per block and dynamic shared memory: the query tile (half only) and two
+    /// stages of key and value tiles, rows padded as `attention.cu` lays them out.
+    fn block(self, head_dim: usize) -> (u32, u32) {
+        match self {
+            Kernel::Cores(_) => (64, (2 * 2 * 32 * head_dim * 4) as u32),
+            Kernel::Tf32 => (128, (2 * 2 * 64 * (head_dim + 4) * 4) as u32),
+            Kernel::Half(_) => (
+                128,
+                ((self.block_rows() + 2 * 2 * 64) * (head_dim + 8) * 2) as u32,
+            ),
+        }
+    }
+
+    /// The program's variant: what measurement reports it as.
+    fn variant(self) -> String {
+        match self {
+            Kernel::Half(1) | Kernel::Cores(1) => "flash".into(),
+            Kernel::Half(_) => format!("flash {} rows", self.block_rows()),
+            Kernel::Cores(_) => "flash 2 rows/thread".into(),
+            Kernel::Tf32 => "flash 3xtf32".into(),
+        }
     }
 }
 
@@ -54,8 +108,8 @@ pub(crate) struct AttentionProgram {
     device: Arc<CudaDevice>,
     module: Arc<Module>,
     origin: ProgramOrigin,
-    /// `FA_WM`: 16-row query tiles per warp (half), query rows per thread (f32).
-    wm: usize,
+    /// The kernel it runs.
+    kernel: Kernel,
     /// `op` as text: the program's name in errors.
     name: String,
     /// The split-key kernels for launches with few query rows, where `op` may have them.
@@ -117,22 +171,23 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
     None
 }
 
-/// The CUDA C of `op` with `wm` as `FA_WM`: `attention.cu` after its configuration.
-fn source(op: &Attention, head_dim: i64, wm: usize) -> String {
-    format!("{}{TEMPLATE}", macros(op, head_dim, wm))
+/// The CUDA C of `op` run by `kernel`: `attention.cu` after its configuration.
+fn source(op: &Attention, head_dim: i64, kernel: Kernel) -> String {
+    format!("{}{TEMPLATE}", macros(op, head_dim, kernel))
 }
 
 /// The configuration of `attention.cu` (and of the kernels built on its helpers) for `op`
-/// with `wm` as `FA_WM`: one `#define` a line, after a comment naming `op`.
-pub(crate) fn macros(op: &Attention, head_dim: i64, wm: usize) -> String {
+/// run by `kernel`: one `#define` a line, after a comment naming `op`.
+pub(crate) fn macros(op: &Attention, head_dim: i64, kernel: Kernel) -> String {
     let flag = |b: bool| u8::from(b);
     let half = op.dtype != DType::F32;
     // Half: the hardware's 2^x, and (no mask, a positive scale) the scale folded into the
     // exponent's fma, as flash attention computes it.
     let fold = half && op.mask.is_none() && op.scale.to_f64() > 0.0;
     format!(
-        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n#define FA_WM {wm}\n#define FA_FAST_EXP {}\n#define FA_FOLD {}\n",
+        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_TF32 {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK {}\n#define FA_WM {}\n#define FA_FAST_EXP {}\n#define FA_FOLD {}\n",
         flag(half),
+        flag(kernel == Kernel::Tf32),
         flag(op.dtype == DType::F16),
         flag(op.causal),
         match op.mask.as_ref().map(|m| m.dtype) {
@@ -141,20 +196,10 @@ pub(crate) fn macros(op: &Attention, head_dim: i64, wm: usize) -> String {
             Some(DType::F16) => 3,
             Some(_) => 1,
         },
+        kernel.wm(),
         flag(half),
         flag(fold),
     )
-}
-
-/// Threads per block and dynamic shared memory: the query tile (half only) and two
-/// stages of key and value tiles, rows padded as `attention.cu` lays them out.
-fn block(dtype: DType, head_dim: usize, wm: usize) -> (u32, u32) {
-    if dtype == DType::F32 {
-        (64, (2 * 2 * 32 * head_dim * 4) as u32)
-    } else {
-        let rows = block_rows(dtype, wm);
-        (128, ((rows + 2 * 2 * 64) * (head_dim + 8) * 2) as u32)
-    }
 }
 
 impl CudaBackend {
@@ -202,34 +247,31 @@ impl CudaBackend {
         let head_dim = op.e.as_const().unwrap_or(0);
         // Besides the plain kernel, where the registers allow: half, two query tiles per
         // warp; f32, two threads sharing two rows (each k and v element read from shared
-        // memory feeding two rows in both). Every program is measured.
-        let paired = match op.dtype {
-            DType::F32 => head_dim % 8 == 0,
-            _ => head_dim <= WIDE_MAX_HEAD_DIM,
+        // memory feeding two rows in both), and the 3xTF32 kernel (8-wide slices of the
+        // head dim). Every program is measured.
+        let kernels: &[Kernel] = match op.dtype {
+            DType::F32 if head_dim % 8 == 0 => &[Kernel::Cores(1), Kernel::Cores(2), Kernel::Tf32],
+            DType::F32 => &[Kernel::Cores(1)],
+            _ if head_dim <= WIDE_MAX_HEAD_DIM => &[Kernel::Half(1), Kernel::Half(2)],
+            _ => &[Kernel::Half(1)],
         };
-        let widths: &[usize] = if paired { &[1, 2] } else { &[1] };
         // The split-key kernels write no log-sum-exps.
         let decode = match piece {
             None => self.decode_kernels(dev, op, head_dim),
             Some(_) => None,
         };
-        let mut programs = Vec::with_capacity(widths.len());
-        for &wm in widths {
-            let (variant, name) = match (wm, op.dtype) {
-                (1, _) => ("flash".to_string(), what.clone()),
-                (_, DType::F32) => {
-                    let variant = "flash 2 rows/thread".to_string();
-                    (variant.clone(), format!("{what} [{variant}]"))
-                }
-                _ => {
-                    let variant = format!("flash {} rows", block_rows(op.dtype, wm));
-                    (variant.clone(), format!("{what} [{variant}]"))
-                }
+        let mut programs = Vec::with_capacity(kernels.len());
+        for &kernel in kernels {
+            let variant = kernel.variant();
+            let name = if kernel == Kernel::plain(op.dtype) {
+                what.clone()
+            } else {
+                format!("{what} [{variant}]")
             };
             let compiled = self
-                .module(dev, &name, ENTRY, &source(op, head_dim, wm))
+                .module(dev, &name, ENTRY, &source(op, head_dim, kernel))
                 .and_then(|(module, origin)| {
-                    let (_, shared) = block(op.dtype, head_dim as usize, wm);
+                    let (_, shared) = kernel.block(head_dim as usize);
                     module.allow_shared(shared).map_err(|e| BackendError::Compile {
                         kernel: name.clone(),
                         code: String::new(),
@@ -253,7 +295,7 @@ impl CudaBackend {
                 device: Arc::clone(dev),
                 module,
                 origin,
-                wm,
+                kernel,
                 name,
                 decode: decode.clone(),
                 saves_lse: piece.is_some(),
@@ -358,7 +400,7 @@ impl CudaBackend {
         let results = 1 + usize::from(program.saves_lse);
         let bound = self.attention_buffers(dev, name, buffers, names, &needs, results, &sizes)?;
         let out_at = names.len() - results;
-        let Some(launch) = launch(&program.op, &sizes, name, program.wm)? else {
+        let Some(launch) = launch(&program.op, &sizes, name, program.kernel)? else {
             return Ok(None);
         };
         let ranges = program
@@ -475,14 +517,14 @@ pub(crate) struct Launch {
     group: i32,
 }
 
-/// The launch of `op` at sizes `s` (checked against the buffers) by the kernel with `wm`
-/// as `FA_WM`, or `None` when the output is empty. Sizes past the kernel's 32-bit lengths
+/// The launch of `op` at sizes `s` (checked against the buffers) by `kernel`, or `None`
+/// when the output is empty. Sizes past the kernel's 32-bit lengths
 /// and strides the 16-byte copies cannot read are [`BackendError::Unsupported`].
 fn launch(
     op: &Attention,
     s: &AttentionSizes,
     name: &str,
-    wm: usize,
+    kernel: Kernel,
 ) -> Result<Option<Launch>, BackendError> {
     if s.batch == 0 || s.l == 0 || s.ev == 0 {
         return Ok(None);
@@ -506,7 +548,7 @@ fn launch(
     let int = |v: usize| i32::try_from(v).ok();
     let blocks = s
         .batch
-        .checked_mul(s.l.div_ceil(block_rows(op.dtype, wm)))
+        .checked_mul(s.l.div_ceil(kernel.block_rows()))
         .filter(|&b| i32::try_from(b).is_ok());
     let (Some(l), Some(keys), Some(heads), Some(group), Some(blocks)) = (
         int(s.l),
@@ -519,7 +561,7 @@ fn launch(
             "sizes {s:?} are past the fused kernel's 32-bit lengths"
         )));
     };
-    let (threads, shared) = block(op.dtype, s.e, wm);
+    let (threads, shared) = kernel.block(s.e);
     let offsets = s.rows.strides.map(|[offset, ..]| offset);
     let strides = s
         .rows
@@ -540,7 +582,7 @@ fn launch(
 
 #[cfg(test)]
 mod tests {
-    use super::{launch, source, supports};
+    use super::{Kernel, launch, source, supports};
     use tessel_ir::{Attention, AttentionSizes, RowLayout};
     use tessel_shape::{DType, Dim, Scalar, Var};
 
@@ -584,11 +626,12 @@ mod tests {
 
     #[test]
     fn the_source_is_configured_by_macros() {
-        let text = source(&op(DType::F16, 64, 64), 64, 2);
+        let text = source(&op(DType::F16, 64, 64), 64, Kernel::Half(2));
         for line in [
             "#define FA_D 64",
             "#define FA_WM 2",
             "#define FA_HALF 1",
+            "#define FA_TF32 0",
             "#define FA_F16 1",
             "#define FA_CAUSAL 1",
             "#define FA_FAST_EXP 1",
@@ -597,13 +640,15 @@ mod tests {
             assert!(text.contains(line), "{line}");
         }
         // f32 keeps exp2f; a negative scale cannot be folded past the row maximum.
-        let f32_text = source(&op(DType::F32, 64, 64), 64, 1);
+        let f32_text = source(&op(DType::F32, 64, 64), 64, Kernel::Cores(1));
         assert!(
             f32_text.contains("#define FA_FAST_EXP 0") && f32_text.contains("#define FA_FOLD 0")
         );
+        let tf32_text = source(&op(DType::F32, 64, 64), 64, Kernel::Tf32);
+        assert!(tf32_text.contains("#define FA_TF32 1") && tf32_text.contains("#define FA_WM 1"));
         let mut negative = op(DType::BF16, 64, 64);
         negative.scale = Scalar::F32(-0.125);
-        assert!(source(&negative, 64, 1).contains("#define FA_FOLD 0"));
+        assert!(source(&negative, 64, Kernel::Half(1)).contains("#define FA_FOLD 0"));
     }
 
     #[test]
@@ -622,30 +667,35 @@ mod tests {
             },
             mask: None,
         };
-        let l = launch(&op(DType::BF16, 64, 64), &sizes, "t", 1)
+        let l = launch(&op(DType::BF16, 64, 64), &sizes, "t", Kernel::Half(1))
             .unwrap()
             .unwrap();
         assert_eq!(l.grid, [96 * 3, 1, 1]);
-        let wide = launch(&op(DType::BF16, 64, 64), &sizes, "t", 2)
+        let wide = launch(&op(DType::BF16, 64, 64), &sizes, "t", Kernel::Half(2))
             .unwrap()
             .unwrap();
         assert_eq!(wide.grid, [96 * 2, 1, 1]);
         assert_eq!(wide.shared, ((128 + 4 * 64) * 72 * 2) as u32);
         assert_eq!((l.block[0], l.lengths), (128, [129, 129]));
         assert!((l.scale_log2 - 0.125 * std::f32::consts::LOG2_E).abs() < 1e-7);
-        for wm in [1, 2] {
-            let f32_launch = launch(&op(DType::F32, 64, 64), &sizes, "t", wm)
+        for kernel in [Kernel::Cores(1), Kernel::Cores(2)] {
+            let f32_launch = launch(&op(DType::F32, 64, 64), &sizes, "t", kernel)
                 .unwrap()
                 .unwrap();
             assert_eq!((f32_launch.grid, f32_launch.block[0]), ([96 * 3, 1, 1], 64));
         }
+        let tf32 = launch(&op(DType::F32, 64, 64), &sizes, "t", Kernel::Tf32)
+            .unwrap()
+            .unwrap();
+        assert_eq!((tf32.grid, tf32.block[0]), ([96 * 3, 1, 1], 128));
+        assert_eq!(tf32.shared, (4 * 64 * 68 * 4) as u32);
         let empty = AttentionSizes { l: 0, ..sizes };
         assert_eq!(
-            launch(&op(DType::BF16, 64, 64), &empty, "t", 1).unwrap(),
+            launch(&op(DType::BF16, 64, 64), &empty, "t", Kernel::Half(1)).unwrap(),
             None
         );
         let mut odd = sizes;
         odd.rows.strides[1][3] = 64 + 4;
-        assert!(launch(&op(DType::BF16, 64, 64), &odd, "t", 1).is_err());
+        assert!(launch(&op(DType::BF16, 64, 64), &odd, "t", Kernel::Half(1)).is_err());
     }
 }

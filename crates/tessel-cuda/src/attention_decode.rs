@@ -62,7 +62,7 @@ fn applies(op: &Attention, head_dim: i64) -> bool {
 fn source(op: &Attention, head_dim: i64, part: u8) -> String {
     format!(
         "{}#define FA_HELPERS_ONLY\n{}\n#define FD_PART {part}\n{TEMPLATE}",
-        attention::macros(op, head_dim, 1),
+        attention::macros(op, head_dim, attention::Kernel::plain(op.dtype)),
         attention::TEMPLATE,
     )
 }
