@@ -576,3 +576,42 @@ fn transposed_products_are_products_of_transposes() {
         assert_eq!(got, want, "{dtype}: the same bits");
     }
 }
+
+/// A `[2, 3, 4, 8]` leaf doubled 64 times (`x + x`): each level reads the one below twice,
+/// as a deep model's layers read the residual stream, so its tree cost passes 10^19.
+fn shared_chain(env: &mut Env) -> NodeId {
+    let mut x = env.leaf(F32, &[2, 3, 4, 8]);
+    for _ in 0..64 {
+        x = env.binary(BinaryOp::Add, x, x);
+    }
+    x
+}
+
+/// `q @ kᵀ` with `k` split out of `[batch, s, heads, e]` rows by one merged permute
+/// (`[0, 2, 3, 1]`), on top of a value whose tree cost an `f64` cannot add 0.1 to: the
+/// transposed form still splits the permute into heads, then a transpose the product reads
+/// (a deep layer's attention is matched like a shallow one's).
+#[test]
+fn deep_graphs_get_their_transposes_split() {
+    let mut e = Env::new();
+    let rows = shared_chain(&mut e);
+    let k_t = e.permute(rows, &[0, 2, 3, 1]);
+    let q = e.leaf(F32, &[2, 4, 3, 8]);
+    let scores = matmul(&mut e, q, k_t);
+    let f = tessel_graph::egraph::forms(&e.g, &[scores], budget());
+    assert_eq!(f.forms.len(), 2, "{f:?}");
+    let form = &f.forms[1];
+    let permutes: Vec<Vec<usize>> = form
+        .graph
+        .toposort(&form.targets)
+        .into_iter()
+        .filter_map(|n| match &form.graph.node(n).op {
+            Op::Permute(_, p) => Some(p.to_vec()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(permutes, vec![vec![0, 2, 1, 3], vec![0, 1, 3, 2]]);
+    let want = realize(&e.g, &e.data, &[scores]);
+    let got = realize(&form.graph, &e.data, &form.targets);
+    assert_eq!(got, want, "the same bits");
+}

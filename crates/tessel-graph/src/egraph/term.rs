@@ -31,6 +31,9 @@ use tracing::debug;
 use super::{Budget, ClassId, EGraph, ENode, SaturationReport, rules};
 use crate::graph::{Graph, Node, NodeId, Op};
 
+/// The most one operand adds to an e-node's cost (see the module docs).
+const OPERAND_COST_CAP: f64 = 1e9;
+
 /// The cost of an e-node's own op, by the table in this module's docs.
 pub fn static_cost(node: &ENode) -> f64 {
     match node.op() {
@@ -122,7 +125,9 @@ impl<'a> Extraction<'a> {
                 }
                 let node = &egraph.class(user_class).nodes()[j];
                 let total = node.children().fold(cost(node).max(0.0), |acc, child| {
-                    acc + best.get(&egraph.find(child)).map_or(f64::INFINITY, |b| b.1)
+                    acc + best
+                        .get(&egraph.find(child))
+                        .map_or(f64::INFINITY, |b| b.1.min(OPERAND_COST_CAP))
                 });
                 heap.push(Reverse((Cost(total), user_class, j)));
             }
