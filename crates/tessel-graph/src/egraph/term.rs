@@ -20,8 +20,10 @@
 //! drops the 0.1 a movement costs: forms differing by one permute tied, and the order
 //! classes settled chose between them (the transposed form kept a merged permute in 7 of
 //! 12 layers, whose attentions then went unmatched). Capped, an e-node's cost stays exact
-//! far below 0.1, so a difference in its own op or its operands' ops decides at every
-//! depth; graphs whose costs stay under the cap are extracted as before.
+//! far below 0.1, so a difference in its own op decides at every depth (one further down
+//! is lost where the operand holding it costs more than the cap, and such costs are no
+//! longer superior: a class past the cap may settle before a cheaper form of it is ready).
+//! Graphs whose costs stay under the cap are extracted as before.
 //!
 //! **Algorithm.** Knuth's generalization of Dijkstra to e-graphs (superior functions): a
 //! class is settled, cheapest first, once one of its e-nodes has all operands settled, and
