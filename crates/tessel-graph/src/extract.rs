@@ -47,6 +47,16 @@
 //!    candidate, which writes at most `writes.len()` of them, so the shares charged to a
 //!    candidate never exceed its cost.
 //!
+//! 4. **Swaps**: the best plan, before the search and after it, is improved locally. A
+//!    candidate outside the plan whose reads the plan already writes replaces the chosen
+//!    writers of its classes when it costs less than they do (and they write nothing else),
+//!    then candidates whose writes nothing reads any more are dropped; until no swap helps.
+//!    Neither tree nor path costs see that a value is needed anyway: a training step keeps a
+//!    product's pre-activation for the backward, and both greedy plans still compute its
+//!    activation with a second product carrying the activation as an epilogue rather than
+//!    with an elementwise kernel reading the pre-activation; where the search runs out
+//!    first, the swap fixes that.
+//!
 //! The search keeps the two cheapest distinct plans (pruning against the second), so
 //! [`Extraction::runner_up`] is the true second-best plan when the search completes and the
 //! runtime has a fallback if the winner fails; [`Problem::without`] re-extracts without a
@@ -259,7 +269,10 @@ pub fn extract_from(
             tracing::debug!(target: "tessel::plan", "the known plan is not a valid plan; ignored");
         }
     }
+    // Before the search (a lower threshold prunes more) and after it.
+    s.improve_best();
     s.run();
+    s.improve_best();
     let Some((best, cost)) = s.best.take() else {
         return Err(ExtractError::NoValidPlan {
             targets: m.targets.iter().map(|&t| m.classes[t]).collect(),
@@ -369,6 +382,8 @@ struct Model {
     rank: Vec<usize>,
     /// Per class: the admissible lower-bound share, min over producers of cost / writes.
     share: Vec<f64>,
+    /// Per candidate: whether some plan may hold it (eligible, every read producible).
+    usable: Vec<bool>,
 }
 
 impl Model {
@@ -433,7 +448,10 @@ impl Model {
         // A candidate is usable iff all its reads settled: then its writes settled too.
         let mut producers = vec![Vec::new(); n];
         let mut share = vec![f64::INFINITY; n];
-        for p in (0..np).filter(|&p| eligible[p] && ctree[p].is_finite()) {
+        let usable: Vec<bool> = (0..np)
+            .map(|p| eligible[p] && ctree[p].is_finite())
+            .collect();
+        for p in (0..np).filter(|&p| usable[p]) {
             for &w in &writes[p] {
                 producers[w].push(p);
                 share[w] = share[w].min(cost[p] / writes[p].len() as f64);
@@ -464,6 +482,7 @@ impl Model {
             tree,
             rank,
             share,
+            usable,
         })
     }
 
@@ -528,6 +547,74 @@ impl Model {
             .all(|&p| self.reads[p].iter().all(|&r| written[r]))
             && self.targets.iter().all(|&t| written[t]);
         closed && self.order(plan).len() == plan.len()
+    }
+
+    /// `plan` (a valid plan, sorted) improved by swaps until none helps (module docs, step
+    /// 4): a candidate outside the plan whose reads the plan already writes replaces the
+    /// chosen writers of its classes when it costs less than they do and they write nothing
+    /// else; candidates whose writes nothing reads any more are then dropped. Sorted.
+    fn improve(&self, plan: &[usize]) -> Vec<usize> {
+        let writers = |plan: &[usize]| {
+            let mut writer = vec![NONE; self.classes.len()];
+            for &p in plan {
+                self.writes[p].iter().for_each(|&w| writer[w] = p);
+            }
+            writer
+        };
+        let mut plan = plan.to_vec();
+        let mut writer = writers(&plan);
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for q in (0..self.cost.len()).filter(|&q| self.usable[q]) {
+                let mut replaced: Vec<usize> = self.writes[q].iter().map(|&w| writer[w]).collect();
+                replaced.sort_unstable();
+                replaced.dedup();
+                let fits = !replaced.contains(&NONE)
+                    && !replaced.contains(&q)
+                    && replaced
+                        .iter()
+                        .all(|&p| self.writes[p].iter().all(|w| self.writes[q].contains(w)))
+                    && self.reads[q]
+                        .iter()
+                        .all(|&r| writer[r] != NONE && !replaced.contains(&writer[r]));
+                if !fits || self.cost[q] >= replaced.iter().map(|&p| self.cost[p]).sum::<f64>() {
+                    continue;
+                }
+                let mut next: Vec<usize> = plan
+                    .iter()
+                    .copied()
+                    .filter(|p| !replaced.contains(p))
+                    .chain([q])
+                    .collect();
+                next.sort_unstable();
+                let next = self.without_dead(next);
+                if self.is_plan(&next) {
+                    writer = writers(&next);
+                    plan = next;
+                    changed = true;
+                }
+            }
+        }
+        plan
+    }
+
+    /// `plan` without the candidates none of whose writes is a target or read by another.
+    fn without_dead(&self, mut plan: Vec<usize>) -> Vec<usize> {
+        loop {
+            let mut wanted = vec![false; self.classes.len()];
+            for &t in &self.targets {
+                wanted[t] = true;
+            }
+            for &p in &plan {
+                self.reads[p].iter().for_each(|&r| wanted[r] = true);
+            }
+            let before = plan.len();
+            plan.retain(|&p| self.writes[p].iter().any(|&w| wanted[w]));
+            if plan.len() == before {
+                return plan;
+            }
+        }
     }
 
     /// Orders an acyclic plan producers first (Kahn's algorithm, lowest index first on ties).
@@ -757,6 +844,16 @@ impl<'a> Search<'a> {
             self.walk.extend_from_slice(&self.m.reads[self.writer[c]]);
         }
         false
+    }
+
+    /// Offers the best plan so far improved by swaps ([`Model::improve`]).
+    fn improve_best(&mut self) {
+        if let Some((best, _)) = &self.best {
+            let improved = self.m.improve(best);
+            if improved != *best {
+                self.offer(improved);
+            }
+        }
     }
 
     /// Keeps `plan` (sorted candidate indices) if it is among the two cheapest distinct plans.

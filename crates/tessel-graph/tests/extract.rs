@@ -274,6 +274,61 @@ fn the_greedy_plan_is_not_fooled_by_shared_values_in_deep_graphs() {
     assert!(valid_order(&p, &e.chosen));
 }
 
+/// A training step's layer: the forward needs `gelu(x W + b)` (class 3) and the backward
+/// needs the pre-activation `x W + b` (class 2) itself. A product with the gelu fused
+/// (cost 4.5) is cheaper by tree and by path cost than the plain product plus an
+/// elementwise gelu (4.23 + 0.56), so both greedy plans run the product twice; the swap
+/// pass sees the pre-activation already written and puts the elementwise gelu in place of
+/// the second product. With no search at all that is the plan.
+#[test]
+fn swaps_reuse_a_value_the_plan_already_writes() {
+    let specs: [Spec<'_>; 5] = [
+        (&[2], &[0], 4.23),   // x W + b
+        (&[3], &[0], 4.5),    // gelu(x W + b), one product with its epilogue
+        (&[3], &[2], 0.56),   // gelu of the pre-activation
+        (&[4], &[2, 1], 0.6), // the gelu's backward: reads the pre-activation
+        (&[5], &[3], 5.0),    // the next layer's product reads the gelu
+    ];
+    let p = problem(&specs, &[0, 1], &[5, 4]);
+    let e = extract(
+        &p,
+        Budget {
+            max_nodes: 0,
+            ..big()
+        },
+    )
+    .unwrap();
+    assert_eq!(sorted(e.chosen.clone()), vec![0, 2, 3, 4]);
+    assert!((e.cost - 10.39).abs() < 1e-9, "cost {}", e.cost);
+    assert!(valid_order(&p, &e.chosen));
+}
+
+/// An optimizer's three updates (classes 2, 3, 4, each from the gradient, class 1) as
+/// three kernels, or as one kernel writing all three that costs less than the three
+/// together but more than any one. Each update's own cheapest producer is its own kernel,
+/// so the greedy plans take the three; the swap pass replaces them with the one.
+#[test]
+fn swaps_merge_writers_into_one_cheaper_kernel() {
+    let specs: [Spec<'_>; 5] = [
+        (&[1], &[0], 1.0),
+        (&[2], &[1], 0.3),
+        (&[3], &[1], 0.3),
+        (&[4], &[1], 0.3),
+        (&[2, 3, 4], &[1], 0.5),
+    ];
+    let p = problem(&specs, &[0], &[2, 3, 4]);
+    let e = extract(
+        &p,
+        Budget {
+            max_nodes: 0,
+            ..big()
+        },
+    )
+    .unwrap();
+    assert_eq!(sorted(e.chosen.clone()), vec![0, 4]);
+    assert!(valid_order(&p, &e.chosen));
+}
+
 #[test]
 fn execution_order_respects_dependencies() {
     // d = 4 from b = 2 and c = 3, both from a = 1, from the leaf; consumers listed first.
