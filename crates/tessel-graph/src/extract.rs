@@ -49,13 +49,15 @@
 //!
 //! 4. **Swaps**: the best plan, before the search and after it, is improved locally. A
 //!    candidate outside the plan whose reads the plan already writes replaces the chosen
-//!    writers of its classes when it costs less than they do (and they write nothing else),
-//!    then candidates whose writes nothing reads any more are dropped; until no swap helps.
-//!    Neither tree nor path costs see that a value is needed anyway: a training step keeps a
-//!    product's pre-activation for the backward, and both greedy plans still compute its
-//!    activation with a second product carrying the activation as an epilogue rather than
-//!    with an elementwise kernel reading the pre-activation; where the search runs out
-//!    first, the swap fixes that.
+//!    writers of its classes (which must write nothing else) when that costs less, counting
+//!    also the candidates whose writes nothing reads any more once they are gone; until no
+//!    swap helps. Neither tree nor path costs see that a value is needed anyway, nor what a
+//!    producer's removal frees: a training step keeps a product's pre-activation for the
+//!    backward, yet both greedy plans compute its activation with a second product
+//!    carrying the activation as an epilogue rather than with an elementwise kernel reading
+//!    the pre-activation; and a fused attention backward costs more than the three products
+//!    it replaces, but less than they and the probability matrix they read. Where the
+//!    search runs out first, swaps fix both.
 //!
 //! The search keeps the two cheapest distinct plans (pruning against the second), so
 //! [`Extraction::runner_up`] is the true second-best plan when the search completes and the
@@ -551,70 +553,33 @@ impl Model {
 
     /// `plan` (a valid plan, sorted) improved by swaps until none helps (module docs, step
     /// 4): a candidate outside the plan whose reads the plan already writes replaces the
-    /// chosen writers of its classes when it costs less than they do and they write nothing
-    /// else; candidates whose writes nothing reads any more are then dropped. Sorted.
+    /// chosen writers of its classes (which must write nothing else) when that, with the
+    /// candidates whose writes nothing reads any more dropped, costs less. Sorted.
     fn improve(&self, plan: &[usize]) -> Vec<usize> {
-        let writers = |plan: &[usize]| {
-            let mut writer = vec![NONE; self.classes.len()];
-            for &p in plan {
-                self.writes[p].iter().for_each(|&w| writer[w] = p);
-            }
-            writer
-        };
         let mut plan = plan.to_vec();
-        let mut writer = writers(&plan);
+        let mut state = SwapState::new(self, &plan);
         let mut changed = true;
         while changed {
             changed = false;
             for q in (0..self.cost.len()).filter(|&q| self.usable[q]) {
-                let mut replaced: Vec<usize> = self.writes[q].iter().map(|&w| writer[w]).collect();
-                replaced.sort_unstable();
-                replaced.dedup();
-                let fits = !replaced.contains(&NONE)
-                    && !replaced.contains(&q)
-                    && replaced
-                        .iter()
-                        .all(|&p| self.writes[p].iter().all(|w| self.writes[q].contains(w)))
-                    && self.reads[q]
-                        .iter()
-                        .all(|&r| writer[r] != NONE && !replaced.contains(&writer[r]));
-                if !fits || self.cost[q] >= replaced.iter().map(|&p| self.cost[p]).sum::<f64>() {
+                let Some(removed) = state.try_swap(self, q) else {
                     continue;
-                }
+                };
                 let mut next: Vec<usize> = plan
                     .iter()
                     .copied()
-                    .filter(|p| !replaced.contains(p))
+                    .filter(|p| !removed.contains(p))
                     .chain([q])
                     .collect();
                 next.sort_unstable();
-                let next = self.without_dead(next);
                 if self.is_plan(&next) {
-                    writer = writers(&next);
+                    state = SwapState::new(self, &next);
                     plan = next;
                     changed = true;
                 }
             }
         }
         plan
-    }
-
-    /// `plan` without the candidates none of whose writes is a target or read by another.
-    fn without_dead(&self, mut plan: Vec<usize>) -> Vec<usize> {
-        loop {
-            let mut wanted = vec![false; self.classes.len()];
-            for &t in &self.targets {
-                wanted[t] = true;
-            }
-            for &p in &plan {
-                self.reads[p].iter().for_each(|&r| wanted[r] = true);
-            }
-            let before = plan.len();
-            plan.retain(|&p| self.writes[p].iter().any(|&w| wanted[w]));
-            if plan.len() == before {
-                return plan;
-            }
-        }
     }
 
     /// Orders an acyclic plan producers first (Kahn's algorithm, lowest index first on ties).
@@ -656,6 +621,95 @@ impl Model {
             }
         }
         order
+    }
+}
+
+/// A plan's writers and readers, for [`Model::improve`]'s swaps.
+struct SwapState {
+    /// Per class: the plan's candidate writing it, or `NONE`.
+    writer: Vec<usize>,
+    /// Per class: how many of the plan's candidates read it, plus one for a target.
+    readers: Vec<usize>,
+    /// Per candidate: whether it is in the plan.
+    chosen: Vec<bool>,
+}
+
+impl SwapState {
+    fn new(m: &Model, plan: &[usize]) -> SwapState {
+        let mut s = SwapState {
+            writer: vec![NONE; m.classes.len()],
+            readers: vec![0; m.classes.len()],
+            chosen: vec![false; m.cost.len()],
+        };
+        for &t in &m.targets {
+            s.readers[t] += 1;
+        }
+        for &p in plan {
+            s.chosen[p] = true;
+            for &w in &m.writes[p] {
+                s.writer[w] = p;
+            }
+            for &r in &m.reads[p] {
+                s.readers[r] += 1;
+            }
+        }
+        s
+    }
+
+    /// The candidates that putting `q` in the plan removes (the writers of its classes,
+    /// then those whose writes nothing reads any more), if they cost more than `q` and `q`
+    /// fits: its reads written by candidates that stay, the writers it replaces writing
+    /// nothing it does not. Leaves the state as it found it.
+    fn try_swap(&mut self, m: &Model, q: usize) -> Option<Vec<usize>> {
+        if self.chosen[q] {
+            return None;
+        }
+        let mut removed: Vec<usize> = (m.writes[q].iter())
+            .map(|&w| self.writer[w])
+            .filter(|&p| p != NONE)
+            .collect();
+        removed.sort_unstable();
+        removed.dedup();
+        let fits = !removed.is_empty()
+            && removed
+                .iter()
+                .all(|&p| m.writes[p].iter().all(|w| m.writes[q].contains(w)))
+            && m.reads[q]
+                .iter()
+                .all(|&r| self.writer[r] != NONE && !removed.contains(&self.writer[r]));
+        if !fits {
+            return None;
+        }
+        // q's reads first, so that nothing it reads is dropped; then each removed
+        // candidate's reads, dropping writers left with no reader.
+        for &r in &m.reads[q] {
+            self.readers[r] += 1;
+        }
+        let mut released = Vec::new();
+        let mut next = 0;
+        while let Some(&p) = removed.get(next) {
+            next += 1;
+            for &r in &m.reads[p] {
+                self.readers[r] -= 1;
+                released.push(r);
+                let w = self.writer[r];
+                if self.readers[r] == 0
+                    && !removed.contains(&w)
+                    && m.writes[w].iter().all(|&c| self.readers[c] == 0)
+                {
+                    removed.push(w);
+                }
+            }
+        }
+        // Undone, so that the state describes the plan again.
+        for &r in &released {
+            self.readers[r] += 1;
+        }
+        for &r in &m.reads[q] {
+            self.readers[r] -= 1;
+        }
+        let saved: f64 = removed.iter().map(|&p| m.cost[p]).sum();
+        (m.cost[q] < saved).then_some(removed)
     }
 }
 

@@ -329,6 +329,30 @@ fn swaps_merge_writers_into_one_cheaper_kernel() {
     assert!(valid_order(&p, &e.chosen));
 }
 
+/// Attention's gradients: two products (2 and 3) reading a materialized probability
+/// matrix (class 1), or one fused kernel writing both from the inputs. The products alone
+/// cost less than the fused kernel, so the greedy plans take them; the swap counts the
+/// matrix's producer too, which nothing reads once the fused kernel is in, and takes it.
+#[test]
+fn swaps_count_the_producers_they_leave_unread() {
+    let specs: [Spec<'_>; 4] = [
+        (&[1], &[0], 2.0),
+        (&[2], &[1], 1.0),
+        (&[3], &[1], 1.0),
+        (&[2, 3], &[0], 3.5),
+    ];
+    let p = problem(&specs, &[0], &[2, 3]);
+    let e = extract(
+        &p,
+        Budget {
+            max_nodes: 0,
+            ..big()
+        },
+    )
+    .unwrap();
+    assert_eq!((e.chosen.clone(), e.cost), (vec![3], 3.5));
+}
+
 #[test]
 fn execution_order_respects_dependencies() {
     // d = 4 from b = 2 and c = 3, both from a = 1, from the leaf; consumers listed first.
