@@ -902,9 +902,11 @@ impl<'a> Search<'a> {
 
     /// Offers the best plan so far improved by swaps ([`Model::improve`]).
     fn improve_best(&mut self) {
-        if let Some((best, _)) = &self.best {
+        if let Some((best, cost)) = &self.best {
             let improved = self.m.improve(best);
             if improved != *best {
+                let now: f64 = improved.iter().map(|&p| self.m.cost[p]).sum();
+                tracing::debug!(target: "tessel::plan", "swaps took the plan from {cost:?} s to {now:?} s");
                 self.offer(improved);
             }
         }
