@@ -708,8 +708,9 @@ impl SwapState {
         for &r in &m.reads[q] {
             self.readers[r] -= 1;
         }
+        // A relative margin, so that sums rounded differently never swap back and forth.
         let saved: f64 = removed.iter().map(|&p| m.cost[p]).sum();
-        (m.cost[q] < saved).then_some(removed)
+        (m.cost[q] * (1.0 + 1e-9) < saved).then_some(removed)
     }
 }
 
