@@ -35,6 +35,18 @@ fn big() -> Budget {
     }
 }
 
+/// The extraction with no search nodes at all: greedy plans, known plans and swaps.
+fn without_search(p: &Problem) -> Extraction {
+    extract(
+        p,
+        Budget {
+            max_nodes: 0,
+            ..big()
+        },
+    )
+    .unwrap()
+}
+
 fn sorted(mut v: Vec<usize>) -> Vec<usize> {
     v.sort_unstable();
     v
@@ -257,14 +269,7 @@ fn the_greedy_plan_is_not_fooled_by_shared_values_in_deep_graphs() {
     owned.push((vec![1], vec![stream + LAYERS], 0.0));
     let specs: Vec<Spec<'_>> = owned.iter().map(|(w, r, c)| (&w[..], &r[..], *c)).collect();
     let p = problem(&specs, &[0], &[1]);
-    let e = extract(
-        &p,
-        Budget {
-            max_nodes: 0,
-            ..big()
-        },
-    )
-    .unwrap();
+    let e = without_search(&p);
     let cheap = f64::from(LAYERS) * 0.011;
     assert!(
         (e.cost - cheap).abs() < 1e-9,
@@ -290,14 +295,7 @@ fn swaps_reuse_a_value_the_plan_already_writes() {
         (&[5], &[3], 5.0),    // the next layer's product reads the gelu
     ];
     let p = problem(&specs, &[0, 1], &[5, 4]);
-    let e = extract(
-        &p,
-        Budget {
-            max_nodes: 0,
-            ..big()
-        },
-    )
-    .unwrap();
+    let e = without_search(&p);
     assert_eq!(sorted(e.chosen.clone()), vec![0, 2, 3, 4]);
     assert!((e.cost - 10.39).abs() < 1e-9, "cost {}", e.cost);
     assert!(valid_order(&p, &e.chosen));
@@ -317,14 +315,7 @@ fn swaps_merge_writers_into_one_cheaper_kernel() {
         (&[2, 3, 4], &[1], 0.5),
     ];
     let p = problem(&specs, &[0], &[2, 3, 4]);
-    let e = extract(
-        &p,
-        Budget {
-            max_nodes: 0,
-            ..big()
-        },
-    )
-    .unwrap();
+    let e = without_search(&p);
     assert_eq!(sorted(e.chosen.clone()), vec![0, 4]);
     assert!(valid_order(&p, &e.chosen));
 }
@@ -342,14 +333,7 @@ fn swaps_count_the_producers_they_leave_unread() {
         (&[2, 3], &[0], 3.5),
     ];
     let p = problem(&specs, &[0], &[2, 3]);
-    let e = extract(
-        &p,
-        Budget {
-            max_nodes: 0,
-            ..big()
-        },
-    )
-    .unwrap();
+    let e = without_search(&p);
     assert_eq!((e.chosen.clone(), e.cost), (vec![3], 3.5));
 }
 
