@@ -5,6 +5,7 @@
 //
 //   FAB_PART    0: the log-sum-exps; 1: dq; 2: dk (stored transposed); 3: dv;
 //               4 (f32): dq, dk and dv at once
+//   FAB_KEY_ROWS 1: dk stored as rows (pair, key, d) instead of transposed
 //   FAB_SPLIT   f32 gradients: threads sharing a key (FA_THREADS / FAB_SPLIT keys a block)
 //
 // and FA_MASK 0 (no mask, no dropout); FA_HALF 1 runs half operands on tensor cores,
@@ -318,7 +319,11 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) tessel_attention_backwa
 #pragma unroll
         for (int j = 0; j < FA_NT; j++) {
             int col = j * 8 + (lane % 4) * 2;
-#if FAB_PART == 2
+#if FAB_PART == 2 && FAB_KEY_ROWS
+            // Stored as rows: element (pair, key, d) at (pair·s + key)·FA_D + d.
+            *(fa_u32*)((fa_t*)out + (pair * s + key) * FA_D + col) =
+                fa_pack(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale);
+#elif FAB_PART == 2
             // Stored transposed: element (pair, d, key) at (pair·FA_D + d)·s + key.
             fa_u16* dk = (fa_u16*)out + pair * FA_D * s + key;
             dk[(long long)col * s] = fab_round(acc[j][2 * h] * scale);
@@ -621,14 +626,24 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS, 2) tessel_attention_bac
         __syncthreads();
     }
     if (key >= s) return;
-    // dkᵀ: element (pair, d, key) at (pair·FA_D + d)·s + key; dv row-major.
+    // dkᵀ: element (pair, d, key) at (pair·FA_D + d)·s + key (as rows with FAB_KEY_ROWS:
+    // (pair·s + key)·FA_D + d); dv row-major.
+#if FAB_KEY_ROWS
+    float4* dk4 = (float4*)(dk + (pair * s + key) * FA_D);
+#else
     float* dkt = dk + pair * FA_D * s + key;
+#endif
     float4* dv4 = (float4*)(dv + (pair * s + key) * FA_D);
 #pragma unroll
     for (int c = 0; c < FAB_DH / 4; c++) {
         const int chunk = c * FAB_SPLIT + part;
+#if FAB_KEY_ROWS
+        dk4[chunk] = make_float4(dkr[4 * c] * scale, dkr[4 * c + 1] * scale,
+                                 dkr[4 * c + 2] * scale, dkr[4 * c + 3] * scale);
+#else
 #pragma unroll
         for (int e = 0; e < 4; e++) dkt[(long long)(chunk * 4 + e) * s] = dkr[4 * c + e] * scale;
+#endif
         dv4[chunk] = make_float4(dvr[4 * c], dvr[4 * c + 1], dvr[4 * c + 2], dvr[4 * c + 3]);
     }
 }

@@ -130,10 +130,11 @@ fn source(op: &AttentionBackward, head_dim: i64) -> String {
         )
     };
     format!(
-        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK 0\n#define FAB_PART {part}\n{f32_config}{}\n{TEMPLATE}",
+        "// {op}\n#define FA_D {head_dim}\n#define FA_HALF {}\n#define FA_F16 {}\n#define FA_CAUSAL {}\n#define FA_MASK 0\n#define FAB_PART {part}\n#define FAB_KEY_ROWS {}\n{f32_config}{}\n{TEMPLATE}",
         u8::from(half),
         u8::from(fwd.dtype == DType::F16),
         u8::from(fwd.causal),
+        u8::from(op.key_rows),
         crate::attention::TEMPLATE,
     )
 }
@@ -348,6 +349,7 @@ mod tests {
     fn op(dtype: DType, e: i64, part: AttentionPart) -> AttentionBackward {
         let l = Dim::constant(100);
         AttentionBackward {
+            key_rows: false,
             forward: tessel_ir::Attention {
                 dtype,
                 batch: 6.into(),

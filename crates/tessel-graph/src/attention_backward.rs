@@ -11,6 +11,7 @@
 //! delta = sum(dO · out, -1)
 //! ds    = exp(x - lse) · (dp - delta) · scale    (f32; rounded for half products)
 //! dq    = ds @ k      dkᵀ = qᵀ @ ds      dv = pᵀ @ dO
+//!                     (or dk = dsᵀ @ q, where extraction merged the transpose)
 //! ```
 //!
 //! [`find_backward`] describes `lse`, `dq`, `dkᵀ` and `dv`, the three gradients together,
@@ -52,23 +53,33 @@ pub(crate) fn find_backward(
         let VendorOp::Matmul(op) = &m.op else {
             continue;
         };
-        if !op.epilogue.is_none() || op.rhs_transposed && op.lhs_transposed {
+        if !op.epilogue.is_none() {
             continue;
         }
+        let both_transposed = op.rhs_transposed && op.lhs_transposed;
         let [lhs, rhs] = [m.operands[0], m.operands[1]];
         for (n, a) in found.iter().enumerate() {
             if op.dtype != a.op.dtype {
                 continue;
             }
-            let (part, ds) = if op.lhs_transposed && lhs == a.factors[2] {
+            // `dkᵀ = qᵀ·ds` as autograd records it, or `dk = dsᵀ·q` where extraction merged
+            // the transpose into the product.
+            let (part, ds, key_rows) = if both_transposed {
+                if !(op.lhs_transposed && reads(graph, rhs, true, a.factors[0], false)) {
+                    continue;
+                }
+                (AttentionPart::Key, lhs, true)
+            } else if op.lhs_transposed && lhs == a.factors[2] {
                 values.push((n, m));
                 continue;
             } else if op.lhs_transposed && lhs == a.factors[0] {
-                (AttentionPart::Key, rhs)
+                (AttentionPart::Key, rhs, false)
+            } else if op.lhs_transposed && reads(graph, rhs, false, a.factors[0], false) {
+                (AttentionPart::Key, lhs, true)
             } else if !op.lhs_transposed
                 && reads(graph, rhs, op.rhs_transposed, a.factors[1], false)
             {
-                (AttentionPart::Query, lhs)
+                (AttentionPart::Query, lhs, false)
             } else {
                 continue;
             };
@@ -77,7 +88,7 @@ pub(crate) fn find_backward(
             };
             inputs[n] = Some(found_inputs);
             gradients[n][usize::from(part == AttentionPart::Key)].get_or_insert(out.len());
-            out.push(gradient(graph, a, part, found_inputs, m));
+            out.push(gradient(graph, a, part, key_rows, found_inputs, m));
         }
     }
     for (n, m) in values {
@@ -92,7 +103,7 @@ pub(crate) fn find_backward(
                 ..found_inputs
             };
             gradients[n][2].get_or_insert(out.len());
-            out.push(gradient(graph, a, AttentionPart::Value, with_own, m));
+            out.push(gradient(graph, a, AttentionPart::Value, false, with_own, m));
         }
     }
     for (a, pieces) in found.iter().zip(&gradients) {
@@ -109,6 +120,7 @@ pub(crate) fn find_backward(
             op: VendorOp::AttentionBackward(AttentionBackward {
                 forward: a.op.clone(),
                 part: AttentionPart::LogSumExp,
+                key_rows: false,
             }),
             materialize: to_materialize(graph, &operands, lse),
             operands,
@@ -126,17 +138,20 @@ fn output_and_lse(graph: &Graph, a: &AttentionNodes, lse: NodeId) -> VendorMatch
     m.op = VendorOp::AttentionBackward(AttentionBackward {
         forward: a.op.clone(),
         part: AttentionPart::OutputAndLogSumExp,
+        key_rows: false,
     });
     m.also_writes.push(lse);
     m.materialize.push(lse);
     m
 }
 
-/// The match of gradient `part` written by the product `m`.
+/// The match of gradient `part` written by the product `m` (for the key gradient, as rows
+/// or transposed as `key_rows` says).
 fn gradient(
     graph: &Graph,
     a: &AttentionNodes,
     part: AttentionPart,
+    key_rows: bool,
     inputs: Inputs,
     m: &VendorMatch,
 ) -> VendorMatch {
@@ -151,6 +166,7 @@ fn gradient(
         op: VendorOp::AttentionBackward(AttentionBackward {
             forward: a.op.clone(),
             part,
+            key_rows,
         }),
         materialize: to_materialize(graph, &operands, top),
         operands,
@@ -160,7 +176,8 @@ fn gradient(
 }
 
 /// The three gradients of `a` computed together, from the matches of each: the operands
-/// of `dq`'s, writing `dq`'s nodes, then the topmost of `dkᵀ`'s and of `dv`'s.
+/// of `dq`'s, writing `dq`'s nodes, then the topmost of `dk`'s (in its layout) and of
+/// `dv`'s.
 fn all_gradients(
     graph: &Graph,
     a: &AttentionNodes,
@@ -176,10 +193,12 @@ fn all_gradients(
         *dq.writes.last().unwrap_or(&dq.operands[0]),
     );
     materialize.extend(&tops);
+    let key_rows = matches!(&dk.op, VendorOp::AttentionBackward(b) if b.key_rows);
     VendorMatch {
         op: VendorOp::AttentionBackward(AttentionBackward {
             forward: a.op.clone(),
             part: AttentionPart::Gradients,
+            key_rows,
         }),
         operands: dq.operands.clone(),
         writes: dq.writes.clone(),

@@ -597,12 +597,12 @@ fn key_rows(mut kb: KernelBuilder, ctx: &Ctx, b: GradBuffers) -> KernelBuilder {
         } else {
             kb.constant(Scalar::F32(1.0))
         };
-        // `dk` transposed (`e × s` per pair: consecutive keys, consecutive elements), `dv`
-        // row-major.
+        // `dk` transposed (`e × s` per pair: consecutive keys, consecutive elements) unless
+        // stored as rows; `dv` row-major.
         let width_v = c(kb, width);
         let s_w = kb.mul(s, width_v);
         let base = kb.mul(pair, s_w);
-        let (base, step) = if of_keys {
+        let (base, step) = if of_keys && !ctx.op.key_rows {
             (kb.add(base, j), s)
         } else {
             (kb.ternary(TernaryOp::MulAdd, j, width_v, base), one)

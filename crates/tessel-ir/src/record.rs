@@ -37,13 +37,15 @@ impl VendorOp {
             }
             VendorOp::AttentionBackward(b) => {
                 w.word("attention_backward");
-                w.word(match b.part {
-                    AttentionPart::LogSumExp => "lse",
-                    AttentionPart::Query => "dq",
-                    AttentionPart::Key => "dk",
-                    AttentionPart::Value => "dv",
-                    AttentionPart::Gradients => "dqkv",
-                    AttentionPart::OutputAndLogSumExp => "out_lse",
+                w.word(match (b.part, b.key_rows) {
+                    (AttentionPart::LogSumExp, _) => "lse",
+                    (AttentionPart::Query, _) => "dq",
+                    (AttentionPart::Key, false) => "dk",
+                    (AttentionPart::Key, true) => "dk_rows",
+                    (AttentionPart::Value, _) => "dv",
+                    (AttentionPart::Gradients, false) => "dqkv",
+                    (AttentionPart::Gradients, true) => "dqkv_rows",
+                    (AttentionPart::OutputAndLogSumExp, _) => "out_lse",
                 });
                 w.attention(&b.forward);
             }
@@ -62,18 +64,21 @@ impl VendorOp {
             "matmul" => VendorOp::Matmul(r.matmul()?),
             "attention" => VendorOp::Attention(r.attention()?),
             "attention_backward" => {
-                let part = match r.word()? {
-                    "lse" => AttentionPart::LogSumExp,
-                    "dq" => AttentionPart::Query,
-                    "dk" => AttentionPart::Key,
-                    "dv" => AttentionPart::Value,
-                    "dqkv" => AttentionPart::Gradients,
-                    "out_lse" => AttentionPart::OutputAndLogSumExp,
+                let (part, key_rows) = match r.word()? {
+                    "lse" => (AttentionPart::LogSumExp, false),
+                    "dq" => (AttentionPart::Query, false),
+                    "dk" => (AttentionPart::Key, false),
+                    "dk_rows" => (AttentionPart::Key, true),
+                    "dv" => (AttentionPart::Value, false),
+                    "dqkv" => (AttentionPart::Gradients, false),
+                    "dqkv_rows" => (AttentionPart::Gradients, true),
+                    "out_lse" => (AttentionPart::OutputAndLogSumExp, false),
                     _ => return None,
                 };
                 VendorOp::AttentionBackward(AttentionBackward {
                     forward: r.attention()?,
                     part,
+                    key_rows,
                 })
             }
             _ => return None,
@@ -390,10 +395,17 @@ mod tests {
             VendorOp::Attention(masked.clone()),
         ];
         for part in AttentionPart::ALL {
-            ops.push(VendorOp::AttentionBackward(AttentionBackward {
-                forward: masked.clone(),
-                part,
-            }));
+            let layouts: &[bool] = match part {
+                AttentionPart::Key | AttentionPart::Gradients => &[false, true],
+                _ => &[false],
+            };
+            for &key_rows in layouts {
+                ops.push(VendorOp::AttentionBackward(AttentionBackward {
+                    forward: masked.clone(),
+                    part,
+                    key_rows,
+                }));
+            }
         }
         for op in ops {
             let line = op.record();

@@ -698,8 +698,8 @@ impl fmt::Display for Attention {
 ///   `ds_ij = p_ij (f_ij (dO_i · v_j) − delta_i)`, `batch·l·e` elements.
 /// - [`Key`](AttentionPart::Key): `dk_j = scale Σ_i ds_ij q_i` for each pair, stored
 ///   transposed (`batch` matrices of `e × s`, as the product `qᵀ · ds` that autograd
-///   records): with grouped-query heads, one matrix per query head (the caller sums a
-///   group's).
+///   records), or as rows (`s × e`) with [`key_rows`](AttentionBackward::key_rows): with
+///   grouped-query heads, one matrix per query head (the caller sums a group's).
 /// - [`Value`](AttentionPart::Value): `dv_j = Σ_i p_ij f_ij dO_i` for each pair,
 ///   `batch·s·ev` elements.
 ///
@@ -720,6 +720,10 @@ pub struct AttentionBackward {
     pub forward: Attention,
     /// What this piece computes.
     pub part: AttentionPart,
+    /// For [`Key`](AttentionPart::Key) and [`Gradients`](AttentionPart::Gradients): `dk`
+    /// stored as rows (`batch·s·e`, `k`'s own layout, as the product `dsᵀ · q` writes it)
+    /// instead of transposed. False for the other parts.
+    pub key_rows: bool,
 }
 
 /// What an [`AttentionBackward`] computes.
@@ -762,10 +766,27 @@ pub struct AttentionGrads {
     pub delta: Vec<f64>,
     /// `batch·l·e`.
     pub dq: Vec<f64>,
-    /// Per query pair, transposed: element `(b, d, j)` at `(b·e + d)·s + j`.
+    /// Per query pair, transposed: element `(b, d, j)` at `(b·e + d)·s + j`
+    /// ([`AttentionGrads::dk_rows`] gives rows).
     pub dk: Vec<f64>,
     /// Per query pair, `batch·s·ev`.
     pub dv: Vec<f64>,
+}
+
+impl AttentionGrads {
+    /// `dk` as rows: element `(b, j, d)` at `(b·s + j)·e + d`, for `s` keys of `e`.
+    pub fn dk_rows(&self, s: usize, e: usize) -> Vec<f64> {
+        let batch = self.dk.len() / (s * e).max(1);
+        let mut rows = vec![0.0; self.dk.len()];
+        for b in 0..batch {
+            for d in 0..e {
+                for j in 0..s {
+                    rows[(b * s + j) * e + d] = self.dk[(b * e + d) * s + j];
+                }
+            }
+        }
+        rows
+    }
 }
 
 impl AttentionBackward {
@@ -871,8 +892,10 @@ impl fmt::Display for AttentionBackward {
         let part = match self.part {
             AttentionPart::LogSumExp => "log-sum-exp",
             AttentionPart::Query => "dq",
+            AttentionPart::Key if self.key_rows => "dk (rows)",
             AttentionPart::Key => "dk",
             AttentionPart::Value => "dv",
+            AttentionPart::Gradients if self.key_rows => "dq, dk (rows) and dv",
             AttentionPart::Gradients => "dq, dk and dv",
             AttentionPart::OutputAndLogSumExp => "output and log-sum-exp",
         };

@@ -76,7 +76,8 @@ impl Conformance<'_> {
 }
 
 /// Runs each piece of `fwd`'s backward pass ([`AttentionBackward`]: the log-sum-exps, the
-/// gradients of `q`, `k` and `v`, the three at once, and the output with the log-sum-exps)
+/// gradients of `q`, `k` and `v`, the three at once, and the output with the log-sum-exps;
+/// the key gradient stored transposed and as rows)
 /// with each program `program` gives for it (given the element counts of the buffers the
 /// piece binds; none skips the piece) against the `f64` reference, fed the reference's
 /// log-sum-exps and `delta`s rounded to `f32`: `f32` within `1e-4` of the largest value of
@@ -108,11 +109,21 @@ pub fn check_attention_backward(
     let (lse, delta) = (f32_of(&want.lse), f32_of(&want.delta));
     let fwd_lens = portable_lens(fwd, dims);
     let stats = fwd.batch * fwd.l;
+    let dk_rows = want.dk_rows(sizes.s, sizes.e);
     let mut ran = 0;
-    for part in AttentionPart::ALL {
+    // Each part; the key gradient's in both layouts.
+    let ops = AttentionPart::ALL.into_iter().flat_map(|part| {
+        let layouts: &[bool] = match part {
+            AttentionPart::Key | AttentionPart::Gradients => &[false, true],
+            _ => &[false],
+        };
+        layouts.iter().map(move |&key_rows| (part, key_rows))
+    });
+    for (part, key_rows) in ops {
         let op = AttentionBackward {
             forward: fwd.clone(),
             part,
+            key_rows,
         };
         // Buffers as the part binds them.
         let masked = fwd.mask.as_ref().map(|m| (m.dtype, &mask[..], fwd_lens[3]));
@@ -141,7 +152,8 @@ pub fn check_attention_backward(
             data.push((DType::F32, &lse, stats));
             data.push((DType::F32, &delta, stats));
             let dq = (fwd.dtype, &want.dq[..], stats * fwd.e);
-            let dk = (fwd.dtype, &want.dk[..], fwd.batch * fwd.s * fwd.e);
+            let dk_want = if key_rows { &dk_rows[..] } else { &want.dk[..] };
+            let dk = (fwd.dtype, dk_want, fwd.batch * fwd.s * fwd.e);
             let dv = (fwd.dtype, &want.dv[..], fwd.batch * fwd.s * fwd.ev);
             match part {
                 AttentionPart::Query => vec![dq],
