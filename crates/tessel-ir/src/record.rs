@@ -395,11 +395,7 @@ mod tests {
             VendorOp::Attention(masked.clone()),
         ];
         for part in AttentionPart::ALL {
-            let layouts: &[bool] = match part {
-                AttentionPart::Key | AttentionPart::Gradients => &[false, true],
-                _ => &[false],
-            };
-            for &key_rows in layouts {
+            for &key_rows in part.key_layouts() {
                 ops.push(VendorOp::AttentionBackward(AttentionBackward {
                     forward: masked.clone(),
                     part,

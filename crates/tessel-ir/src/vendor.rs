@@ -753,6 +753,15 @@ impl AttentionPart {
         AttentionPart::Gradients,
         AttentionPart::OutputAndLogSumExp,
     ];
+
+    /// The values [`AttentionBackward::key_rows`] can take for this part: both layouts
+    /// for the parts that write the key gradient, `false` alone for the rest.
+    pub fn key_layouts(self) -> &'static [bool] {
+        match self {
+            AttentionPart::Key | AttentionPart::Gradients => &[false, true],
+            _ => &[false],
+        }
+    }
 }
 
 /// [`AttentionBackward::reference`]'s results, every one in `f64`.

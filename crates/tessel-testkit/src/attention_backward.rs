@@ -112,12 +112,10 @@ pub fn check_attention_backward(
     let dk_rows = want.dk_rows(sizes.s, sizes.e);
     let mut ran = 0;
     // Each part; the key gradient's in both layouts.
-    let ops = AttentionPart::ALL.into_iter().flat_map(|part| {
-        let layouts: &[bool] = match part {
-            AttentionPart::Key | AttentionPart::Gradients => &[false, true],
-            _ => &[false],
-        };
-        layouts.iter().map(move |&key_rows| (part, key_rows))
+    let ops = (AttentionPart::ALL.into_iter()).flat_map(|part| {
+        part.key_layouts()
+            .iter()
+            .map(move |&key_rows| (part, key_rows))
     });
     for (part, key_rows) in ops {
         let op = AttentionBackward {

@@ -675,10 +675,14 @@ fn triangle(x: &Tensor, op: &'static str, k: i64, keep: BinaryOp) -> Result<Tens
     } else {
         (DType::I64, k)
     };
-    let at = |axis| Tensor::record_on(x.device(), Op::Index(axis), dtype, x.shape().clone());
+    let at = |axis| x.record(Op::Index(axis), dtype, x.shape().clone());
     let diff = at(n - 1).raw_binary(BinaryOp::Sub, &at(n - 2));
     let bound = diff.full_like_scalar(tessel_shape::Scalar::I64(k), dtype);
     let kept = diff.raw_binary(keep, &bound);
+    // The triangle of an all-true mask (a causal mask) is the comparison itself.
+    if x.constant_value() == Some(tessel_shape::Scalar::Bool(true)) {
+        return Ok(kept);
+    }
     let zero = x.full_like_scalar(tessel_shape::Scalar::zero(x.dtype()), x.dtype());
     Ok(kept.raw_where(x, &zero))
 }

@@ -93,7 +93,25 @@ impl Tensor {
         if self.dtype() == dtype {
             return self.clone();
         }
+        // A constant that survives the round trip bit for bit is recorded converted: one
+        // node fewer (`ones_like().cast(Bool)` is a constant `true`), and no question of
+        // how a device would round it.
+        if let Some(c) = self.constant_value() {
+            let converted = c.cast(dtype);
+            if converted.cast(self.dtype()) == c {
+                return self.full_like_scalar(converted, dtype);
+            }
+        }
         self.record(Op::Cast(self.node()), dtype, self.shape().clone())
+    }
+
+    /// The value of a tensor recorded as a constant (`full_like`, `ones_like`, a scalar
+    /// operand), none for any other.
+    pub(crate) fn constant_value(&self) -> Option<Scalar> {
+        match tessel_runtime::runtime().lock().graph.node(self.node()).op {
+            Op::Const(c) => Some(c),
+            _ => None,
+        }
     }
 
     /// A constant of `value` (cast to `dtype`) in this tensor's shape and device.
