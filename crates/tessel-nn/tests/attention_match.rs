@@ -1,8 +1,10 @@
 //! Which attentions the graph layer finds (`tessel_graph::find_attention` on graphs that
 //! `scaled_dot_product_attention` and hand-written code record): causal or not, in `f32`
 //! and between the casts of `bf16`, with the recorded scale, grouped-query heads read
-//! unrepeated, additive and boolean masks read in place.
+//! unrepeated, additive and boolean masks read in place; the backward's pieces, the key
+//! gradient in both layouts.
 
+use tessel_graph::egraph::{Budget, forms};
 use tessel_graph::{find_attention, find_matmuls};
 use tessel_ir::{Attention, AttentionPart, VendorOp};
 use tessel_nn::scaled_dot_product_attention;
@@ -357,6 +359,49 @@ fn keys_and_values_shared_by_every_pair_keep_the_query_rows() -> Result<()> {
         // A causal mask counts query rows within a pair: rows folded across pairs are no
         // attention's.
         assert_eq!((a.batch, a.l), (Dim::constant(6), Dim::constant(5)), "{a}");
+    }
+    Ok(())
+}
+
+/// The key gradient's pieces in every form the planner kernelizes: autograd records
+/// `dkᵀ = qᵀ·ds` then a permute (the simplified form); the transposed form computes the
+/// permuted product as `dk = dsᵀ·q`, matched as the key gradient written as rows.
+#[test]
+fn the_key_gradient_is_matched_in_both_layouts_the_forms_write() -> Result<()> {
+    for dtype in [DType::F32, DType::BF16] {
+        let [q, k, v] = qkv(dtype)?;
+        let y = scaled_dot_product_attention(&q, &k, &v, None, 0.0, true, None, false)?;
+        let r = Tensor::randn(y.dims(), dtype)?;
+        let loss = (&y * &r)?.cast(DType::F32).sum_all()?;
+        let grads = tessel_tensor::grad(&loss, &[&q, &k, &v])?;
+        let (graph, targets) = inspect::graph_of(&grads.iter().collect::<Vec<_>>());
+        let forms = forms(&graph, &targets, Budget::default());
+        let mut layouts: Vec<(&str, AttentionPart, bool)> = Vec::new();
+        for form in &forms.forms {
+            let order = form.graph.toposort(&form.targets);
+            let matmuls = find_matmuls(&form.graph, &order);
+            for m in find_attention(&form.graph, &order, &matmuls) {
+                if let VendorOp::AttentionBackward(b) = m.op
+                    && matches!(b.part, AttentionPart::Key | AttentionPart::Gradients)
+                {
+                    layouts.push((form.name, b.part, b.key_rows));
+                }
+            }
+        }
+        let mut want = vec![
+            ("simplified", AttentionPart::Key, false),
+            ("simplified", AttentionPart::Gradients, false),
+        ];
+        // bf16's graph gives the simplified form alone.
+        if dtype == DType::F32 {
+            want.extend([
+                ("transposed", AttentionPart::Key, true),
+                ("transposed", AttentionPart::Gradients, true),
+            ]);
+        }
+        layouts.sort_by_key(|l| (l.0, l.1 as u8, l.2));
+        want.sort_by_key(|l| (l.0, l.1 as u8, l.2));
+        assert_eq!(layouts, want, "{dtype}");
     }
     Ok(())
 }
