@@ -498,25 +498,7 @@ FA_FORWARD_KERNEL {
 
 #elif FA_TF32  // f32 on tensor cores, three TF32 products per product
 
-// `x` rounded to TF32 (10 mantissa bits), as the bits `mma.sync` reads.
-__device__ __forceinline__ fa_u32 fa_tf32(float x) {
-    fa_u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-// `x` as big + small, both TF32: together they hold 21 of its 24 significant bits.
-__device__ __forceinline__ void fa_split(float x, fa_u32& big, fa_u32& small) {
-    big = fa_tf32(x);
-    small = fa_tf32(x - __uint_as_float(big));
-}
-
-__device__ __forceinline__ void fa_mma8(float* c, const fa_u32* a, fa_u32 b0, fa_u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// The TF32 helpers (`tf32_split`, `tf32_mma8`) are `tf32.cu`'s, prepended to this text.
 
 // c += a·b in near-f32 precision (3xTF32): `a` given split (`big`, `small`), the B
 // fragment as its two f32 values. The small products go first, so the big one adds to
@@ -524,11 +506,11 @@ __device__ __forceinline__ void fa_mma8(float* c, const fa_u32* a, fa_u32 b0, fa
 __device__ __forceinline__ void fa_mma3(
     float* c, const fa_u32* big, const fa_u32* small, float b0, float b1) {
     fa_u32 b0_big, b0_small, b1_big, b1_small;
-    fa_split(b0, b0_big, b0_small);
-    fa_split(b1, b1_big, b1_small);
-    fa_mma8(c, small, b0_big, b1_big);
-    fa_mma8(c, big, b0_small, b1_small);
-    fa_mma8(c, big, b0_big, b1_big);
+    tf32_split(b0, b0_big, b0_small);
+    tf32_split(b1, b1_big, b1_small);
+    tf32_mma8(c, small, b0_big, b1_big);
+    tf32_mma8(c, big, b0_small, b1_small);
+    tf32_mma8(c, big, b0_big, b1_big);
 }
 
 #define FA_KT (FA_D / 8)  // 8-wide slices of the head dim
@@ -558,10 +540,10 @@ FA_FORWARD_KERNEL {
         const float* r1 = q + (long long)min(row0 + 8, l - 1) * q_row;
 #pragma unroll
         for (int kk = 0; kk < FA_KT; kk++) {
-            fa_split(r0[kk * 8 + c] * scale_log2, q_big[kk][0], q_small[kk][0]);
-            fa_split(r1[kk * 8 + c] * scale_log2, q_big[kk][1], q_small[kk][1]);
-            fa_split(r0[kk * 8 + c + 4] * scale_log2, q_big[kk][2], q_small[kk][2]);
-            fa_split(r1[kk * 8 + c + 4] * scale_log2, q_big[kk][3], q_small[kk][3]);
+            tf32_split(r0[kk * 8 + c] * scale_log2, q_big[kk][0], q_small[kk][0]);
+            tf32_split(r1[kk * 8 + c] * scale_log2, q_big[kk][1], q_small[kk][1]);
+            tf32_split(r0[kk * 8 + c + 4] * scale_log2, q_big[kk][2], q_small[kk][2]);
+            tf32_split(r1[kk * 8 + c + 4] * scale_log2, q_big[kk][3], q_small[kk][3]);
         }
     }
     float o[FA_KT][4];
@@ -648,10 +630,10 @@ FA_FORWARD_KERNEL {
 #pragma unroll
             for (int kk = 0; kk < FA_SN; kk++) {
                 fa_u32 p_big[4], p_small[4];
-                fa_split(sc[kk][0], p_big[0], p_small[0]);
-                fa_split(sc[kk][2], p_big[1], p_small[1]);
-                fa_split(sc[kk][1], p_big[2], p_small[2]);
-                fa_split(sc[kk][3], p_big[3], p_small[3]);
+                tf32_split(sc[kk][0], p_big[0], p_small[0]);
+                tf32_split(sc[kk][2], p_big[1], p_small[1]);
+                tf32_split(sc[kk][1], p_big[2], p_small[2]);
+                tf32_split(sc[kk][3], p_big[3], p_small[3]);
                 const float* vr = vb + kk * 8 * FA_LEN;
 #pragma unroll
                 for (int j = 0; j < FA_KT; j++)

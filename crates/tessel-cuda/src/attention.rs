@@ -171,9 +171,15 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
     None
 }
 
-/// The CUDA C of `op` run by `kernel`: `attention.cu` after its configuration.
+/// The CUDA C of `op` run by `kernel`: `attention.cu` after its configuration (and, for
+/// 3xTF32, the TF32 helpers).
 fn source(op: &Attention, head_dim: i64, kernel: Kernel) -> String {
-    format!("{}{TEMPLATE}", macros(op, head_dim, kernel))
+    let helpers = if kernel == Kernel::Tf32 {
+        crate::TF32_HELPERS
+    } else {
+        ""
+    };
+    format!("{}{helpers}{TEMPLATE}", macros(op, head_dim, kernel))
 }
 
 /// The configuration of `attention.cu` (and of the kernels built on its helpers) for `op`
@@ -646,6 +652,8 @@ mod tests {
         );
         let tf32_text = source(&op(DType::F32, 64, 64), 64, Kernel::Tf32);
         assert!(tf32_text.contains("#define FA_TF32 1") && tf32_text.contains("#define FA_WM 1"));
+        // The shared TF32 helpers come with the 3xTF32 kernel only.
+        assert!(tf32_text.contains(crate::TF32_HELPERS) && !f32_text.contains(crate::TF32_HELPERS));
         let mut negative = op(DType::BF16, 64, 64);
         negative.scale = Scalar::F32(-0.125);
         assert!(source(&negative, 64, Kernel::Half(1)).contains("#define FA_FOLD 0"));

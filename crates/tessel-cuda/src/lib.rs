@@ -102,13 +102,15 @@
 //!   cuBLAS program. Half-precision outputs with rows not a multiple of 8 elements run split
 //!   into parts writing rows padded to 16 bytes, then copied into place
 //!   (`matmul::padded`).
-//! - **Generated tensor-core matmul** (`mma.cu`, configured by `mma.rs`): `f16`/`bf16`
-//!   products with constant sizes, operand rows of a multiple of 8 elements and even output
-//!   rows, on compute capability 8.0 and up, as CUDA C of our own: `mma.sync.m16n8k16`
-//!   with `f32` accumulation, a 3–4 stage `cp.async` pipeline, `ldmatrix` fragments
-//!   double-buffered, the epilogue (bias, activation, rounding) on the accumulators and the
-//!   output stored in 16-byte row chunks through shared memory. One program per tile shape
-//!   (128×256, 128×128, 64×64), each measured. Offered where cuBLAS does not run the
+//! - **Generated tensor-core matmul** (`mma.cu`, configured by `mma.rs`): products with
+//!   constant sizes, operand rows of a multiple of 16 bytes and even output rows, on
+//!   compute capability 8.0 and up, as CUDA C of our own: `f16`/`bf16` on
+//!   `mma.sync.m16n8k16` with `f32` accumulation and `ldmatrix` fragments; `f32` as 3xTF32
+//!   (each operand split into two TF32 parts, three `mma.sync.m16n8k8` per product); a 3–4
+//!   stage `cp.async` pipeline, fragments double-buffered, the epilogue (bias, activation,
+//!   rounding) on the accumulators and the output stored in 16-byte row chunks through
+//!   shared memory. One program per tile shape (half: 128×256, 128×128, 64×64; f32:
+//!   128×128, 128×64, 64×64), each measured. Offered where cuBLAS does not run the
 //!   product, or next to it with [`GeneratedMatmul::Always`].
 //!
 //! # Numerics
@@ -122,7 +124,11 @@
 //! the generated kernels accumulate), in an order of cuBLAS's choosing, so they differ from
 //! the generated kernel by rounding only. The handle keeps cuBLAS's default math mode
 //! (`CUBLAS_DEFAULT_MATH`): `f32` products use full `f32` arithmetic, never TF32 tensor cores
-//! (PyTorch's default for matmul too).
+//! (PyTorch's default for matmul too). The generated kernel's 3xTF32 `f32` products keep
+//! 21 of each operand's 24 significant bits in two TF32 parts and leave out only the
+//! product of the two small parts (below 2⁻²¹ of each term), summing in `f32`: within a
+//! few ulps of full `f32`, far inside the `f32` matmul tolerance, where a single TF32
+//! product is off by up to 2⁻¹¹.
 
 mod attention;
 mod attention_backward;
@@ -133,6 +139,10 @@ mod graphs;
 mod matmul;
 mod memory;
 mod mma;
+
+/// The helpers of f32 products on TF32 tensor cores (3xTF32), prepended to the text of the
+/// kernels that compute so (the f32 generated matmul, the 3xTF32 attention forward).
+const TF32_HELPERS: &str = include_str!("tf32.cu");
 mod nvrtc;
 mod routine;
 
@@ -173,14 +183,14 @@ pub struct CudaConfig {
     pub graphs: CudaGraphs,
 }
 
-/// Which `f16`/`bf16` products the generated tensor-core matmul (`mma.cu`) is offered for,
-/// as programs the planner measures (`$TESSEL_CUDA_GENERATED_MATMUL`: `fallback`, `always`,
-/// `never`).
+/// Which products the generated tensor-core matmul (`mma.cu`) is offered for, as programs
+/// the planner measures (`$TESSEL_CUDA_GENERATED_MATMUL`: `fallback`, `always`, `never`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GeneratedMatmul {
     /// Those cuBLAS does not run here (no cuBLAS installed, or an epilogue cuBLASLt has no
-    /// routine for). Measured on the H200, cuBLAS is 1.4–3× faster on every product tried,
-    /// so compiling the kernel next to it would only cost first-call time.
+    /// routine for). For `f16`/`bf16`, measured on the H200, cuBLAS is 1.4–3× faster on
+    /// every product tried, so compiling the kernel next to it would only cost first-call
+    /// time; the `f32` (3xTF32) kernel has not been measured against cuBLAS yet.
     #[default]
     Fallback,
     /// Every product it can run, next to cuBLAS: each tile is measured against it.

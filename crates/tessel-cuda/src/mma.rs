@@ -1,16 +1,20 @@
-//! The generated tensor-core matmul: a [`Matmul`] in `f16` or `bf16` as CUDA C of our own,
-//! `mma.sync.m16n8k16` with `f32` accumulation, operand tiles staged in shared memory by a
-//! `cp.async` pipeline, and the [`Epilogue`](tessel_ir::Epilogue) (bias, activation, the
-//! rounding to the output dtype) applied to the accumulators before the one store.
+//! The generated tensor-core matmul: a [`Matmul`] as CUDA C of our own, operand tiles
+//! staged in shared memory by a `cp.async` pipeline, and the
+//! [`Epilogue`](tessel_ir::Epilogue) (bias, activation, the rounding to the output dtype)
+//! applied to the accumulators before the one store. `f16` and `bf16` run on
+//! `mma.sync.m16n8k16` with `f32` accumulation; `f32` as 3xTF32 (each operand split into
+//! two TF32 parts, three `mma.sync.m16n8k8` per product: sums within a few `f32` ulps of
+//! full `f32`, as PyTorch's and CUTLASS's f32-on-tensor-core kernels compute), which cuBLAS's
+//! `f32` GEMM, on the CUDA cores, does not use.
 //!
 //! The kernel is `mma.cu`, configured per program by macros written here: the block and
 //! warp [`Tile`], the operands' layouts, the dtype, the bias and the activation. Sizes and
 //! strides are kernel arguments, so one compiled program serves every shape of its
-//! configuration; the planner measures each [`TILES`] entry against cuBLAS per shape and
+//! configuration; the planner measures each of [`tiles`] against cuBLAS per shape and
 //! keeps the fastest.
 //!
-//! It runs a product only where every stored operand row starts 16 bytes aligned (rows of a
-//! multiple of 8 elements, batch strides too) and the output rows have an even length, with
+//! It runs a product only where every stored operand row starts 16 bytes aligned (rows and
+//! batch strides of a multiple of 16 bytes) and the output rows have an even length, with
 //! those sizes constant; anything else is left to cuBLAS ([`supports`] says why not).
 
 use tessel_ir::{Activation, BackendError, Matmul, MatmulSizes};
@@ -39,14 +43,31 @@ pub(crate) struct Tile {
     pub(crate) stages: u32,
 }
 
-/// The tiles offered for every product, each measured: large tiles for large outputs, a
-/// small one for small or batched outputs (on the H200, `128×256` is the fastest at 4096³,
-/// `128×128` for `[4096, 3072]` outputs of `k = 768`, `64×64` for `[96, 512, 64]`).
-pub(crate) const TILES: [Tile; 3] = [
+/// The tiles offered for every half product, each measured: large tiles for large outputs,
+/// a small one for small or batched outputs (on the H200, `128×256` is the fastest at
+/// 4096³, `128×128` for `[4096, 3072]` outputs of `k = 768`, `64×64` for `[96, 512, 64]`).
+const HALF_TILES: [Tile; 3] = [
     Tile::new(128, 256, 32, 64, 64, 3),
     Tile::new(128, 128, 32, 64, 64, 4),
     Tile::new(64, 64, 32, 32, 32, 4),
 ];
+
+/// The 3xTF32 tiles: each split fragment takes twice the registers of a half one, so warps
+/// cover half as many columns.
+const TF32_TILES: [Tile; 3] = [
+    Tile::new(128, 128, 32, 64, 32, 3),
+    Tile::new(128, 64, 32, 64, 32, 4),
+    Tile::new(64, 64, 32, 32, 32, 4),
+];
+
+/// The tiles offered for a product in `dtype`, each measured.
+pub(crate) fn tiles(dtype: DType) -> &'static [Tile] {
+    if dtype == DType::F32 {
+        &TF32_TILES
+    } else {
+        &HALF_TILES
+    }
+}
 
 /// Tile rows per group of consecutively numbered blocks (blocks running at once then share
 /// operand tiles in L2).
@@ -69,26 +90,33 @@ impl Tile {
         32 * (self.bm / self.wm) * (self.bn / self.wn)
     }
 
-    /// Dynamic shared memory per block: `stages` copies of both operand tiles, each row
-    /// padded by 8 elements (as `mma.cu` lays them out).
+    /// Dynamic shared memory per block: `stages` copies of both operand tiles, rows along
+    /// `m` or `n` padded by 8 elements, rows along `k` by 16 bytes (as `mma.cu` lays them
+    /// out).
     pub(crate) fn shared_bytes(&self, op: &Matmul) -> u32 {
-        let pad = 8;
+        let size = op.dtype.size_bytes() as u32;
+        let (pad_mn, pad_k) = (8, 16 / size);
         let a = if op.lhs_transposed {
-            self.bk * (self.bm + pad)
+            self.bk * (self.bm + pad_mn)
         } else {
-            self.bm * (self.bk + pad)
+            self.bm * (self.bk + pad_k)
         };
         let b = if op.rhs_transposed {
-            self.bn * (self.bk + pad)
+            self.bn * (self.bk + pad_k)
         } else {
-            self.bk * (self.bn + pad)
+            self.bk * (self.bn + pad_mn)
         };
-        self.stages * (a + b) * 2
+        self.stages * (a + b) * size
     }
 
-    /// The program's variant name: `mma 128×256×32/3`.
-    pub(crate) fn label(&self) -> String {
-        format!("mma {}×{}×{}/{}", self.bm, self.bn, self.bk, self.stages)
+    /// The program's variant name for a product in `dtype`: `mma 128×256×32/3`, or
+    /// `mma 3xtf32 128×128×32/3` for `f32`.
+    pub(crate) fn label(&self, dtype: DType) -> String {
+        let tf32 = if dtype == DType::F32 { "3xtf32 " } else { "" };
+        format!(
+            "mma {tf32}{}×{}×{}/{}",
+            self.bm, self.bn, self.bk, self.stages
+        )
     }
 }
 
@@ -97,12 +125,15 @@ impl Tile {
 pub(crate) fn supports(op: &Matmul, capability: (i32, i32)) -> Option<String> {
     if capability.0 < 8 {
         return Some(format!(
-            "mma.sync on bf16/f16 and cp.async need compute capability 8.0 (this device has {}.{})",
+            "mma.sync on bf16/f16/tf32 and cp.async need compute capability 8.0 (this device has {}.{})",
             capability.0, capability.1
         ));
     }
-    if !matches!(op.dtype, DType::F16 | DType::BF16) {
-        return Some(format!("it computes f16 and bf16 only, not {}", op.dtype));
+    if !matches!(op.dtype, DType::F16 | DType::BF16 | DType::F32) {
+        return Some(format!(
+            "it computes f16, bf16 and f32 only, not {}",
+            op.dtype
+        ));
     }
     let constant = |d: Dim| d.as_const().filter(|&v| v >= 0);
     let (Some(batch), Some(m), Some(n), Some(k), Some(lhs_stride), Some(rhs_stride)) = (
@@ -117,11 +148,12 @@ pub(crate) fn supports(op: &Matmul, capability: (i32, i32)) -> Option<String> {
     };
     let lhs_row = if op.lhs_transposed { m } else { k };
     let rhs_row = if op.rhs_transposed { k } else { n };
-    let aligned = |v: i64| v % 8 == 0;
+    let chunk = 16 / op.dtype.size_bytes() as i64;
+    let aligned = |v: i64| v % chunk == 0;
     if !(aligned(lhs_row) && aligned(rhs_row) && aligned(lhs_stride) && aligned(rhs_stride)) {
         return Some(format!(
             "operand rows of {lhs_row} and {rhs_row} elements and batch strides of \
-             {lhs_stride} and {rhs_stride} are not all multiples of 8 (16 bytes)"
+             {lhs_stride} and {rhs_stride} are not all multiples of {chunk} (16 bytes)"
         ));
     }
     if n % 2 != 0 {
@@ -136,7 +168,9 @@ pub(crate) fn supports(op: &Matmul, capability: (i32, i32)) -> Option<String> {
     None
 }
 
-/// The CUDA C of `op` with `tile`: `mma.cu` after its configuration.
+/// The CUDA C of `op` with `tile`: `mma.cu` after its configuration. The text names no
+/// size, so every product of one configuration shares one compiled module (modules are
+/// cached by their source).
 pub(crate) fn source(op: &Matmul, tile: &Tile) -> String {
     let activation = match op.epilogue.activation {
         Activation::Identity => "return x;",
@@ -148,12 +182,16 @@ pub(crate) fn source(op: &Matmul, tile: &Tile) -> String {
         }
     };
     let flag = |b: bool| u8::from(b);
+    let helpers = if op.dtype == DType::F32 {
+        crate::TF32_HELPERS
+    } else {
+        ""
+    };
     format!(
-        "// {op}\n\
-         #define TC_BM {}\n#define TC_BN {}\n#define TC_BK {}\n#define TC_WM {}\n#define TC_WN {}\n\
+        "#define TC_BM {}\n#define TC_BN {}\n#define TC_BK {}\n#define TC_WM {}\n#define TC_WN {}\n\
          #define TC_STAGES {}\n#define TC_GROUP {GROUP}\n#define TC_A_T {}\n#define TC_B_T {}\n\
-         #define TC_F16 {}\n#define TC_BIAS {}\n\
-         __device__ __forceinline__ float tc_activation(float x) {{ {activation} }}\n{TEMPLATE}",
+         #define TC_F16 {}\n#define TC_TF32 {}\n#define TC_BIAS {}\n\
+         __device__ __forceinline__ float tc_activation(float x) {{ {activation} }}\n{helpers}{TEMPLATE}",
         tile.bm,
         tile.bn,
         tile.bk,
@@ -163,6 +201,7 @@ pub(crate) fn source(op: &Matmul, tile: &Tile) -> String {
         flag(op.lhs_transposed),
         flag(op.rhs_transposed),
         flag(op.dtype == DType::F16),
+        flag(op.dtype == DType::F32),
         flag(op.epilogue.bias),
     )
 }
@@ -213,7 +252,7 @@ pub(crate) fn launch(
 
 #[cfg(test)]
 mod tests {
-    use super::{TILES, launch, source, supports};
+    use super::{launch, source, supports, tiles};
     use tessel_ir::{Epilogue, Matmul};
     use tessel_shape::{Bindings, DType, Dim};
 
@@ -234,7 +273,7 @@ mod tests {
     }
 
     #[test]
-    fn only_aligned_constant_half_products_are_generated() {
+    fn only_aligned_constant_float_products_are_generated() {
         let sm90 = (9, 0);
         assert_eq!(
             supports(&op(DType::BF16, [2, 200, 72, 40], (false, false)), sm90),
@@ -245,7 +284,14 @@ mod tests {
             None
         );
         assert!(supports(&op(DType::BF16, [1, 8, 8, 8], (false, false)), (7, 5)).is_some());
-        assert!(supports(&op(DType::F32, [1, 8, 8, 8], (false, false)), sm90).is_some());
+        assert!(supports(&op(DType::F64, [1, 8, 8, 8], (false, false)), sm90).is_some());
+        // f32 rows are 16 bytes at 4 elements: k = 12 is aligned, k = 6 is not.
+        assert_eq!(
+            supports(&op(DType::F32, [1, 8, 8, 12], (false, false)), sm90),
+            None
+        );
+        assert!(supports(&op(DType::F32, [1, 8, 8, 6], (false, false)), sm90).is_some());
+        assert!(supports(&op(DType::F32, [1, 8, 8, 8], (false, false)), (7, 5)).is_some());
         // lhs rows of k = 12 elements are not 16-byte aligned; transposed, its rows are m
         // (and the rhs's rows are n unless it is transposed too).
         assert!(supports(&op(DType::BF16, [1, 8, 8, 12], (false, false)), sm90).is_some());
@@ -266,12 +312,17 @@ mod tests {
     #[test]
     fn sources_and_launches_follow_the_tile() {
         let product = op(DType::BF16, [3, 200, 72, 40], (false, true));
-        let text = source(&product, &TILES[0]);
+        let text = source(&product, &tiles(DType::BF16)[0]);
+        // Sizes are arguments: another product of the configuration has the same text.
+        let other = op(DType::BF16, [1, 8, 16, 24], (false, true));
+        assert_eq!(source(&other, &tiles(DType::BF16)[0]), text);
         assert!(text.contains("#define TC_BM 128\n#define TC_BN 256\n"));
         assert!(text.contains("#define TC_B_T 1\n") && text.contains("#define TC_F16 0\n"));
         assert!(text.contains("extern \"C\" __global__"));
         let s = product.sizes(&Bindings::new()).unwrap();
-        let l = launch(&product, &TILES[2], &s, "test").unwrap().unwrap();
+        let l = launch(&product, &tiles(DType::BF16)[2], &s, "test")
+            .unwrap()
+            .unwrap();
         // 64×64 tiles: 4 tile rows × 2 tile columns, one grid row per product.
         assert_eq!(l.grid, [8, 3, 1]);
         assert_eq!(l.block, [128, 1, 1]);
@@ -279,8 +330,24 @@ mod tests {
         assert_eq!(l.strides, [200 * 40, 40 * 72]);
         // Four stages of a 64×40 lhs tile and a 64×40 rhs tile (stored n × k).
         assert_eq!(l.shared, 4 * (64 * 40 + 64 * 40) * 2);
+        // f32: rows along k padded by 4 floats, along m or n by 8; the 3xTF32 define set.
+        let single = op(DType::F32, [3, 200, 72, 40], (true, false));
+        let tile = &tiles(DType::F32)[0];
+        let f32_text = source(&single, tile);
+        assert!(f32_text.contains("#define TC_F16 0\n#define TC_TF32 1\n"));
+        assert!(f32_text.contains(crate::TF32_HELPERS) && !text.contains(crate::TF32_HELPERS));
+        assert_eq!(
+            tile.shared_bytes(&single),
+            3 * (32 * (128 + 8) + 32 * (128 + 8)) * 4
+        );
+        let rows = op(DType::F32, [3, 200, 72, 40], (false, true));
+        assert_eq!(
+            tile.shared_bytes(&rows),
+            3 * (128 * (32 + 4) + 128 * (32 + 4)) * 4
+        );
+        assert_eq!(tile.label(DType::F32), "mma 3xtf32 128×128×32/3");
         let empty = op(DType::BF16, [3, 0, 72, 40], (false, true));
         let s = empty.sizes(&Bindings::new()).unwrap();
-        assert_eq!(launch(&empty, &TILES[0], &s, "test"), Ok(None));
+        assert_eq!(launch(&empty, &tiles(DType::BF16)[0], &s, "test"), Ok(None));
     }
 }

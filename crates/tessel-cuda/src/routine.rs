@@ -83,7 +83,7 @@ impl CudaBackend {
             return Ok(out);
         }
         let built: Vec<_> = std::thread::scope(|scope| {
-            let workers: Vec<_> = mma::TILES
+            let workers: Vec<_> = mma::tiles(matmul.dtype)
                 .iter()
                 .map(|tile| scope.spawn(move || (tile, self.generated_module(dev, matmul, tile))))
                 .collect();
@@ -102,11 +102,14 @@ impl CudaBackend {
                             tile: *tile,
                             origin,
                         }))),
-                    variant: tile.label(),
+                    variant: tile.label(matmul.dtype),
                     deterministic: true,
                 }),
                 // A tile this device cannot hold (too much shared memory) is left out.
-                Err(e) => tracing::warn!("tessel-cuda: {matmul}: no {}: {e}", tile.label()),
+                Err(e) => tracing::warn!(
+                    "tessel-cuda: {matmul}: no {}: {e}",
+                    tile.label(matmul.dtype)
+                ),
             }
         }
         Ok(out)
@@ -120,7 +123,7 @@ impl CudaBackend {
         op: &Matmul,
         tile: &mma::Tile,
     ) -> Result<(Arc<Module>, ProgramOrigin), BackendError> {
-        let name = format!("{op} [{}]", tile.label());
+        let name = format!("{op} [{}]", tile.label(op.dtype));
         let (module, origin) = self.module(dev, &name, mma::ENTRY, &mma::source(op, tile))?;
         module
             .allow_shared(tile.shared_bytes(op))

@@ -784,13 +784,31 @@ fn cublas_matmul_is_timed() {
 /// the matmul allows TF32: every lhs element is `1 + 2⁻¹²`, which TF32 rounds to 1, and
 /// every rhs element 1. Each partial sum of up to 64 such terms is exact in `f32`, so in any
 /// summation order every output element is exactly `64 + 2⁻⁶` in full `f32`, and 64 in TF32.
+/// The generated 3xTF32 programs keep the `2⁻¹²` in each lhs element's small part, so they
+/// give `64 + 2⁻⁶` too.
 #[test]
 fn cublas_f32_matmul_is_full_precision_unless_tf32_is_allowed() {
     let test = "cublas_f32_matmul_is_full_precision_unless_tf32_is_allowed";
     let cuda = backend();
+    let [m, n, k] = [128, 96, 64];
+    let x = 1.0 + 2f64.powi(-12);
+    let product = |device: usize, program: ProgramId| {
+        let ids = [m * k, k * n, m * n].map(|e: usize| cuda.alloc(device, e * 4).unwrap());
+        cuda.write(ids[0], 0, &encode(DType::F32, &vec![x; m * k]))
+            .unwrap();
+        cuda.write(ids[1], 0, &encode(DType::F32, &vec![1.0; k * n]))
+            .unwrap();
+        cuda.launch(program, &ids, &Bindings::new()).unwrap();
+        let mut out = vec![0u8; m * n * 4];
+        cuda.read(ids[2], 0, &mut out).unwrap();
+        for id in ids {
+            cuda.free(id).unwrap();
+        }
+        cuda.release(program).unwrap();
+        decode(DType::F32, &out)
+    };
     for device in 0..devices(test) {
         for allow_tf32 in [false, true] {
-            let [m, n, k] = [128, 96, 64];
             let op = Matmul {
                 allow_tf32,
                 ..matmul(
@@ -800,34 +818,25 @@ fn cublas_f32_matmul_is_full_precision_unless_tf32_is_allowed() {
                     (0, 0),
                 )
             };
-            let Some(program) = cublas(test, device, &op) else {
+            let programs = routines(test, device, &op);
+            if programs.is_empty() {
                 return;
-            };
-            let x = 1.0 + 2f64.powi(-12);
-            let ids = [m * k, k * n, m * n].map(|e: usize| cuda.alloc(device, e * 4).unwrap());
-            cuda.write(ids[0], 0, &encode(DType::F32, &vec![x; m * k]))
-                .unwrap();
-            cuda.write(ids[1], 0, &encode(DType::F32, &vec![1.0; k * n]))
-                .unwrap();
-            cuda.launch(program, &ids, &Bindings::new()).unwrap();
-            let mut out = vec![0u8; m * n * 4];
-            cuda.read(ids[2], 0, &mut out).unwrap();
-            let want = if allow_tf32 {
-                64.0
-            } else {
-                64.0 + 2f64.powi(-6)
-            };
-            let got = decode(DType::F32, &out);
-            assert!(
-                got.iter().all(|&v| v == want),
-                "{op}: want {want} everywhere ({}), got {:?}",
-                if allow_tf32 { "TF32" } else { "full f32" },
-                got.iter().find(|&&v| v != want)
-            );
-            for id in ids {
-                cuda.free(id).unwrap();
             }
-            cuda.release(program).unwrap();
+            for p in programs {
+                let generated = p.variant != "cuBLAS";
+                let want = if allow_tf32 && !generated {
+                    64.0
+                } else {
+                    64.0 + 2f64.powi(-6)
+                };
+                let got = product(device, p.program);
+                assert!(
+                    got.iter().all(|&v| v == want),
+                    "{op} [{}]: want {want} everywhere, got {:?}",
+                    p.variant,
+                    got.iter().find(|&&v| v != want)
+                );
+            }
         }
     }
 }
@@ -927,8 +936,9 @@ fn cublaslt_epilogues_match_the_reference() {
 
 /// The generated tensor-core kernel, every tile, against the f64 reference: sizes that are
 /// not multiples of any tile (but rows of 16 bytes), every transpose combination, packed,
-/// padded and broadcast batch strides, a single row, and empty sums, in f16 and bf16. Each
-/// program's output starts as NaN, so an element a tile misses fails.
+/// padded and broadcast batch strides, a single row, and empty sums, in f16, bf16 and f32
+/// (3xTF32, held to the full-f32 tolerance). Each program's output starts as NaN, so an
+/// element a tile misses fails.
 #[test]
 fn generated_tensor_core_matmul_matches_the_reference() {
     let test = "generated_tensor_core_matmul_matches_the_reference";
@@ -938,7 +948,7 @@ fn generated_tensor_core_matmul_matches_the_reference() {
             tessel_testkit::skip(&format!("cuda::{test}"), "mma.sync needs sm_80");
             continue;
         }
-        for dtype in [DType::F16, DType::BF16] {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
             let mut cases: Vec<Matmul> = Vec::new();
             for t in TRANSPOSES {
                 let [_, m, n, k] = [3, 72, 136, 264];
@@ -971,7 +981,8 @@ fn generated_tensor_core_matmul_matches_the_reference() {
 }
 
 /// By default the generated kernel is only a fallback: next to cuBLAS a product gets cuBLAS
-/// alone; `Never` offers it nowhere, `Always` next to cuBLAS.
+/// alone; `Never` offers it nowhere, `Always` next to cuBLAS (f32 products its three
+/// 3xTF32 tiles).
 #[test]
 fn generated_matmul_is_offered_as_configured() {
     let test = "generated_matmul_is_offered_as_configured";
@@ -979,19 +990,24 @@ fn generated_matmul_is_offered_as_configured() {
         if backend().compute_capability(device).is_none_or(|c| c.0 < 8) {
             continue;
         }
-        let op = VendorOp::Matmul(matmul(DType::BF16, [1, 64, 64, 64], (false, true), (0, 0)));
-        let variants = |generated_matmul| {
+        let variants = |op: &Matmul, generated_matmul| {
             let cuda = CudaBackend::with_config(CudaConfig {
                 generated_matmul,
                 ..CudaConfig::from_env()
             });
-            let programs = cuda.vendor(device, &op).unwrap();
+            let programs = cuda.vendor(device, &VendorOp::Matmul(op.clone())).unwrap();
             for p in &programs {
                 cuda.release(p.program).unwrap();
             }
             programs.into_iter().map(|p| p.variant).collect::<Vec<_>>()
         };
-        let always = variants(GeneratedMatmul::Always);
+        let half = matmul(DType::BF16, [1, 64, 64, 64], (false, true), (0, 0));
+        let full = matmul(DType::F32, [1, 64, 64, 64], (false, true), (0, 0));
+        let tf32 = Matmul {
+            allow_tf32: true,
+            ..full.clone()
+        };
+        let always = variants(&half, GeneratedMatmul::Always);
         let generated: Vec<&String> = always.iter().filter(|v| v.starts_with("mma ")).collect();
         assert_eq!(generated.len(), 3, "{always:?}");
         let has_cublas = always.first().is_some_and(|v| v == "cuBLAS");
@@ -1000,13 +1016,25 @@ fn generated_matmul_is_offered_as_configured() {
         } else {
             Vec::new()
         };
-        assert_eq!(variants(GeneratedMatmul::Never), cublas);
-        let fallback = variants(GeneratedMatmul::Fallback);
-        if has_cublas {
-            assert_eq!(fallback, cublas);
-        } else {
-            assert_eq!(fallback.len(), 3, "{fallback:?}");
+        for op in [&half, &full, &tf32] {
+            assert_eq!(variants(op, GeneratedMatmul::Never), cublas, "{op}");
         }
+        for op in [&half, &full, &tf32] {
+            let fallback = variants(op, GeneratedMatmul::Fallback);
+            if has_cublas {
+                assert_eq!(fallback, cublas, "{op}");
+            } else {
+                assert_eq!(fallback.len(), 3, "{op}: {fallback:?}");
+            }
+        }
+        // f32: cuBLAS and the three 3xTF32 tiles.
+        let f32_variants = variants(&full, GeneratedMatmul::Always);
+        let tf32x3 = f32_variants
+            .iter()
+            .filter(|v| v.starts_with("mma 3xtf32 "))
+            .count();
+        assert_eq!(tf32x3, 3, "{f32_variants:?}");
+        assert_eq!(f32_variants.len(), 3 + cublas.len(), "{f32_variants:?}");
     }
 }
 
