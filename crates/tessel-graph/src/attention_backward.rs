@@ -65,7 +65,7 @@ pub(crate) fn find_backward(
             // `dkᵀ = qᵀ·ds` as autograd records it, or `dk = dsᵀ·q` where extraction merged
             // the transpose into the product.
             let (part, ds, key_rows) = if both_transposed {
-                if !(op.lhs_transposed && reads(graph, rhs, true, a.factors[0], false)) {
+                if !reads(graph, rhs, true, a.factors[0], false) {
                     continue;
                 }
                 (AttentionPart::Key, lhs, true)
