@@ -4,7 +4,10 @@
 //! - `cargo xtask test-gpu`: the conformance suite once per backend this machine has, with
 //!   one summary table; `--bundle DIR` packs it for a GPU host without a Rust toolchain.
 //! - `cargo xtask fuzz`: the seeded public-API fuzzing campaign at length, in release.
+//! - `cargo xtask bench --bundle DIR`: the GPU and real-model benches with PyTorch's side,
+//!   packed for a GPU host without a Rust toolchain.
 
+mod bench;
 mod ci;
 mod fuzz;
 mod test_gpu;
@@ -39,7 +42,13 @@ tasks:
               release: random calls from 14 op families in child processes; fails on any
               panic, abort or hang and names the call
       --minutes N       how long (default 10)
-      --seed S          the first child's seed (default 1; each child takes the next)";
+      --seed S          the first child's seed (default 1; each child takes the next)
+  bench       pack the GPU comparison for a GPU host without Rust: the GPU and real-model
+              benches and the CUDA kernels' tests (release, stripped, CUDA on), PyTorch's
+              side (gpu_torch.py, models_torch.py) and a `run` script (steps most
+              important first, each under a time limit; `DIR/run STEP...` runs some;
+              output in $OUT or DIR/logs, the summary printed last)
+      --bundle DIR      where to put it (required)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -59,6 +68,7 @@ fn main() -> ExitCode {
         Some("ci") if args.len() == 1 => ci::run(&root),
         Some("test-gpu") => test_gpu::main(&root, &args[1..]),
         Some("fuzz") => fuzz::main(&root, &args[1..]),
+        Some("bench") => bench::main(&root, &args[1..]),
         // The bundle's `run` script calls the bundled xtask binary this way.
         Some("run-bundle") => test_gpu::run_bundle(&args[1..]),
         _ => Err(USAGE.to_string()),

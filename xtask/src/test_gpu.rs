@@ -29,12 +29,12 @@ const ON_EVERY_BACKEND: [&str; 2] = ["tessel-runtime", "tessel-models"];
 
 /// One test executable.
 #[derive(Clone, Debug)]
-struct Binary {
+pub(crate) struct Binary {
     /// The Cargo package it tests.
-    package: String,
+    pub(crate) package: String,
     /// The test target's name (`suite`, `memory`, or the package's for unit tests).
-    target: String,
-    path: PathBuf,
+    pub(crate) target: String,
+    pub(crate) path: PathBuf,
 }
 
 /// What the command line asked for.
@@ -194,14 +194,14 @@ fn build(root: &Path, backends: &[String], release: bool) -> Result<Vec<Binary>,
     Ok(binaries)
 }
 
-fn cargo() -> String {
+pub(crate) fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 /// The test executable a `compiler-artifact` message of `cargo --message-format=json`
 /// describes, if it is one. Cargo's JSON is parsed by hand to keep xtask dependency-free:
 /// the fields read are flat strings without escapes in them.
-fn test_artifact(line: &str) -> Option<Binary> {
+pub(crate) fn test_artifact(line: &str) -> Option<Binary> {
     if !line.contains(r#""reason":"compiler-artifact""#) || !line.contains(r#""test":true"#) {
         return None;
     }
@@ -283,14 +283,14 @@ exec "$here/xtask" run-bundle "$here" "$@"
 "#;
 
 #[cfg(unix)]
-fn make_executable(path: &Path) -> Result<(), String> {
+pub(crate) fn make_executable(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("chmod {}: {e}", path.display()))
 }
 
 #[cfg(not(unix))]
-fn make_executable(_: &Path) -> Result<(), String> {
+pub(crate) fn make_executable(_: &Path) -> Result<(), String> {
     Ok(())
 }
 
