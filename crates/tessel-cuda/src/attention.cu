@@ -502,7 +502,7 @@ FA_FORWARD_KERNEL {
 
 // c += a·b in near-f32 precision (3xTF32): `a` given split (`big`, `small`), the B
 // fragment as its two f32 values. The small products go first, so the big one adds to
-// sums that already hold them; small·small (below 2^-21 of the product) is left out.
+// sums that already hold them; small·small (at most 2^-22 of the product) is left out.
 __device__ __forceinline__ void fa_mma3(
     float* c, const fa_u32* big, const fa_u32* small, float b0, float b1) {
     fa_u32 b0_big, b0_small, b1_big, b1_small;

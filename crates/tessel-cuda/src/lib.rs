@@ -124,11 +124,11 @@
 //! the generated kernels accumulate), in an order of cuBLAS's choosing, so they differ from
 //! the generated kernel by rounding only. The handle keeps cuBLAS's default math mode
 //! (`CUBLAS_DEFAULT_MATH`): `f32` products use full `f32` arithmetic, never TF32 tensor cores
-//! (PyTorch's default for matmul too). The generated kernel's 3xTF32 `f32` products keep
-//! 21 of each operand's 24 significant bits in two TF32 parts and leave out only the
-//! product of the two small parts (below 2⁻²¹ of each term), summing in `f32`: within a
-//! few ulps of full `f32`, far inside the `f32` matmul tolerance, where a single TF32
-//! product is off by up to 2⁻¹¹.
+//! (PyTorch's default for matmul too). The generated kernel's 3xTF32 `f32` products hold
+//! each operand to within 2⁻²² of its size in two TF32 parts and leave out only the product
+//! of the two small parts (at most 2⁻²² of each term), so each term is within about 2⁻²⁰
+//! of its exact value (2⁻²⁴ in full `f32`; up to 2⁻¹⁰ with one TF32 product), summed in
+//! `f32`: far inside the `f32` matmul tolerance.
 
 mod attention;
 mod attention_backward;

@@ -91,7 +91,7 @@ __device__ __forceinline__ void tc_copy16(tc_u32 dst, const void* src, bool vali
 
 // c += a·b in near-f32 precision: `a` as 4 big then 4 small registers, `b` as 2 big then 2
 // small. The small products go first, so the big one adds to sums that already hold them;
-// small·small (below 2^-21 of the product) is left out.
+// small·small (at most 2^-22 of the product) is left out.
 __device__ __forceinline__ void tc_mma(float* c, const tc_u32* a, const tc_u32* b) {
     tf32_mma8(c, a + 4, b[0], b[1]);
     tf32_mma8(c, a, b[2], b[3]);

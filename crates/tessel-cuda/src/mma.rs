@@ -3,9 +3,9 @@
 //! [`Epilogue`](tessel_ir::Epilogue) (bias, activation, the rounding to the output dtype)
 //! applied to the accumulators before the one store. `f16` and `bf16` run on
 //! `mma.sync.m16n8k16` with `f32` accumulation; `f32` as 3xTF32 (each operand split into
-//! two TF32 parts, three `mma.sync.m16n8k8` per product: sums within a few `f32` ulps of
-//! full `f32`, as PyTorch's and CUTLASS's f32-on-tensor-core kernels compute), which cuBLAS's
-//! `f32` GEMM, on the CUDA cores, does not use.
+//! two TF32 parts, three `mma.sync.m16n8k8` per product: each term within about 2⁻²⁰ of
+//! its exact value, summed in `f32`; CUTLASS's 3xTF32 GEMMs and PyTorch's f32 attention
+//! kernels compute so), which cuBLAS's `f32` GEMM, on the CUDA cores, does not use.
 //!
 //! The kernel is `mma.cu`, configured per program by macros written here: the block and
 //! warp [`Tile`], the operands' layouts, the dtype, the bias and the activation. Sizes and

@@ -9,7 +9,7 @@ __device__ __forceinline__ unsigned int tf32_round(float x) {
     return r;
 }
 
-// `x` as big + small, both TF32: together they hold 21 of its 24 significant bits.
+// `x` as big + small, both TF32: together within 2^-22 of `x`'s size.
 __device__ __forceinline__ void tf32_split(float x, unsigned int& big, unsigned int& small) {
     big = tf32_round(x);
     small = tf32_round(x - __uint_as_float(big));
