@@ -21,13 +21,15 @@ const BINARIES: [(&str, &str); 4] = [
 /// PyTorch's side of the benches, copied beside the binaries.
 const SCRIPTS: [&str; 2] = ["benches/gpu_torch.py", "benches/models_torch.py"];
 
+const USAGE: &str = "usage: cargo xtask bench --bundle DIR";
+
 /// `cargo xtask bench --bundle DIR`.
 pub(crate) fn main(root: &Path, args: &[String]) -> Result<(), String> {
     let [flag, dir] = args else {
-        return Err("usage: cargo xtask bench --bundle DIR".into());
+        return Err(USAGE.into());
     };
     if flag != "--bundle" {
-        return Err("usage: cargo xtask bench --bundle DIR".into());
+        return Err(USAGE.into());
     }
     let dir = Path::new(dir);
     let mut cmd = Command::new(cargo());

@@ -174,11 +174,7 @@ pub(crate) fn supports(op: &Attention, capability: (i32, i32)) -> Option<String>
 /// The CUDA C of `op` run by `kernel`: `attention.cu` after its configuration (and, for
 /// 3xTF32, the TF32 helpers).
 fn source(op: &Attention, head_dim: i64, kernel: Kernel) -> String {
-    let helpers = if kernel == Kernel::Tf32 {
-        crate::TF32_HELPERS
-    } else {
-        ""
-    };
+    let helpers = crate::tf32_helpers(kernel == Kernel::Tf32);
     format!("{}{helpers}{TEMPLATE}", macros(op, head_dim, kernel))
 }
 

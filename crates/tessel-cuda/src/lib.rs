@@ -143,6 +143,12 @@ mod mma;
 /// The helpers of f32 products on TF32 tensor cores (3xTF32), prepended to the text of the
 /// kernels that compute so (the f32 generated matmul, the 3xTF32 attention forward).
 const TF32_HELPERS: &str = include_str!("tf32.cu");
+
+/// The text a kernel's source starts with: the TF32 helpers where it computes on TF32
+/// tensor cores, nothing otherwise.
+fn tf32_helpers(on_tf32: bool) -> &'static str {
+    if on_tf32 { TF32_HELPERS } else { "" }
+}
 mod nvrtc;
 mod routine;
 

@@ -182,11 +182,7 @@ pub(crate) fn source(op: &Matmul, tile: &Tile) -> String {
         }
     };
     let flag = |b: bool| u8::from(b);
-    let helpers = if op.dtype == DType::F32 {
-        crate::TF32_HELPERS
-    } else {
-        ""
-    };
+    let helpers = crate::tf32_helpers(op.dtype == DType::F32);
     format!(
         "#define TC_BM {}\n#define TC_BN {}\n#define TC_BK {}\n#define TC_WM {}\n#define TC_WN {}\n\
          #define TC_STAGES {}\n#define TC_GROUP {GROUP}\n#define TC_A_T {}\n#define TC_B_T {}\n\
