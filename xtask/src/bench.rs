@@ -94,9 +94,10 @@ const RUN_SCRIPT: &str = r#"#!/bin/sh
 # Tessel against PyTorch on this host's GPU, most important first, each step under a time
 # limit: the CUDA attention and matmul kernels against their f64 references, the GPU bench
 # (PyTorch's side, then Tessel's with each candidate's measured time logged), then GPT-2's
-# AdamW steps (PyTorch, then Tessel in f32 and bf16 with the chosen plan logged).
+# AdamW steps (PyTorch, then Tessel in f32 and bf16 with the chosen plan logged), then the
+# MLP's AdamW step and GPT-2's greedy decoding (PyTorch's side comes with the GPT-2 steps').
 # `run STEP...` runs only the steps named (attention cuda gpu_torch gpu models_torch
-# gpt2_f32 gpt2_bf16). Output goes to $OUT if set, else logs/ beside this script: per step
+# gpt2_f32 gpt2_bf16 small). Output goes to $OUT if set, else logs/ beside this script: per step
 # STEP.txt (stdout) and STEP.log (stderr); the summary (each step's exit status, then the
 # figures) is printed last and kept in summary.txt.
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -119,18 +120,19 @@ step cuda 300 ./cuda --test-threads 8
 step gpu_torch 150 python3 gpu_torch.py
 step gpu 300 env TESSEL_LOG=tessel::measure=debug ./gpu --devices cuda --compiled \
     --only "small op,sdpa causal,transformer block,matmul"
-step models_torch 200 env MODELS_ONLY="gpt2 AdamW step" python3 models_torch.py /tmp/models
+step models_torch 260 env MODELS_ONLY="AdamW step,decode" python3 models_torch.py /tmp/models
 step gpt2_f32 200 env TESSEL_LOG=tessel::plan=info ./models /tmp/models --device cuda \
     --only gpt2-train-f32 --runs 5
 step gpt2_bf16 200 env TESSEL_LOG=tessel::plan=info ./models /tmp/models --device cuda \
     --only gpt2-train-bf16 --runs 5
+step small 200 ./models /tmp/models --device cuda --only mlp-train,gpt2-decode --runs 5
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
     cat "$logs/status.txt"
     for f in attention cuda; do
         [ -f "$logs/$f.txt" ] && grep -h "^test result\|FAILED\|panicked" "$logs/$f.txt"
     done
-    for f in gpu_torch gpu models_torch gpt2_f32 gpt2_bf16; do
+    for f in gpu_torch gpu models_torch gpt2_f32 gpt2_bf16 small; do
         [ -f "$logs/$f.txt" ] && sed 's/\x1b\[[0-9;]*m//g' "$logs/$f.txt" | grep -v "^$"
     done
 } > "$logs/summary.txt" 2>&1
