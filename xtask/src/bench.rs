@@ -25,13 +25,10 @@ const USAGE: &str = "usage: cargo xtask bench --bundle DIR";
 
 /// `cargo xtask bench --bundle DIR`.
 pub(crate) fn main(root: &Path, args: &[String]) -> Result<(), String> {
-    let [flag, dir] = args else {
-        return Err(USAGE.into());
+    let dir = match args {
+        [flag, dir] if flag == "--bundle" => Path::new(dir),
+        _ => return Err(USAGE.into()),
     };
-    if flag != "--bundle" {
-        return Err(USAGE.into());
-    }
-    let dir = Path::new(dir);
     let mut cmd = Command::new(cargo());
     cmd.current_dir(root)
         .args([
@@ -97,9 +94,9 @@ const RUN_SCRIPT: &str = r#"#!/bin/sh
 # AdamW steps (PyTorch, then Tessel in f32 and bf16 with the chosen plan logged), then the
 # MLP's AdamW step and GPT-2's greedy decoding (PyTorch's side comes with the GPT-2 steps').
 # `run STEP...` runs only the steps named (attention cuda gpu_torch gpu models_torch
-# gpt2_f32 gpt2_bf16 small). Output goes to $OUT if set, else logs/ beside this script: per step
-# STEP.txt (stdout) and STEP.log (stderr); the summary (each step's exit status, then the
-# figures) is printed last and kept in summary.txt.
+# gpt2_f32 gpt2_bf16 small). Output goes to $OUT if set, else logs/ beside this script:
+# per step STEP.txt (stdout) and STEP.log (stderr); the summary (each step's exit status,
+# then the figures) is printed last and kept in summary.txt.
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${OUT:-$here/logs}"
 mkdir -p "$logs"

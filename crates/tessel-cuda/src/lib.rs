@@ -149,6 +149,7 @@ const TF32_HELPERS: &str = include_str!("tf32.cu");
 fn tf32_helpers(on_tf32: bool) -> &'static str {
     if on_tf32 { TF32_HELPERS } else { "" }
 }
+
 mod nvrtc;
 mod routine;
 
