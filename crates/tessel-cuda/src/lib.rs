@@ -111,7 +111,8 @@
 //!   rounding) on the accumulators and the output stored in 16-byte row chunks through
 //!   shared memory. One program per tile shape (half: 128×256, 128×128, 64×64; f32:
 //!   128×128, 128×64, 64×64), each measured. Offered where cuBLAS does not run the
-//!   product, or next to it with [`GeneratedMatmul::Always`].
+//!   product, next to it for full-precision `f32` products (cuBLAS runs those on the CUDA
+//!   cores), and next to it for every product with [`GeneratedMatmul::Always`].
 //!
 //! # Numerics
 //!
@@ -195,9 +196,11 @@ pub struct CudaConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GeneratedMatmul {
     /// Those cuBLAS does not run here (no cuBLAS installed, or an epilogue cuBLASLt has no
-    /// routine for). For `f16`/`bf16`, measured on the H200, cuBLAS is 1.4–3× faster on
-    /// every product tried, so compiling the kernel next to it would only cost first-call
-    /// time; the `f32` (3xTF32) kernel has not been measured against cuBLAS yet.
+    /// routine for), and full-precision `f32` products (TF32 not allowed), where cuBLAS
+    /// runs on the CUDA cores and the 3xTF32 kernel on tensor cores: on the H100 its best
+    /// tile took 0.82–1.01 of cuBLAS's time on GPT-2's products and at 4096³. For
+    /// `f16`/`bf16`, measured on the H200, cuBLAS is 1.4–3× faster on every product tried,
+    /// so compiling the kernel next to it would only cost first-call time.
     #[default]
     Fallback,
     /// Every product it can run, next to cuBLAS: each tile is measured against it.
@@ -962,9 +965,10 @@ impl Backend for CudaBackend {
 
     /// Float [`Matmul`](tessel_ir::Matmul)s (`f32`, `f64`, and `f16`/`bf16` through `GemmEx` with `f32`
     /// accumulation; `f32` on TF32 tensor cores where the matmul allows it) run on cuBLAS
-    /// (variant `"cuBLAS"`); `f16`/`bf16` products the generated tensor-core kernel runs
-    /// (`mma::supports`) get one more program per tile shape, compiled here in parallel,
-    /// where [`CudaConfig::generated_matmul`] asks for them.
+    /// (variant `"cuBLAS"`); products the generated tensor-core kernel runs
+    /// (`mma::supports`: `f16`/`bf16`, and `f32` as 3xTF32) get one more program per tile
+    /// shape, compiled here in parallel, where [`CudaConfig::generated_matmul`] asks for
+    /// them.
     /// Integers, or no cuBLAS and no generated kernel, are an empty list. The device's
     /// cuBLAS handle is made here, on first use.
     ///

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::result::DriverError;
 use tessel_ir::handles::{self, lock};
 use tessel_ir::{BackendError, BufferId, Matmul, ProgramOrigin, VendorProgram};
-use tessel_shape::Bindings;
+use tessel_shape::{Bindings, DType};
 
 use crate::device::CudaDevice;
 use crate::ffi::{self, ArgSlot, Module};
@@ -72,7 +72,10 @@ impl CudaBackend {
         }
         let wanted = match self.config.generated_matmul {
             GeneratedMatmul::Always => true,
-            GeneratedMatmul::Fallback => out.is_empty(),
+            // Full-precision f32: cuBLAS runs it on the CUDA cores, 3xTF32 on tensor cores.
+            GeneratedMatmul::Fallback => {
+                out.is_empty() || (matmul.dtype == DType::F32 && !matmul.allow_tf32)
+            }
             GeneratedMatmul::Never => false,
         };
         if !wanted {

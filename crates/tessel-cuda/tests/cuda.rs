@@ -980,9 +980,9 @@ fn generated_tensor_core_matmul_matches_the_reference() {
     }
 }
 
-/// By default the generated kernel is only a fallback: next to cuBLAS a product gets cuBLAS
-/// alone; `Never` offers it nowhere, `Always` next to cuBLAS (f32 products its three
-/// 3xTF32 tiles).
+/// By default the generated kernel is a fallback, and next to cuBLAS for full-precision f32
+/// products only (its three 3xTF32 tiles); `Never` offers it nowhere, `Always` next to
+/// cuBLAS for every product.
 #[test]
 fn generated_matmul_is_offered_as_configured() {
     let test = "generated_matmul_is_offered_as_configured";
@@ -1019,12 +1019,15 @@ fn generated_matmul_is_offered_as_configured() {
         for op in [&half, &full, &tf32] {
             assert_eq!(variants(op, GeneratedMatmul::Never), cublas, "{op}");
         }
+        // Next to cuBLAS, the default offers the generated kernel for full-precision f32
+        // only (3xTF32 on tensor cores against cuBLAS on the CUDA cores).
         for op in [&half, &full, &tf32] {
             let fallback = variants(op, GeneratedMatmul::Fallback);
-            if has_cublas {
+            let full_f32 = op.dtype == DType::F32 && !op.allow_tf32;
+            if has_cublas && !full_f32 {
                 assert_eq!(fallback, cublas, "{op}");
             } else {
-                assert_eq!(fallback.len(), 3, "{op}: {fallback:?}");
+                assert_eq!(fallback.len(), 3 + cublas.len(), "{op}: {fallback:?}");
             }
         }
         // f32: cuBLAS and the three 3xTF32 tiles.
