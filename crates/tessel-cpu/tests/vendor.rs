@@ -514,7 +514,7 @@ fn generated_kernel_agrees() {
     assert_close("generated vs gemm", DType::F32, k, &got, &want, &scale);
 }
 
-/// Epilogues (a bias along the rows, `relu`, GELU's tanh form) over odd, transposed, batched
+/// Epilogues (a bias along the rows, `relu`, GELU's tanh and erf forms) over odd, transposed, batched
 /// and empty (`k = 0`) products, against `activation(sum + bias)` in f64. The activations'
 /// slopes stay under 1.2, so the sum's tolerance grows by that much.
 #[test]
@@ -527,6 +527,8 @@ fn epilogues_add_the_bias_and_apply_the_activation() {
         (true, Activation::Relu),
         (false, Activation::GeluTanh),
         (true, Activation::GeluTanh),
+        (false, Activation::Gelu),
+        (true, Activation::Gelu),
     ]
     .map(|(bias, activation)| Epilogue { bias, activation });
     let cases = [

@@ -97,9 +97,9 @@
 //!   output may not be an operand) before cuBLAS is called; sizes past cuBLAS's 32-bit
 //!   `int` are [`BackendError::Unsupported`]. `k == 0` zeroes the output; an empty output
 //!   runs nothing. Integer dtypes get no program. A matmul with an
-//!   [`Epilogue`](tessel_ir::Epilogue) (bias, `relu`, GELU) runs on cuBLASLt instead (its
-//!   own handle and workspace per device); f64 epilogues and `k == 0` with one get no
-//!   cuBLAS program. Half-precision outputs with rows not a multiple of 8 elements run split
+//!   [`Epilogue`](tessel_ir::Epilogue) (bias, `relu`, GELU's tanh form) runs on cuBLASLt
+//!   instead (its own handle and workspace per device); f64 epilogues, the erf GELU and
+//!   `k == 0` with one get no cuBLAS program. Half-precision outputs with rows not a multiple of 8 elements run split
 //!   into parts writing rows padded to 16 bytes, then copied into place
 //!   (`matmul::padded`).
 //! - **Generated tensor-core matmul** (`mma.cu`, configured by `mma.rs`): products with

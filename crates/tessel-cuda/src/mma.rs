@@ -180,6 +180,8 @@ pub(crate) fn source(op: &Matmul, tile: &Tile) -> String {
         Activation::GeluTanh => {
             "return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));"
         }
+        // `erff` is within 2 ulp.
+        Activation::Gelu => "return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));",
     };
     let flag = |b: bool| u8::from(b);
     let helpers = crate::tf32_helpers(op.dtype == DType::F32);

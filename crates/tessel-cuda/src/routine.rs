@@ -59,7 +59,10 @@ impl CudaBackend {
         // Epilogues run on cuBLASLt, in the precisions it has tensor-core routines for, and
         // f32.
         if dev.ensure_blas()?
-            && (matmul.epilogue.is_none() || (precision != Precision::F64 && dev.ensure_lt()?))
+            && (matmul.epilogue.is_none()
+                || (precision != Precision::F64
+                    && ffi::cublaslt::has_epilogue(matmul.epilogue)
+                    && dev.ensure_lt()?))
         {
             out.push(VendorProgram {
                 program: self

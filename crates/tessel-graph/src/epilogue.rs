@@ -213,13 +213,16 @@ impl Region<'_> {
             _ => return None,
         };
         let points: &[f64] = if bias.is_some() { &BIASES } else { &[0.0] };
-        let candidates =
-            [Activation::Identity, Activation::Relu, Activation::GeluTanh].map(|activation| {
-                Epilogue {
-                    bias: bias.is_some(),
-                    activation,
-                }
-            });
+        let candidates = [
+            Activation::Identity,
+            Activation::Relu,
+            Activation::GeluTanh,
+            Activation::Gelu,
+        ]
+        .map(|activation| Epilogue {
+            bias: bias.is_some(),
+            activation,
+        });
         candidates.into_iter().find_map(|epilogue| {
             if epilogue.is_none() {
                 return None;

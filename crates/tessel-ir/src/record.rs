@@ -139,6 +139,7 @@ impl Writer {
             Activation::Identity => "identity",
             Activation::Relu => "relu",
             Activation::GeluTanh => "gelu_tanh",
+            Activation::Gelu => "gelu",
         });
     }
 
@@ -241,6 +242,7 @@ impl Reader<'_> {
             "identity" => Activation::Identity,
             "relu" => Activation::Relu,
             "gelu_tanh" => Activation::GeluTanh,
+            "gelu" => Activation::Gelu,
             _ => return None,
         };
         Some(Matmul {

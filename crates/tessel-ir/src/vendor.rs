@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use tessel_shape::{Bindings, DType, Dim, EvalError, Scalar};
+use tessel_shape::{Bindings, DType, Dim, EvalError, Scalar, UnaryOp};
 
 use crate::ProgramId;
 
@@ -141,6 +141,8 @@ pub enum Activation {
     /// GELU's tanh approximation, `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`
     /// (`torch.nn.functional.gelu(x, approximate="tanh")`, GPT-2's `gelu_new`).
     GeluTanh,
+    /// GELU, `x/2 · (1 + erf(x/√2))` (`torch.nn.functional.gelu(x)`, BERT's `gelu`).
+    Gelu,
 }
 
 impl Activation {
@@ -152,6 +154,12 @@ impl Activation {
             Activation::GeluTanh => {
                 let k = (2.0 / std::f64::consts::PI).sqrt();
                 0.5 * x * (1.0 + (k * (x + 0.044_715 * x * x * x)).tanh())
+            }
+            Activation::Gelu => {
+                let erf = Scalar::F64(x * std::f64::consts::FRAC_1_SQRT_2)
+                    .unary(UnaryOp::Erf)
+                    .map_or(f64::NAN, Scalar::to_f64);
+                0.5 * x * (1.0 + erf)
             }
         }
     }
@@ -166,6 +174,7 @@ impl fmt::Display for Epilogue {
             Activation::Identity => Ok(()),
             Activation::Relu => f.write_str(", relu"),
             Activation::GeluTanh => f.write_str(", gelu (tanh)"),
+            Activation::Gelu => f.write_str(", gelu"),
         }
     }
 }

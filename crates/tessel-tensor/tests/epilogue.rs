@@ -1,7 +1,7 @@
 //! Which epilogues the graph layer finds above a matrix product (`tessel_graph::find_matmuls`
 //! on graphs recorded through the public API): a bias and an activation are recognized by
-//! what they compute, in `f32` and between the casts of a `bf16` layer, and GELU's erf form,
-//! which no routine offers, is not taken for its tanh form.
+//! what they compute, in `f32` and between the casts of a `bf16` layer, and GELU's two forms
+//! (erf and tanh) are told apart.
 
 use tessel_graph::find_matmuls;
 use tessel_ir::{Activation, Epilogue, VendorOp};
@@ -47,7 +47,16 @@ fn a_linear_layers_bias_and_activation_are_epilogues() -> Result<()> {
             [with(true, Activation::GeluTanh)],
             "{dtype}"
         );
-        assert_eq!(epilogues_writing(&linear.gelu()), [], "{dtype}: erf GELU");
+        assert_eq!(
+            epilogues_writing(&linear.gelu()),
+            [with(true, Activation::Gelu)],
+            "{dtype}: erf GELU"
+        );
+        assert_eq!(
+            epilogues_writing(&x.matmul(&w.t()?)?.gelu()),
+            [with(false, Activation::Gelu)],
+            "{dtype}: erf GELU"
+        );
         assert_eq!(
             epilogues_writing(&x.matmul(&w.t()?)?.gelu_tanh()),
             [with(false, Activation::GeluTanh)],

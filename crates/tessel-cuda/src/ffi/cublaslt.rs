@@ -174,7 +174,7 @@ impl Lt {
         )?;
         desc.set(
             lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
-            &(epilogue_of(epilogue) as u32),
+            &(epilogue_of(epilogue).ok_or("cuBLASLt has no erf GELU epilogue")? as u32),
         )?;
         if epilogue.bias {
             let pointer = std::ptr::with_exposed_provenance::<c_void>(bias as usize);
@@ -289,17 +289,23 @@ impl Drop for Lt {
     }
 }
 
-/// cuBLASLt's name for `e`.
-fn epilogue_of(e: Epilogue) -> lsys::cublasLtEpilogue_t {
+/// cuBLASLt's name for `e`; `None` for the erf GELU (cuBLASLt's GELU is the tanh form).
+fn epilogue_of(e: Epilogue) -> Option<lsys::cublasLtEpilogue_t> {
     use lsys::cublasLtEpilogue_t as E;
-    match (e.bias, e.activation) {
+    Some(match (e.bias, e.activation) {
         (false, Activation::Identity) => E::CUBLASLT_EPILOGUE_DEFAULT,
         (true, Activation::Identity) => E::CUBLASLT_EPILOGUE_BIAS,
         (false, Activation::Relu) => E::CUBLASLT_EPILOGUE_RELU,
         (true, Activation::Relu) => E::CUBLASLT_EPILOGUE_RELU_BIAS,
         (false, Activation::GeluTanh) => E::CUBLASLT_EPILOGUE_GELU,
         (true, Activation::GeluTanh) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
-    }
+        (_, Activation::Gelu) => return None,
+    })
+}
+
+/// Whether cuBLASLt has a routine for `e`.
+pub(crate) fn has_epilogue(e: Epilogue) -> bool {
+    epilogue_of(e).is_some()
 }
 
 /// The largest power of two dividing `addr`, at most 256 (cuBLASLt's largest requirement).
