@@ -17,7 +17,7 @@
 //! outputs kept) on stderr. `TOKENS`, `RUNS` and `STEPS` set the loop lengths, `ROWS` and
 //! `LEN` the forward's batch (4 × 32 unless given); `ONLY=mlp`
 //! runs the MLP's steps alone, `ONLY=forward` GPT-2's decoding and forwards, `ONLY=sdpa` a
-//! small causal attention and a one-kernel op (for a profiler).
+//! small causal attention (`DTYPE=bf16` for bf16) and a one-kernel op (for a profiler).
 
 use std::time::Instant;
 
@@ -140,8 +140,12 @@ fn forward(model: &Gpt2, device: Device, inputs: &Tensor, runs: usize) -> Result
 /// each, and of realizing and synchronizing it.
 fn sdpa(device: Device, runs: usize) -> Result<()> {
     Tensor::manual_seed(0);
+    let dtype = match std::env::var("DTYPE").as_deref() {
+        Ok("bf16") => DType::BF16,
+        _ => DType::F32,
+    };
     let qkv: Vec<Tensor> = (0..3)
-        .map(|_| Tensor::randn([1, 2, 16, 16], DType::F32)?.to(&device))
+        .map(|_| Tensor::randn([1, 2, 16, 16], dtype)?.to(&device))
         .collect::<Result<_>>()?;
     let x = Tensor::rand([16], DType::F32)?.to(&device)?;
     let b = Tensor::rand([16], DType::F32)?.to(&device)?;
