@@ -198,7 +198,7 @@ pub enum GeneratedMatmul {
     /// Those cuBLAS does not run here (no cuBLAS installed, or an epilogue cuBLASLt has no
     /// routine for), and full-precision `f32` products (TF32 not allowed), where cuBLAS
     /// runs on the CUDA cores and the 3xTF32 kernel on tensor cores: on the H100 its best
-    /// tile took 0.82–1.02 of cuBLAS's time on GPT-2's products and at 4096³. For
+    /// tile took 0.65–0.84 of cuBLAS's time on GPT-2's products and at 4096³. For
     /// `f16`/`bf16`, measured on the H200, cuBLAS is 1.4–3× faster on every product tried,
     /// so compiling the kernel next to it would only cost first-call time.
     #[default]
