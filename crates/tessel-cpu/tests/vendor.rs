@@ -514,9 +514,9 @@ fn generated_kernel_agrees() {
     assert_close("generated vs gemm", DType::F32, k, &got, &want, &scale);
 }
 
-/// Epilogues (a bias along the rows, `relu`, GELU's tanh and erf forms) over odd, transposed, batched
-/// and empty (`k = 0`) products, against `activation(sum + bias)` in f64. The activations'
-/// slopes stay under 1.2, so the sum's tolerance grows by that much.
+/// Epilogues (a bias along the rows, `relu`, GELU's tanh and erf forms) over odd,
+/// transposed, batched and empty (`k = 0`) products, against `activation(sum + bias)` in
+/// f64. The activations' slopes stay under 1.2, so the sum's tolerance grows by that much.
 #[test]
 fn epilogues_add_the_bias_and_apply_the_activation() {
     use tessel_ir::{Activation, Epilogue};

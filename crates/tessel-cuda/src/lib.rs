@@ -99,9 +99,9 @@
 //!   runs nothing. Integer dtypes get no program. A matmul with an
 //!   [`Epilogue`](tessel_ir::Epilogue) (bias, `relu`, GELU's tanh form) runs on cuBLASLt
 //!   instead (its own handle and workspace per device); f64 epilogues, the erf GELU and
-//!   `k == 0` with one get no cuBLAS program. Half-precision outputs with rows not a multiple of 8 elements run split
-//!   into parts writing rows padded to 16 bytes, then copied into place
-//!   (`matmul::padded`).
+//!   `k == 0` with one get no cuBLAS program. Half-precision outputs with rows not a
+//!   multiple of 8 elements run split into parts writing rows padded to 16 bytes, then
+//!   copied into place (`matmul::padded`).
 //! - **Generated tensor-core matmul** (`mma.cu`, configured by `mma.rs`): products with
 //!   constant sizes, operand rows of a multiple of 16 bytes and even output rows, on
 //!   compute capability 8.0 and up, as CUDA C of our own: `f16`/`bf16` on
