@@ -359,6 +359,8 @@ struct Slot {
     refs: u32,
     /// The node's hash: its key in `dedup`.
     hash: u64,
+    /// [`Graph::form_hash`].
+    form: u64,
 }
 
 /// The live ids whose nodes share one hash: one, unless hashes collide.
@@ -377,10 +379,23 @@ impl Ids {
     }
 }
 
-fn hash_of(node: &Node) -> u64 {
+/// A node's form hash (payload, dtype, shape: see [`Graph::form_hash`]) and its hash-consing
+/// key, which adds the operands' ids and a leaf's buffer, so that equal nodes share both.
+fn hashes_of(node: &Node) -> (u64, u64) {
     let mut h = rustc_hash::FxHasher::default();
-    node.hash(&mut h);
-    h.finish()
+    node.op.payload().hash(&mut h);
+    node.dtype.hash(&mut h);
+    node.shape.hash(&mut h);
+    let form = h.finish();
+    let mut h = rustc_hash::FxHasher::default();
+    h.write_u64(form);
+    for c in node.op.operands() {
+        h.write_u32(c.0);
+    }
+    if let Op::Leaf(leaf) = node.op {
+        h.write_u64(leaf.0);
+    }
+    (form, h.finish())
 }
 
 /// The graph. See the module docs for its invariants:
@@ -409,7 +424,7 @@ impl Graph {
     /// Adds a node (or finds the equal live one) and returns it with one new count held by
     /// the caller.
     pub fn add(&mut self, node: Node) -> NodeId {
-        let hash = hash_of(&node);
+        let (form, hash) = hashes_of(&node);
         if let Some(id) = self.find(hash, &node) {
             self.retain(id);
             return id;
@@ -421,6 +436,7 @@ impl Graph {
             node,
             refs: 1,
             hash,
+            form,
         };
         let id = if let Some(i) = self.free.pop() {
             self.slots[i as usize] = Some(slot);
@@ -485,6 +501,19 @@ impl Graph {
             .node
     }
 
+    /// A hash of a live node's payload, dtype and shape, leaving out which nodes its
+    /// operands are and which buffer a leaf holds: what [`crate::Walk`] hashes per node
+    /// (kept from [`Graph::add`], so a plan lookup never rehashes a shape).
+    ///
+    /// # Panics
+    /// If `id` is not live (see [`Graph::node`]).
+    pub fn form_hash(&self, id: NodeId) -> u64 {
+        self.slots[id.0 as usize]
+            .as_ref()
+            .expect("a held node id is live")
+            .form
+    }
+
     /// Adds a count to a live node.
     pub fn retain(&mut self, id: NodeId) {
         if let Some(slot) = self.slots[id.0 as usize].as_mut() {
@@ -547,7 +576,9 @@ impl Graph {
             return vec![leaf];
         }
         let old = std::mem::replace(&mut slot.node.op, Op::Leaf(leaf));
-        let (old_hash, new_hash) = (slot.hash, hash_of(&slot.node));
+        let old_hash = slot.hash;
+        let new_hash;
+        (slot.form, new_hash) = hashes_of(&slot.node);
         slot.hash = new_hash;
         // The old structure would name operands that may now die and whose ids get reused.
         self.unindex(old_hash, id);

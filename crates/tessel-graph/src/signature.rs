@@ -112,12 +112,10 @@ impl Walk {
                 if let Op::Leaf(leaf) = node.op {
                     leaves.push(leaf);
                 }
-                node.op.payload().hash(&mut h);
+                h.write_u64(graph.form_hash(id));
                 for c in node.op.operands() {
                     h.write_u32(position[c.0 as usize]);
                 }
-                node.dtype.hash(&mut h);
-                node.shape.hash(&mut h);
                 position[id.0 as usize] = order.len() as u32;
                 order.push(id);
                 continue;

@@ -182,18 +182,16 @@ pub fn reduce(
         axes_in(op, axes, 1, shape)?;
         return Ok(Shape::scalar());
     }
-    let mut reduced = vec![false; shape.ndim()];
-    for a in axes_in(op, axes, shape.ndim(), shape)? {
-        reduced[a] = true;
-    }
-    let dims = shape
-        .iter()
-        .zip(&reduced)
-        .filter_map(|(&d, &r)| match (r, keepdim) {
-            (false, _) => Some(d),
-            (true, true) => Some(one),
-            (true, false) => None,
-        });
+    let reduced = axes_in(op, axes, shape.ndim(), shape)?;
+    let dims =
+        shape
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &d)| match (reduced.contains(&i), keepdim) {
+                (false, _) => Some(d),
+                (true, true) => Some(one),
+                (true, false) => None,
+            });
     Ok(dims.collect())
 }
 

@@ -100,11 +100,12 @@ pub(crate) fn axes_in(
     n: usize,
     shape: &Shape,
 ) -> Result<Vec<usize>, ShapeError> {
-    let mut seen = vec![false; n];
-    let mut out = Vec::with_capacity(axes.len());
+    let mut out: Vec<usize> = Vec::with_capacity(axes.len());
     for &axis in axes {
         let a = axis_in(op, axis, n, shape)?;
-        if std::mem::replace(&mut seen[a], true) {
+        // A handful of axes: a scan costs less than a table (every reduction and permute
+        // records through here).
+        if out.contains(&a) {
             return Err(ShapeError::DuplicateAxis {
                 op,
                 axis: a,

@@ -149,7 +149,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let dtype = op
             .result_dtype(self.dtype())
-            .ok_or(Error::UnsupportedDType {
+            .ok_or_else(|| Error::UnsupportedDType {
                 op: name,
                 dtype: self.dtype(),
                 hint: float8_hint(self.dtype(), hint),
@@ -192,7 +192,7 @@ impl Tensor {
         debug_assert_eq!(self.dtype(), rhs.dtype());
         let dtype = op
             .result_dtype(self.dtype())
-            .ok_or(Error::UnsupportedDType {
+            .ok_or_else(|| Error::UnsupportedDType {
                 op: name,
                 dtype: self.dtype(),
                 hint: float8_hint(self.dtype(), hint),
