@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use tessel_shape::{Bindings, DType, Dim, EvalError, Scalar, UnaryOp};
+use tessel_shape::{Bindings, DType, Dim, EvalError, Scalar};
 
 use crate::ProgramId;
 
@@ -156,10 +156,7 @@ impl Activation {
                 0.5 * x * (1.0 + (k * (x + 0.044_715 * x * x * x)).tanh())
             }
             Activation::Gelu => {
-                let erf = Scalar::F64(x * std::f64::consts::FRAC_1_SQRT_2)
-                    .unary(UnaryOp::Erf)
-                    .map_or(f64::NAN, Scalar::to_f64);
-                0.5 * x * (1.0 + erf)
+                0.5 * x * (1.0 + tessel_shape::erf(x * std::f64::consts::FRAC_1_SQRT_2))
             }
         }
     }

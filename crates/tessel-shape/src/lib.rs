@@ -34,7 +34,7 @@ pub use error::ShapeError;
 pub use expr::{Bindings, Bounds, Dim, EvalError, Expr, ExprView, Var};
 pub use float8::{F8E4M3, F8E5M2};
 pub use ops::{BinaryOp, TernaryOp, UnaryOp};
-pub use scalar::{Scalar, ScalarError};
+pub use scalar::{Scalar, ScalarError, erf};
 pub use shape::Shape;
 
 /// `half`'s float types, re-exported so users need no direct dependency.

@@ -130,7 +130,7 @@ fn poly1(c: &[f64], z: f64) -> f64 {
 /// The error function `erf(x) = 2/√π ∫₀ˣ e^(-t²) dt`, with an error below 1 ulp.
 ///
 /// `erf(±inf) = ±1`; NaN gives NaN.
-pub(super) fn erf(x: f64) -> f64 {
+pub fn erf(x: f64) -> f64 {
     if x.is_nan() {
         return x;
     }

@@ -11,6 +11,8 @@
 mod erf;
 mod eval;
 
+pub use erf::erf;
+
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
